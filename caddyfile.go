@@ -1,0 +1,263 @@
+package slidingratelimit
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+func init() {
+	httpcaddyfile.RegisterHandlerDirective("sliding_ratelimit", parseCaddyfile)
+	// Rate limit before authentication, so a flood of anonymous requests is
+	// turned away before it costs a password hash; no `order` option needed.
+	httpcaddyfile.RegisterDirectiveOrder("sliding_ratelimit", httpcaddyfile.Before, "basic_auth")
+}
+
+func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(Handler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	sliding_ratelimit [<matcher>] {
+//		name          <string>
+//		algorithm     sliding_log
+//		key           <template>
+//		region        <template>
+//		limit         <n>
+//		window        <duration>
+//		fail          open | closed
+//		clock         redis | app
+//		headers       both | ietf | legacy | off
+//		redis         <url>
+//		redis {
+//			address      <host:port>
+//			username     <user>
+//			password     <password>
+//			db           <n>
+//			dial_timeout <duration>
+//			timeout      <duration>
+//			pool_size    <n>
+//			key_prefix   <string>
+//		}
+//	}
+//
+// limit and window are required. Every value is checked here, so a bad
+// Caddyfile fails to load with a message naming the subdirective.
+func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // consume directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for d.NextBlock(0) {
+		sub := d.Val()
+		switch sub {
+		case "name":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if err := limiter.ValidName(v); err != nil {
+				return d.Errf("name: %v", err)
+			}
+			h.Name = v
+		case "algorithm":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if _, err := limiter.ParseAlgorithm(v); err != nil {
+				return d.Errf("algorithm: %v", err)
+			}
+			h.Algorithm = v
+		case "key":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			h.Key = v
+		case "region":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			h.Region = v
+		case "limit":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n <= 0 {
+				return d.Errf("limit must be a positive integer, got '%s'", v)
+			}
+			h.Limit = n
+		case "window":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil {
+				return d.Errf("window: bad duration '%s': %v", v, err)
+			}
+			if dur < time.Millisecond {
+				return d.Errf("window must be at least 1ms, got '%s'", v)
+			}
+			h.Window = caddy.Duration(dur)
+		case "fail":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v != "open" && v != "closed" {
+				return d.Errf("fail must be open or closed, got '%s'", v)
+			}
+			h.Fail = v
+		case "clock":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v != "redis" && v != "app" {
+				return d.Errf("clock must be redis or app, got '%s'", v)
+			}
+			h.Clock = v
+		case "headers":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case "both", "ietf", "legacy", "off":
+			default:
+				return d.Errf("headers must be both, ietf, legacy or off, got '%s'", v)
+			}
+			h.Headers = v
+		case "redis":
+			if h.Redis != nil {
+				return d.Err("redis given twice")
+			}
+			h.Redis = new(RedisConfig)
+			if err := h.Redis.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
+		default:
+			return d.Errf("unrecognized sliding_ratelimit subdirective '%s'", sub)
+		}
+	}
+	if h.Limit == 0 {
+		return d.Err("sliding_ratelimit: limit is required")
+	}
+	if h.Window == 0 {
+		return d.Err("sliding_ratelimit: window is required")
+	}
+	return nil
+}
+
+// unmarshalCaddyfile reads `redis <url>` or a `redis { ... }` block.
+func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		c.URL = d.Val()
+		if _, err := redis.ParseURL(c.URL); err != nil {
+			return d.Errf("redis: bad URL '%s': %v", c.URL, err)
+		}
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		switch sub {
+		case "address":
+			if !d.NextArg() {
+				return d.ArgErr()
+			}
+			c.Addresses = append(c.Addresses, d.Val())
+			c.Addresses = append(c.Addresses, d.RemainingArgs()...)
+		case "username":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			c.Username = v
+		case "password":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			c.Password = v
+		case "db":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return d.Errf("redis db must be a non-negative integer, got '%s'", v)
+			}
+			c.DB = n
+		case "pool_size":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return d.Errf("redis pool_size must be a positive integer, got '%s'", v)
+			}
+			c.PoolSize = n
+		case "dial_timeout", "timeout":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			dur, err := caddy.ParseDuration(v)
+			if err != nil || dur <= 0 {
+				return d.Errf("redis %s: bad duration '%s'", sub, v)
+			}
+			if sub == "timeout" {
+				c.Timeout = caddy.Duration(dur)
+			} else {
+				c.DialTimeout = caddy.Duration(dur)
+			}
+		case "key_prefix":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			c.KeyPrefix = v
+		default:
+			return d.Errf("unrecognized sliding_ratelimit redis subdirective '%s'", sub)
+		}
+	}
+	if err := c.validate(); err != nil {
+		return d.Errf("redis: %v", err)
+	}
+	return nil
+}
+
+// oneArg returns the single argument of the current subdirective.
+func oneArg(d *caddyfile.Dispenser) (string, error) {
+	sub := d.Val()
+	if !d.NextArg() {
+		return "", d.Errf("%s needs a value", sub)
+	}
+	v := d.Val()
+	if d.NextArg() {
+		return "", d.Errf("%s takes one value, got more: '%s'", sub, d.Val())
+	}
+	return v, nil
+}
+
+// Interface guard.
+var _ caddyfile.Unmarshaler = (*Handler)(nil)

@@ -1,0 +1,282 @@
+package limiter
+
+import (
+	"context"
+	"hash/maphash"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+const memoryShards = 64
+
+// idleGrace is how long the janitor trusts the latest request time alone.
+const idleGrace = 5 * time.Second
+
+// MemoryStore is the in-process store: the same algorithms and the same
+// answers as the Redis scripts, for one Caddy process. Keys of one identity
+// (its regions and its global ceiling) live in one shard, under one lock, so
+// a request is checked and recorded in all its buckets atomically.
+//
+// Memory is bounded by expiry: every state has the same expiry as its Redis
+// key (for the sliding log, window + 1 s after its last write), measured on
+// the requests' own clock, and a janitor drops expired states every second.
+type MemoryStore struct {
+	now    func() time.Time
+	seed   maphash.Seed
+	shards [memoryShards]memShard
+	// highWater is the latest request time seen (µs): expiry is judged on
+	// the requests' clock, so an injected test clock works as Redis would.
+	highWater atomic.Int64
+	// lastSeen is the wall time (ns) of the latest request, so the janitor
+	// can tell an idle store.
+	lastSeen atomic.Int64
+	stop      chan struct{}
+	stopOnce  sync.Once
+	done      chan struct{}
+}
+
+type memShard struct {
+	mu sync.Mutex
+	m  map[string]*memState
+}
+
+// memState is one key's state.
+type memState struct {
+	expires int64   // µs on the requests' clock
+	log     []int64 // sliding_log: admission times, ascending, one per unit
+}
+
+// MemoryOption configures a MemoryStore.
+type MemoryOption func(*MemoryStore)
+
+// WithClock sets the clock used for requests whose Now is zero.
+func WithClock(now func() time.Time) MemoryOption {
+	return func(s *MemoryStore) { s.now = now }
+}
+
+// NewMemoryStore returns a store and starts its janitor; Close stops it.
+func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
+	s := &MemoryStore{
+		now:  time.Now,
+		seed: maphash.MakeSeed(),
+		stop: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+	for _, o := range opts {
+		o(s)
+	}
+	for i := range s.shards {
+		s.shards[i].m = make(map[string]*memState)
+	}
+	go s.janitor(time.Second)
+	return s
+}
+
+// Close stops the janitor. The store must not be used afterwards.
+func (s *MemoryStore) Close() error {
+	s.stopOnce.Do(func() { close(s.stop) })
+	<-s.done
+	return nil
+}
+
+// Len returns the number of keys held (expired ones included until swept).
+func (s *MemoryStore) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Allow implements Store.
+func (s *MemoryStore) Allow(_ context.Context, req *Request) (Result, error) {
+	return s.decide(req, false)
+}
+
+// Peek implements Store.
+func (s *MemoryStore) Peek(_ context.Context, req *Request) (Result, error) {
+	return s.decide(req, true)
+}
+
+// Reset implements Store.
+func (s *MemoryStore) Reset(_ context.Context, keys ...string) error {
+	for _, k := range keys {
+		sh := s.shard(k)
+		sh.mu.Lock()
+		delete(sh.m, k)
+		sh.mu.Unlock()
+	}
+	return nil
+}
+
+func (s *MemoryStore) shard(key string) *memShard {
+	tag := HashTag(key)
+	if tag == "" {
+		tag = key
+	}
+	return &s.shards[maphash.String(s.seed, tag)%memoryShards]
+}
+
+func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
+	if err := req.validate(); err != nil {
+		return Result{}, err
+	}
+	t := req.Now
+	if t.IsZero() {
+		t = s.now()
+	}
+	now := unixMicros(t)
+	s.lastSeen.Store(time.Now().UnixNano())
+	for {
+		hw := s.highWater.Load()
+		if now <= hw || s.highWater.CompareAndSwap(hw, now) {
+			break
+		}
+	}
+	window := micros(req.Window)
+	cost := req.cost()
+
+	sh := s.shard(req.Bucket.Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+
+	n := 1
+	if req.HasGlobal() {
+		n = 2
+	}
+	var (
+		states  [2]*memState
+		buckets = [2]Bucket{req.Bucket, req.Global}
+		raw     [2]rawUsage
+	)
+	allowed := true
+	for i := 0; i < n; i++ {
+		st := sh.m[buckets[i].Key]
+		if st != nil && st.expires <= now {
+			// Redis would have dropped the key by now.
+			st = nil
+			delete(sh.m, buckets[i].Key)
+		}
+		states[i] = st
+		raw[i] = checkLog(st, now, window, cost, buckets[i].Limit)
+		if raw[i].retry > 0 {
+			allowed = false
+		}
+	}
+	if allowed && !peek {
+		for i := 0; i < n; i++ {
+			st := states[i]
+			if st == nil {
+				st = &memState{}
+				sh.m[buckets[i].Key] = st
+			}
+			if raw[i].count == 0 {
+				raw[i].reset = window
+			}
+			raw[i].count += cost
+			recordLog(st, now, window, cost)
+		}
+	}
+
+	res := Result{Allowed: allowed}
+	res.Bucket = usage(req.Bucket.Limit, raw[0].count, raw[0].retry, raw[0].reset, raw[0].retry > 0)
+	if n == 2 {
+		res.Global = usage(req.Global.Limit, raw[1].count, raw[1].retry, raw[1].reset, raw[1].retry > 0)
+	}
+	res.finish()
+	return res, nil
+}
+
+// rawUsage mirrors one key's part of a script reply.
+type rawUsage struct {
+	count, retry, reset int64
+}
+
+// checkLog is sliding_log.lua's check for one key: it drops entries that
+// left the window (as ZREMRANGEBYSCORE does) and reports the key's usage.
+func checkLog(st *memState, now, window, cost, limit int64) rawUsage {
+	var u rawUsage
+	if st == nil {
+		if cost > limit {
+			u.retry = window
+		}
+		return u
+	}
+	// Window is (now - window, now]: drop entries <= now - window.
+	cut := sort.Search(len(st.log), func(i int) bool { return st.log[i] > now-window })
+	if cut > 0 {
+		st.log = append(st.log[:0], st.log[cut:]...)
+	}
+	count := int64(len(st.log))
+	u.count = count
+	if count > 0 {
+		u.reset = st.log[0] + window - now
+	}
+	if count+cost > limit {
+		if cost > limit {
+			u.retry = window
+		} else {
+			u.retry = st.log[count+cost-limit-1] + window - now
+		}
+	}
+	return u
+}
+
+// recordLog adds cost entries at now, keeping the log sorted (requests may
+// arrive with slightly out-of-order clocks), and refreshes the expiry.
+func recordLog(st *memState, now, window, cost int64) {
+	i := sort.Search(len(st.log), func(i int) bool { return st.log[i] > now })
+	for c := int64(0); c < cost; c++ {
+		st.log = append(st.log, 0)
+	}
+	copy(st.log[i+int(cost):], st.log[i:])
+	for c := int64(0); c < cost; c++ {
+		st.log[i+int(c)] = now
+	}
+	st.expires = now + ttlMicros(window)
+}
+
+// ttlMicros is the expiry the scripts set: window + 1 s, rounded up to a ms.
+func ttlMicros(window int64) int64 {
+	ms := (window + 999) / 1000
+	return (ms + 1000) * 1000
+}
+
+func (s *MemoryStore) janitor(every time.Duration) {
+	defer close(s.done)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-tick.C:
+			s.sweep()
+		}
+	}
+}
+
+// sweep drops every expired state. Expiry is judged at the latest request
+// time seen; once the store has been idle for a while, the wall time spent
+// idle is added, so keys of a store that no longer gets traffic vanish too.
+func (s *MemoryStore) sweep() {
+	now := s.highWater.Load()
+	if idle := time.Since(time.Unix(0, s.lastSeen.Load())); idle > idleGrace {
+		now += micros(idle - idleGrace)
+	}
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for k, st := range sh.m {
+			if st.expires <= now {
+				delete(sh.m, k)
+			}
+		}
+		sh.mu.Unlock()
+	}
+}

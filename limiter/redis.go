@@ -1,0 +1,102 @@
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
+)
+
+// ErrBadReply is wrapped by errors about a script reply of the wrong shape.
+var ErrBadReply = errors.New("malformed reply from redis script")
+
+// scripts holds one script per algorithm, indexed by Algorithm.
+var scripts = [...]*redis.Script{
+	SlidingLog: redis.NewScript(lua.SlidingLog),
+}
+
+// RedisStore decides requests with one Lua script call per request (EVALSHA,
+// and EVAL when Redis answers NOSCRIPT, as after a restart). It works with a
+// single Redis, a Sentinel-managed one or a Redis Cluster: all keys of one
+// call share a hash tag. The client belongs to the caller; the store never
+// closes it.
+type RedisStore struct {
+	client redis.Scripter
+	// idPrefix makes request ids unique across processes; seq across calls.
+	idPrefix string
+	seq      atomic.Uint64
+}
+
+// NewRedisStore returns a store that runs its scripts on client.
+func NewRedisStore(client redis.Scripter) *RedisStore {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return &RedisStore{client: client, idPrefix: hex.EncodeToString(b[:]) + "-"}
+}
+
+// Allow implements Store.
+func (s *RedisStore) Allow(ctx context.Context, req *Request) (Result, error) {
+	return s.run(ctx, req, "0")
+}
+
+// Peek implements Store.
+func (s *RedisStore) Peek(ctx context.Context, req *Request) (Result, error) {
+	return s.run(ctx, req, "1")
+}
+
+// Reset implements Store. The keys must share a hash tag on a cluster.
+func (s *RedisStore) Reset(ctx context.Context, keys ...string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	c, ok := s.client.(redis.Cmdable)
+	if !ok {
+		return errors.New("redis client cannot delete keys")
+	}
+	return c.Del(ctx, keys...).Err()
+}
+
+func (s *RedisStore) run(ctx context.Context, req *Request, mode string) (Result, error) {
+	if err := req.validate(); err != nil {
+		return Result{}, err
+	}
+	var now int64
+	if !req.Now.IsZero() {
+		now = unixMicros(req.Now)
+	}
+	member := s.idPrefix + strconv.FormatUint(s.seq.Add(1), 36)
+
+	keys := make([]string, 1, 2)
+	keys[0] = req.Bucket.Key
+	args := make([]any, 0, 9)
+	args = append(args, now, micros(req.Window), req.cost(), mode, member, req.Bucket.Limit, 0)
+	if req.HasGlobal() {
+		keys = append(keys, req.Global.Key)
+		args = append(args, req.Global.Limit, 0)
+	}
+
+	vals, err := scripts[req.Algorithm].Run(ctx, s.client, keys, args...).Int64Slice()
+	if err != nil {
+		return Result{}, err
+	}
+	if len(vals) != 1+3*len(keys) {
+		return Result{}, fmt.Errorf("%w: %d values for %d keys", ErrBadReply, len(vals), len(keys))
+	}
+	res := Result{Allowed: vals[0] == 1}
+	res.Bucket = usage(req.Bucket.Limit, vals[1], vals[2], vals[3], vals[2] > 0)
+	if len(keys) == 2 {
+		res.Global = usage(req.Global.Limit, vals[4], vals[5], vals[6], vals[5] > 0)
+	}
+	if !res.Allowed && !res.Bucket.Denied && !res.Global.Denied {
+		return Result{}, fmt.Errorf("%w: denied with no retry time", ErrBadReply)
+	}
+	res.finish()
+	return res, nil
+}

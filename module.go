@@ -1,0 +1,363 @@
+// Package slidingratelimit is a Caddy v2 HTTP handler that rate limits
+// requests with an exact sliding-window log, on Redis (shared by every Caddy
+// node) or on an in-process store (one Caddy, no Redis).
+//
+// This package is the Caddy adapter: configuration, Caddyfile, placeholders
+// and responses. Decisions come from the Caddy-free engine in ./limiter.
+package slidingratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+func init() {
+	caddy.RegisterModule(Handler{})
+}
+
+// Defaults.
+const (
+	DefaultName        = "default"
+	DefaultKey         = "{http.vars.client_ip}"
+	DefaultTimeout     = 100 * time.Millisecond
+	DefaultDialTimeout = 250 * time.Millisecond
+	DefaultPoolSize    = 0 // go-redis default: 10 per CPU
+)
+
+// Handler rate limits requests: it builds a key from placeholders, asks the
+// store whether one more request fits the limit, and either passes the
+// request on or answers 429 with a precise Retry-After.
+type Handler struct {
+	// Name names the limiter: it is part of every key, the policy name in
+	// the RateLimit headers and the label of its metrics. Letters, digits,
+	// '_', '-' and '.'. Default: "default".
+	Name string `json:"name,omitempty"`
+
+	// Algorithm is the counting scheme: "sliding_log" (exact sliding
+	// window log). Default: "sliding_log".
+	Algorithm string `json:"algorithm,omitempty"`
+
+	// Key is the identity a budget belongs to, a template in which
+	// placeholders are replaced per request, e.g. "{http.request.header.X-API-Key}".
+	// A value that is long or holds '{', '}', ':', '*' or control bytes is
+	// hashed before it is put in a store key. A key that expands to nothing
+	// is a bucket of its own. Default: "{http.vars.client_ip}".
+	Key string `json:"key,omitempty"`
+
+	// Region, when set, is a template (placeholders allowed) naming the
+	// request's region: each (key, region) pair then has its own budget.
+	Region string `json:"region,omitempty"`
+
+	// Limit is the number of requests admitted per window, per key (and
+	// region). Required, > 0.
+	Limit int64 `json:"limit,omitempty"`
+
+	// Window is the length of the sliding window. Required, >= 1ms.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Fail is what happens when the store cannot answer within its
+	// timeout: "open" passes the request, "closed" answers 503.
+	// Default: "open".
+	Fail string `json:"fail,omitempty"`
+
+	// Clock chooses the clock of the decision: "redis" makes the script read
+	// Redis TIME, so every Caddy node shares one clock; "app" uses this
+	// process's clock. With the in-process store both mean this process's
+	// clock. Default: "redis".
+	Clock string `json:"clock,omitempty"`
+
+	// Headers chooses the rate limit headers sent: "both", "ietf"
+	// (RateLimit and RateLimit-Policy), "legacy" (X-RateLimit-Limit and
+	// X-RateLimit-Remaining) or "off". Default: "both".
+	Headers string `json:"headers,omitempty"`
+
+	// Redis configures the Redis store. Without it, the in-process store
+	// is used: exact for this Caddy process, shared by nothing else.
+	Redis *RedisConfig `json:"redis,omitempty"`
+
+	alg       limiter.Algorithm
+	keys      limiter.KeyBuilder
+	store     limiter.Store
+	poolKey   string // the store's entry in its pool, released in Cleanup
+	timeout   time.Duration
+	source    string // "redis" or "memory"
+	failOpen  bool
+	clockApp  bool
+	legacyHdr bool
+	ietfHdr   bool
+	policy    string // cached RateLimit-Policy value
+	now       func() time.Time
+	logger    *zap.Logger
+	errLog    *burstLogger
+}
+
+// RedisConfig is the Redis the limiter keeps its state in.
+type RedisConfig struct {
+	// URL is a redis:// or rediss:// URL (user, password, host, port and
+	// db). Either URL or Addresses.
+	URL string `json:"url,omitempty"`
+
+	// Addresses lists host:port of the Redis server. Either URL or Addresses.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Username is the ACL user, if any.
+	Username string `json:"username,omitempty"`
+
+	// Password authenticates the connection. Caddyfile {$ENV} placeholders
+	// work as anywhere in a Caddyfile.
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number (single Redis only). Default 0.
+	DB int `json:"db,omitempty"`
+
+	// DialTimeout bounds connecting to Redis. Default 250ms.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// Timeout bounds one decision: the whole call to Redis, including
+	// waiting for a pooled connection. When it passes, the fail mode
+	// applies. Default 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// PoolSize is the maximum number of connections. Default: go-redis's
+	// default of 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// KeyPrefix starts every key the limiter writes. It must not contain
+	// '{' or '}'. Default "ratelimit:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (Handler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{
+		ID:  "http.handlers.sliding_ratelimit",
+		New: func() caddy.Module { return new(Handler) },
+	}
+}
+
+// Provision fills in defaults and opens (or shares) the store.
+func (h *Handler) Provision(ctx caddy.Context) error {
+	h.logger = ctx.Logger()
+	h.errLog = &burstLogger{every: 10 * time.Second}
+	if h.now == nil {
+		h.now = time.Now
+	}
+	if h.Name == "" {
+		h.Name = DefaultName
+	}
+	if h.Algorithm == "" {
+		h.Algorithm = limiter.SlidingLog.String()
+	}
+	if h.Key == "" {
+		h.Key = DefaultKey
+	}
+	if h.Fail == "" {
+		h.Fail = "open"
+	}
+	if h.Clock == "" {
+		h.Clock = "redis"
+	}
+	if h.Headers == "" {
+		h.Headers = "both"
+	}
+	if err := h.checkEnums(); err != nil {
+		return err
+	}
+	alg, err := limiter.ParseAlgorithm(h.Algorithm)
+	if err != nil {
+		return fmt.Errorf("sliding_ratelimit: algorithm: %w", err)
+	}
+	h.alg = alg
+	prefix := limiter.DefaultKeyPrefix
+	if h.Redis != nil && h.Redis.KeyPrefix != "" {
+		prefix = h.Redis.KeyPrefix
+	}
+	if h.keys, err = limiter.NewKeyBuilder(prefix, h.Name, alg); err != nil {
+		return fmt.Errorf("sliding_ratelimit: %w", err)
+	}
+	h.failOpen = h.Fail == "open"
+	h.clockApp = h.Clock == "app"
+	h.legacyHdr = h.Headers == "both" || h.Headers == "legacy"
+	h.ietfHdr = h.Headers == "both" || h.Headers == "ietf"
+	h.policy = fmt.Sprintf("%q;q=%d;w=%d", h.Name, h.Limit, ceilSeconds(time.Duration(h.Window)))
+
+	if h.Redis == nil {
+		h.store, h.poolKey, err = acquireMemoryStore()
+		h.source = "memory"
+		return err
+	}
+	h.timeout = DefaultTimeout
+	if h.Redis.Timeout > 0 {
+		h.timeout = time.Duration(h.Redis.Timeout)
+	}
+	h.store, h.poolKey, err = acquireRedisStore(h.Redis)
+	h.source = "redis"
+	if err != nil {
+		return fmt.Errorf("sliding_ratelimit: redis: %w", err)
+	}
+	return nil
+}
+
+// Validate checks the configuration's ranges.
+func (h *Handler) Validate() error {
+	if h.Limit <= 0 {
+		return fmt.Errorf("sliding_ratelimit: limit must be a positive integer, got %d", h.Limit)
+	}
+	if time.Duration(h.Window) < time.Millisecond {
+		return fmt.Errorf("sliding_ratelimit: window must be at least 1ms, got %s", time.Duration(h.Window))
+	}
+	if err := h.checkEnums(); err != nil {
+		return err
+	}
+	if h.Redis != nil {
+		if err := h.Redis.validate(); err != nil {
+			return fmt.Errorf("sliding_ratelimit: redis: %w", err)
+		}
+	}
+	return nil
+}
+
+// Cleanup releases this handler's use of its store.
+func (h *Handler) Cleanup() error {
+	if h.poolKey == "" {
+		return nil
+	}
+	_, err := stores.Delete(h.poolKey)
+	h.poolKey = ""
+	return err
+}
+
+func (h *Handler) checkEnums() error {
+	if h.Fail != "" && h.Fail != "open" && h.Fail != "closed" {
+		return fmt.Errorf("sliding_ratelimit: fail must be open or closed, got '%s'", h.Fail)
+	}
+	if h.Clock != "" && h.Clock != "redis" && h.Clock != "app" {
+		return fmt.Errorf("sliding_ratelimit: clock must be redis or app, got '%s'", h.Clock)
+	}
+	switch h.Headers {
+	case "", "both", "ietf", "legacy", "off":
+	default:
+		return fmt.Errorf("sliding_ratelimit: headers must be both, ietf, legacy or off, got '%s'", h.Headers)
+	}
+	return nil
+}
+
+// validate checks a Redis configuration without connecting.
+func (c *RedisConfig) validate() error {
+	if c.URL != "" && len(c.Addresses) > 0 {
+		return errors.New("give either a URL or addresses, not both")
+	}
+	if c.URL == "" && len(c.Addresses) == 0 {
+		return errors.New("needs a URL or an address")
+	}
+	if c.URL != "" {
+		if _, err := redis.ParseURL(c.URL); err != nil {
+			return fmt.Errorf("bad URL '%s': %w", c.URL, err)
+		}
+	}
+	if len(c.Addresses) > 1 {
+		return errors.New("several addresses (Redis Cluster) are not supported yet; give one")
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return fmt.Errorf("key_prefix '%s' must not contain '{' or '}'", c.KeyPrefix)
+	}
+	if c.DB < 0 || c.PoolSize < 0 || c.Timeout < 0 || c.DialTimeout < 0 {
+		return errors.New("db, pool_size and timeouts must not be negative")
+	}
+	return nil
+}
+
+// options turns the configuration into go-redis options with short,
+// bounded timeouts and no retries: a dead Redis must cost at most Timeout.
+func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	o := &redis.UniversalOptions{
+		Addrs:    c.Addresses,
+		Username: c.Username,
+		Password: c.Password,
+		DB:       c.DB,
+	}
+	if c.URL != "" {
+		u, err := redis.ParseURL(c.URL)
+		if err != nil {
+			return nil, err
+		}
+		o.Addrs = []string{u.Addr}
+		o.TLSConfig = u.TLSConfig
+		if o.Username == "" {
+			o.Username = u.Username
+		}
+		if o.Password == "" {
+			o.Password = u.Password
+		}
+		if o.DB == 0 {
+			o.DB = u.DB
+		}
+	}
+	timeout := DefaultTimeout
+	if c.Timeout > 0 {
+		timeout = time.Duration(c.Timeout)
+	}
+	dial := DefaultDialTimeout
+	if c.DialTimeout > 0 {
+		dial = time.Duration(c.DialTimeout)
+	}
+	o.DialTimeout = dial
+	o.ReadTimeout = timeout
+	o.WriteTimeout = timeout
+	o.PoolTimeout = timeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1 // no retries: the fail mode decides, not a retry loop
+	o.PoolSize = c.PoolSize
+	o.DisableIdentity = true // no CLIENT SETINFO: one round trip less, and ACL users need no CLIENT
+	o.Protocol = 2
+	return o, nil
+}
+
+// poolKey identifies a Redis configuration: handlers with the same one share
+// a client and its connection pool, across config reloads too.
+func (c *RedisConfig) poolKey() string {
+	cp := *c
+	cp.KeyPrefix = ""
+	b, _ := json.Marshal(cp)
+	return "redis:" + string(b)
+}
+
+// burstLogger logs an error at most once per period, counting the rest.
+type burstLogger struct {
+	every      time.Duration
+	last       atomic.Int64 // unix ns of the last line
+	suppressed atomic.Int64
+}
+
+// allow reports whether a line may be written now, and how many were
+// suppressed since the last one.
+func (b *burstLogger) allow(now time.Time) (bool, int64) {
+	last := b.last.Load()
+	if now.UnixNano()-last < int64(b.every) || !b.last.CompareAndSwap(last, now.UnixNano()) {
+		b.suppressed.Add(1)
+		return false, 0
+	}
+	return true, b.suppressed.Swap(0)
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*Handler)(nil)
+	_ caddy.Validator             = (*Handler)(nil)
+	_ caddy.CleanerUpper          = (*Handler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*Handler)(nil)
+)
