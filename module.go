@@ -316,6 +316,7 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 		dial = time.Duration(c.DialTimeout)
 	}
 	o.DialTimeout = dial
+	o.DialerRetries = 1 // one dial attempt per call: the timeout bounds an outage, not a backoff loop
 	o.ReadTimeout = timeout
 	o.WriteTimeout = timeout
 	o.PoolTimeout = timeout

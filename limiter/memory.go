@@ -32,9 +32,9 @@ type MemoryStore struct {
 	// lastSeen is the wall time (ns) of the latest request, so the janitor
 	// can tell an idle store.
 	lastSeen atomic.Int64
-	stop      chan struct{}
-	stopOnce  sync.Once
-	done      chan struct{}
+	stop     chan struct{}
+	stopOnce sync.Once
+	done     chan struct{}
 }
 
 type memShard struct {
