@@ -1,0 +1,217 @@
+package slidingratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	_ "github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/caddytest"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite testdata/adapt/*.json from the examples")
+
+// exampleFiles lists every Caddyfile under examples/.
+func exampleFiles(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob("examples/*Caddyfile")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no examples found: %v", err)
+	}
+	return files
+}
+
+func goldenPath(example string) string {
+	name := strings.TrimSuffix(filepath.Base(example), ".Caddyfile")
+	if name == "Caddyfile" {
+		name = "minimal"
+	}
+	return filepath.Join("testdata", "adapt", name+".json")
+}
+
+func adapt(t *testing.T, src []byte) []byte {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt(src, nil)
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	var pretty bytes.Buffer
+	if err := json.Indent(&pretty, out, "", "\t"); err != nil {
+		t.Fatal(err)
+	}
+	return pretty.Bytes()
+}
+
+// TestExamplesAdapt adapts every example to its golden JSON and validates
+// the result as Caddy would load it (modules provisioned, nothing started).
+func TestExamplesAdapt(t *testing.T) {
+	t.Setenv("REDIS_PASSWORD", "s3cret")
+	for _, ex := range exampleFiles(t) {
+		t.Run(filepath.Base(ex), func(t *testing.T) {
+			src, err := os.ReadFile(ex)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := goldenPath(ex)
+			if *updateGolden {
+				if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(golden, adapt(t, src), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("golden file: %v (run go test -run TestExamplesAdapt -update)", err)
+			}
+			caddytest.AssertAdapt(t, string(src), "caddyfile", string(want))
+
+			var cfg caddy.Config
+			if err := json.Unmarshal(adapt(t, src), &cfg); err != nil {
+				t.Fatal(err)
+			}
+			if err := caddy.Validate(&cfg); err != nil {
+				t.Fatalf("adapted example does not load: %v", err)
+			}
+		})
+	}
+}
+
+// TestBadCaddyfiles: every bad value is refused when the config loads, with
+// a message naming the problem.
+func TestBadCaddyfiles(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, body, want string
+	}{
+		{"unknown subdirective", "limit 5\nwindow 1m\nburstiness 3", "unrecognized sliding_ratelimit subdirective 'burstiness'"},
+		{"limit 0", "limit 0\nwindow 1m", "limit must be a positive integer, got '0'"},
+		{"negative limit", "limit -3\nwindow 1m", "limit must be a positive integer, got '-3'"},
+		{"limit not a number", "limit lots\nwindow 1m", "limit must be a positive integer, got 'lots'"},
+		{"missing limit", "window 1m", "limit is required"},
+		{"missing window", "limit 5", "window is required"},
+		{"bad duration", "limit 5\nwindow soon", "window: bad duration 'soon'"},
+		{"window below 1ms", "limit 5\nwindow 100us", "window must be at least 1ms, got '100us'"},
+		{"unknown fail mode", "limit 5\nwindow 1m\nfail sideways", "fail must be open or closed, got 'sideways'"},
+		{"unknown clock", "limit 5\nwindow 1m\nclock ntp", "clock must be redis or app, got 'ntp'"},
+		{"unknown headers", "limit 5\nwindow 1m\nheaders some", "headers must be both, ietf, legacy or off, got 'some'"},
+		{"unknown algorithm", "limit 5\nwindow 1m\nalgorithm leaky_bucket", "unknown algorithm 'leaky_bucket'"},
+		{"bad name", "name a:b\nlimit 5\nwindow 1m", "name: limiter name \"a:b\" may hold only"},
+		{"bad redis URL", "limit 5\nwindow 1m\nredis http://localhost:6379", "redis: bad URL 'http://localhost:6379'"},
+		{"redis URL and address", "limit 5\nwindow 1m\nredis redis://localhost:6379 {\naddress localhost:6380\n}", "either a URL or addresses"},
+		{"redis without address", "limit 5\nwindow 1m\nredis {\ntimeout 1s\n}", "redis: needs a URL or an address"},
+		{"redis bad timeout", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntimeout forever\n}", "redis timeout: bad duration 'forever'"},
+		{"redis bad db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ndb x\n}", "redis db must be a non-negative integer, got 'x'"},
+		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ncluster yes\n}", "unrecognized sliding_ratelimit redis subdirective 'cluster'"},
+		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nkey_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
+		{"limit with two values", "limit 5 6\nwindow 1m", "limit takes one value"},
+		{"key without value", "key\nlimit 5\nwindow 1m", "key needs a value"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			src := ":8080 {\n\tsliding_ratelimit {\n" + tc.body + "\n\t}\n\trespond ok\n}\n"
+			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+			if err == nil {
+				t.Fatalf("adapted without error; want %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not contain %q", err, tc.want)
+			}
+			if !strings.Contains(err.Error(), "Caddyfile:") {
+				t.Errorf("error %q does not name the file and line", err)
+			}
+		})
+	}
+}
+
+// TestBadJSON: the same checks hold for JSON configs, in Validate.
+func TestBadJSON(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name string
+		h    Handler
+		want string
+	}{
+		{"limit 0", Handler{Window: caddy.Duration(time.Minute)}, "limit must be a positive integer"},
+		{"no window", Handler{Limit: 3}, "window must be at least 1ms"},
+		{"fail", Handler{Limit: 3, Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open or closed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			if err := tc.h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate() = %v, want %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnmarshalCaddyfileFull(t *testing.T) {
+	t.Parallel()
+	d := caddyfile.NewTestDispenser(`sliding_ratelimit {
+		name       api
+		algorithm  sliding_log
+		key        {http.request.header.X-API-Key}
+		region     {http.request.header.X-Region}
+		limit      100
+		window     1m
+		fail       closed
+		clock      app
+		headers    ietf
+		redis {
+			address      10.0.0.1:6379
+			username     limiter
+			password     pw
+			db           2
+			dial_timeout 300ms
+			timeout      40ms
+			pool_size    64
+			key_prefix   rl:
+		}
+	}`)
+	var h Handler
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	want := Handler{
+		Name: "api", Algorithm: "sliding_log", Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
+		Limit: 100, Window: caddy.Duration(time.Minute), Fail: "closed", Clock: "app", Headers: "ietf",
+		Redis: &RedisConfig{Addresses: []string{"10.0.0.1:6379"}, Username: "limiter", Password: "pw", DB: 2,
+			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, KeyPrefix: "rl:"},
+	}
+	got, _ := json.Marshal(h)
+	exp, _ := json.Marshal(want)
+	if !bytes.Equal(got, exp) {
+		t.Fatalf("got  %s\nwant %s", got, exp)
+	}
+
+	d = caddyfile.NewTestDispenser("sliding_ratelimit {\nlimit 1\nwindow 1s\nredis rediss://u:p@redis.example:6380/3\n}")
+	h = Handler{}
+	if err := h.UnmarshalCaddyfile(d); err != nil {
+		t.Fatal(err)
+	}
+	if h.Redis == nil || h.Redis.URL != "rediss://u:p@redis.example:6380/3" {
+		t.Fatalf("redis URL not kept: %+v", h.Redis)
+	}
+	opts, err := h.Redis.options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opts.Addrs[0] != "redis.example:6380" || opts.DB != 3 || opts.Username != "u" || opts.Password != "p" || opts.TLSConfig == nil {
+		t.Fatalf("URL options: %+v", opts)
+	}
+	if opts.MaxRetries != -1 || opts.ReadTimeout != DefaultTimeout || opts.DialTimeout != DefaultDialTimeout {
+		t.Fatalf("timeouts/retries not bounded: retries %d read %s dial %s", opts.MaxRetries, opts.ReadTimeout, opts.DialTimeout)
+	}
+}
