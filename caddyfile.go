@@ -33,7 +33,9 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		algorithm     sliding_log
 //		key           <template>
 //		region        <template>
-//		limit         <n>
+//		limit         <n | placeholder>
+//		global_limit  <n | placeholder>
+//		cost          <n | placeholder>
 //		window        <duration>
 //		fail          open | closed
 //		clock         redis | app
@@ -91,16 +93,23 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 			h.Region = v
-		case "limit":
+		case "limit", "global_limit", "cost":
 			v, err := oneArg(d)
 			if err != nil {
 				return err
 			}
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil || n <= 0 {
-				return d.Errf("limit must be a positive integer, got '%s'", v)
+			a := Amount(v)
+			if err := a.checkStatic(sub); err != nil {
+				return d.Err(err.Error())
 			}
-			h.Limit = n
+			switch sub {
+			case "limit":
+				h.Limit = a
+			case "global_limit":
+				h.GlobalLimit = a
+			default:
+				h.Cost = a
+			}
 		case "window":
 			v, err := oneArg(d)
 			if err != nil {
@@ -155,11 +164,14 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized sliding_ratelimit subdirective '%s'", sub)
 		}
 	}
-	if h.Limit == 0 {
+	if h.Limit == "" {
 		return d.Err("sliding_ratelimit: limit is required")
 	}
 	if h.Window == 0 {
 		return d.Err("sliding_ratelimit: window is required")
+	}
+	if h.GlobalLimit != "" && h.Region == "" {
+		return d.Err("sliding_ratelimit: global_limit needs region (it is the ceiling across regions)")
 	}
 	return nil
 }

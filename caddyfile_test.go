@@ -95,9 +95,9 @@ func TestBadCaddyfiles(t *testing.T) {
 		name, body, want string
 	}{
 		{"unknown subdirective", "limit 5\nwindow 1m\nburstiness 3", "unrecognized sliding_ratelimit subdirective 'burstiness'"},
-		{"limit 0", "limit 0\nwindow 1m", "limit must be a positive integer, got '0'"},
-		{"negative limit", "limit -3\nwindow 1m", "limit must be a positive integer, got '-3'"},
-		{"limit not a number", "limit lots\nwindow 1m", "limit must be a positive integer, got 'lots'"},
+		{"limit 0", "limit 0\nwindow 1m", "limit must be a positive integer or a placeholder, got '0'"},
+		{"negative limit", "limit -3\nwindow 1m", "limit must be a positive integer or a placeholder, got '-3'"},
+		{"limit not a number", "limit lots\nwindow 1m", "limit must be a positive integer or a placeholder, got 'lots'"},
 		{"missing limit", "window 1m", "limit is required"},
 		{"missing window", "limit 5", "window is required"},
 		{"bad duration", "limit 5\nwindow soon", "window: bad duration 'soon'"},
@@ -143,9 +143,12 @@ func TestBadJSON(t *testing.T) {
 		h    Handler
 		want string
 	}{
-		{"limit 0", Handler{Window: caddy.Duration(time.Minute)}, "limit must be a positive integer"},
-		{"no window", Handler{Limit: 3}, "window must be at least 1ms"},
-		{"fail", Handler{Limit: 3, Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open or closed"},
+		{"no limit", Handler{Window: caddy.Duration(time.Minute)}, "limit is required"},
+		{"limit 0", Handler{Limit: "0", Window: caddy.Duration(time.Minute)}, "limit must be a positive integer"},
+		{"global without region", Handler{Limit: "5", GlobalLimit: "7", Window: caddy.Duration(time.Minute)}, "global_limit needs region"},
+		{"cost above limit", Handler{Limit: "5", Cost: "6", Window: caddy.Duration(time.Minute)}, "cost 6 is above limit 5"},
+		{"no window", Handler{Limit: "3"}, "window must be at least 1ms"},
+		{"fail", Handler{Limit: "3", Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open or closed"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -186,7 +189,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 	}
 	want := Handler{
 		Name: "api", Algorithm: "sliding_log", Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
-		Limit: 100, Window: caddy.Duration(time.Minute), Fail: "closed", Clock: "app", Headers: "ietf",
+		Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Clock: "app", Headers: "ietf",
 		Redis: &RedisConfig{Addresses: []string{"10.0.0.1:6379"}, Username: "limiter", Password: "pw", DB: 2,
 			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, KeyPrefix: "rl:"},
 	}

@@ -16,13 +16,16 @@ import (
 
 // Placeholder names set on every request.
 const (
-	phAllowed    = "http.sliding_ratelimit.allowed"
-	phCount      = "http.sliding_ratelimit.count"
-	phLimit      = "http.sliding_ratelimit.limit"
-	phRemaining  = "http.sliding_ratelimit.remaining"
-	phRetryAfter = "http.sliding_ratelimit.retry_after"
-	phRegion     = "http.sliding_ratelimit.region"
-	phSource     = "http.sliding_ratelimit.source"
+	phAllowed         = "http.sliding_ratelimit.allowed"
+	phCount           = "http.sliding_ratelimit.count"
+	phLimit           = "http.sliding_ratelimit.limit"
+	phRemaining       = "http.sliding_ratelimit.remaining"
+	phRetryAfter      = "http.sliding_ratelimit.retry_after"
+	phRegion          = "http.sliding_ratelimit.region"
+	phSource          = "http.sliding_ratelimit.source"
+	phGlobalCount     = "http.sliding_ratelimit.global_count"
+	phGlobalLimit     = "http.sliding_ratelimit.global_limit"
+	phGlobalRemaining = "http.sliding_ratelimit.global_remaining"
 )
 
 // Values of {http.sliding_ratelimit.source} beside "redis" and "memory".
@@ -36,10 +39,26 @@ const maxEchoedRegion = 128
 
 var unavailableBody = []byte(`{"error":"rate_limiter_unavailable"}` + "\n")
 
-// ServeHTTP decides the request: next handler, 429, or (store down and fail
-// closed) 503.
+// ServeHTTP decides the request: next handler, 429, 413 (a cost that can
+// never fit), 500 (a dynamic limit that does not resolve) or, store down and
+// fail closed, 503.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+
+	limit, err := h.limit.resolve(repl, "limit")
+	if err != nil {
+		return h.badAmount(err)
+	}
+	cost, err := h.cost.resolve(repl, "cost")
+	if err != nil {
+		return h.badAmount(err)
+	}
+	var globalLimit int64
+	if h.hasGlobal {
+		if globalLimit, err = h.global.resolve(repl, "global_limit"); err != nil {
+			return h.badAmount(err)
+		}
+	}
 
 	identity := repl.ReplaceAll(h.Key, "")
 	var region string
@@ -47,20 +66,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if withRegion {
 		region = repl.ReplaceAll(h.Region, "")
 	}
+	if cost > limit || (h.hasGlobal && cost > globalLimit) {
+		return h.costTooHigh(w, repl, region, cost, limit, globalLimit)
+	}
+
 	req := limiter.Request{
 		Algorithm: h.alg,
 		Window:    time.Duration(h.Window),
-		Cost:      1,
-		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, withRegion, region), Limit: h.Limit},
+		Cost:      cost,
+		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, withRegion, region), Limit: limit},
+	}
+	if h.hasGlobal {
+		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: globalLimit}
 	}
 	if h.clockApp {
 		req.Now = h.now()
 	}
 
-	var (
-		res limiter.Result
-		err error
-	)
+	var res limiter.Result
 	if h.timeout > 0 {
 		ctx, cancel := context.WithTimeout(r.Context(), h.timeout)
 		res, err = h.store.Allow(ctx, &req)
@@ -69,7 +92,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		res, err = h.store.Allow(r.Context(), &req)
 	}
 	if err != nil {
-		return h.storeFailed(w, r, next, repl, region, err)
+		return h.storeFailed(w, r, next, repl, region, limit, err)
 	}
 
 	h.setPlaceholders(repl, &res, region, h.source)
@@ -80,8 +103,43 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	return next.ServeHTTP(w, r)
 }
 
+// badAmount answers 500 for a limit, global_limit or cost placeholder that
+// did not resolve to a positive integer, and logs which one (once per burst).
+func (h *Handler) badAmount(err error) error {
+	if ok, suppressed := h.cfgLog.allow(time.Now()); ok {
+		h.logger.Error("dynamic rate limit value is not a positive integer; answering 500",
+			zap.String("limiter", h.Name),
+			zap.Int64("suppressed_since_last_log", suppressed),
+			zap.Error(err))
+	}
+	return caddyhttp.Error(http.StatusInternalServerError, err)
+}
+
+// costTooHigh answers 413 for a request that could never fit its limit:
+// retrying cannot help, so it is not a 429.
+func (h *Handler) costTooHigh(w http.ResponseWriter, repl *caddy.Replacer, region string, cost, limit, global int64) error {
+	if h.hasGlobal && global < limit {
+		limit = global
+	}
+	repl.Set(phAllowed, false)
+	repl.Set(phLimit, limit)
+	repl.Set(phRegion, region)
+	repl.Set(phRetryAfter, 0)
+	hdr := w.Header()
+	hdr.Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusRequestEntityTooLarge)
+	body := make([]byte, 0, 80)
+	body = append(body, `{"error":"cost_exceeds_limit","cost":`...)
+	body = strconv.AppendInt(body, cost, 10)
+	body = append(body, `,"limit":`...)
+	body = strconv.AppendInt(body, limit, 10)
+	body = append(body, "}\n"...)
+	_, err := w.Write(body)
+	return err
+}
+
 // storeFailed applies the fail mode and logs the error once per burst.
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, region string, err error) error {
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, region string, limit int64, err error) error {
 	if ok, suppressed := h.errLog.allow(time.Now()); ok {
 		h.logger.Error("rate limit store unavailable; applying fail mode",
 			zap.String("limiter", h.Name),
@@ -89,7 +147,7 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 			zap.Int64("suppressed_since_last_log", suppressed),
 			zap.Error(err))
 	}
-	repl.Set(phLimit, h.Limit)
+	repl.Set(phLimit, limit)
 	repl.Set(phRegion, region)
 	repl.Set(phCount, "")
 	repl.Set(phRemaining, "")
@@ -117,23 +175,64 @@ func (h *Handler) setPlaceholders(repl *caddy.Replacer, res *limiter.Result, reg
 	repl.Set(phRetryAfter, retryAfterSeconds(res))
 	repl.Set(phRegion, region)
 	repl.Set(phSource, source)
+	if h.hasGlobal {
+		repl.Set(phGlobalCount, res.Global.Count)
+		repl.Set(phGlobalLimit, res.Global.Limit)
+		repl.Set(phGlobalRemaining, res.Global.Remaining)
+	}
 }
 
-// writeHeaders sets the rate limit headers chosen by `headers`.
+// writeHeaders sets the rate limit headers chosen by `headers`. IETF headers
+// get one list member per policy (the bucket, then the global ceiling), and
+// members of several limiters in a route accumulate. Legacy headers describe
+// the tightest budget: of the two policies, and of several limiters.
 func (h *Handler) writeHeaders(hdr http.Header, res *limiter.Result) {
 	if h.legacyHdr {
-		hdr.Set("X-RateLimit-Limit", strconv.FormatInt(res.Bucket.Limit, 10))
-		hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(res.Bucket.Remaining, 10))
+		tight := &res.Bucket
+		if h.hasGlobal && res.Global.Remaining < tight.Remaining {
+			tight = &res.Global
+		}
+		prev := hdr.Get("X-RateLimit-Remaining")
+		if n, err := strconv.ParseInt(prev, 10, 64); prev == "" || err != nil || tight.Remaining <= n {
+			hdr.Set("X-RateLimit-Limit", strconv.FormatInt(tight.Limit, 10))
+			hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(tight.Remaining, 10))
+		}
 	}
 	if h.ietfHdr {
-		t := res.Bucket.ResetAfter
-		if !res.Allowed {
-			t = res.RetryAfter
+		policy := h.policy
+		if policy == "" {
+			policy = h.policyHeader(res.Bucket.Limit, res.Global.Limit)
 		}
-		hdr.Add("RateLimit-Policy", h.policy)
-		hdr.Add("RateLimit", `"`+h.Name+`";r=`+strconv.FormatInt(res.Bucket.Remaining, 10)+
-			";t="+strconv.FormatInt(ceilSeconds(t), 10))
+		hdr.Add("RateLimit-Policy", policy)
+		hdr.Add("RateLimit", h.rateLimitHeader(res))
 	}
+}
+
+// policyHeader is the RateLimit-Policy value for the given limits.
+func (h *Handler) policyHeader(limit, global int64) string {
+	w := strconv.FormatInt(ceilSeconds(time.Duration(h.Window)), 10)
+	s := `"` + h.Name + `";q=` + strconv.FormatInt(limit, 10) + ";w=" + w
+	if h.hasGlobal {
+		s += `, "` + h.Name + `-global";q=` + strconv.FormatInt(global, 10) + ";w=" + w
+	}
+	return s
+}
+
+// rateLimitHeader is the RateLimit value: remaining quota and the seconds
+// until more comes back (on a denial, until the request would fit).
+func (h *Handler) rateLimitHeader(res *limiter.Result) string {
+	member := func(name string, u *limiter.Usage) string {
+		t := u.ResetAfter
+		if u.Denied {
+			t = u.RetryAfter
+		}
+		return `"` + name + `";r=` + strconv.FormatInt(u.Remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(t), 10)
+	}
+	s := member(h.Name, &res.Bucket)
+	if h.hasGlobal {
+		s += ", " + member(h.Name+"-global", &res.Global)
+	}
+	return s
 }
 
 // deny writes the 429 answer.
@@ -174,4 +273,29 @@ func ceilSeconds(d time.Duration) int64 {
 		return 0
 	}
 	return int64((d + time.Second - 1) / time.Second)
+}
+
+// peek reports the usage of identity's bucket in region (and its global
+// ceiling) without recording anything. A dynamic limit is peeked at as 1:
+// counts are exact whatever the limit.
+func (h *Handler) peek(identity, region string) (limiter.Result, error) {
+	req := limiter.Request{
+		Algorithm: h.alg,
+		Window:    time.Duration(h.Window),
+		Cost:      1,
+		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, h.Region != "", region), Limit: max(h.limit.static, 1)},
+	}
+	if h.hasGlobal {
+		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: max(h.global.static, 1)}
+	}
+	if h.clockApp {
+		req.Now = h.now()
+	}
+	ctx := context.Background()
+	if h.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, h.timeout)
+		defer cancel()
+	}
+	return h.store.Peek(ctx, &req)
 }

@@ -77,6 +77,16 @@ func uniqueName() string { return "t" + strconv.FormatInt(nameSeq.Add(1), 10) }
 // serve sends one request with the given headers through h; next answers 200.
 func serve(t *testing.T, h *Handler, hdr map[string]string) *httptest.ResponseRecorder {
 	t.Helper()
+	w, err := serveErr(t, h, hdr)
+	if err != nil {
+		t.Fatalf("ServeHTTP: %v", err)
+	}
+	return w
+}
+
+// serveErr is serve, returning the handler's error.
+func serveErr(t *testing.T, h *Handler, hdr map[string]string) (*httptest.ResponseRecorder, error) {
+	t.Helper()
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/api", nil)
 	for k, v := range hdr {
 		r.Header.Set(k, v)
@@ -88,10 +98,7 @@ func serve(t *testing.T, h *Handler, hdr map[string]string) *httptest.ResponseRe
 		w.WriteHeader(http.StatusOK)
 		return nil
 	})
-	if err := h.ServeHTTP(w, r, next); err != nil {
-		t.Fatalf("ServeHTTP: %v", err)
-	}
-	return w
+	return w, h.ServeHTTP(w, r, next)
 }
 
 type denyBody struct {
@@ -103,7 +110,7 @@ type denyBody struct {
 func TestHandlerCountsDownThenDenies(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
-	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: 5, Window: caddy.Duration(time.Minute)}
+	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: "5", Window: caddy.Duration(time.Minute)}
 	provision(t, h, clock)
 
 	for i := 4; i >= 0; i-- {
@@ -157,7 +164,7 @@ func TestHandlerCountsDownThenDenies(t *testing.T) {
 func TestHandlerRetryAfterRoundsUpToWholeSeconds(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
-	h := &Handler{Name: uniqueName(), Limit: 1, Window: caddy.Duration(1500 * time.Millisecond)}
+	h := &Handler{Name: uniqueName(), Limit: "1", Window: caddy.Duration(1500 * time.Millisecond)}
 	provision(t, h, clock)
 	serve(t, h, nil)
 	clock.Advance(1400 * time.Millisecond) // 100ms left: still 1 whole second
@@ -173,7 +180,7 @@ func TestHandlerRegionsAreIndependent(t *testing.T) {
 	for _, store := range []string{"memory", "redis"} {
 		t.Run(store, func(t *testing.T) {
 			h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
-				Limit: 2, Window: caddy.Duration(time.Minute)}
+				Limit: "2", Window: caddy.Duration(time.Minute)}
 			if store == "redis" {
 				h.Redis = &RedisConfig{Addresses: []string{srv.Addr()}}
 			}
@@ -235,7 +242,7 @@ func TestConcurrencyIsExact(t *testing.T) {
 		for i := 0; i < 4; i++ {
 			// A distinct pool size gives each handler its own client and
 			// pool, as 4 Caddy processes would have.
-			h := &Handler{Name: name, Key: "{http.request.header.X-API-Key}", Limit: 50, Window: caddy.Duration(time.Minute),
+			h := &Handler{Name: name, Key: "{http.request.header.X-API-Key}", Limit: "50", Window: caddy.Duration(time.Minute),
 				Redis: &RedisConfig{Addresses: []string{srv.Addr()}, PoolSize: 20 + i, Timeout: caddy.Duration(2 * time.Second)}}
 			provision(t, h, nil)
 			hs = append(hs, h)
@@ -246,7 +253,7 @@ func TestConcurrencyIsExact(t *testing.T) {
 		run(t, hs)
 	})
 	t.Run("memory, 1 instance", func(t *testing.T) {
-		h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: 50, Window: caddy.Duration(time.Minute)}
+		h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: "50", Window: caddy.Duration(time.Minute)}
 		provision(t, h, nil)
 		run(t, []*Handler{h})
 	})
@@ -257,7 +264,7 @@ func TestConcurrencyIsExact(t *testing.T) {
 func TestScriptFlush(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	h := &Handler{Name: uniqueName(), Limit: 3, Window: caddy.Duration(time.Minute),
+	h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute),
 		Redis: &RedisConfig{Addresses: []string{srv.Addr()}}}
 	provision(t, h, newTestClock())
 	serve(t, h, nil)
@@ -286,7 +293,7 @@ func TestRedisDown(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	for _, mode := range []string{"open", "closed"} {
 		t.Run(mode, func(t *testing.T) {
-			h := &Handler{Name: uniqueName(), Limit: 3, Window: caddy.Duration(time.Minute), Fail: mode,
+			h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), Fail: mode,
 				Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(timeout)}}
 			logs := provision(t, h, nil)
 			for i := 0; i < 20; i++ {
@@ -326,7 +333,7 @@ func TestRedisBlackHole(t *testing.T) {
 		t.Fatal(err)
 	}
 	const timeout = 150 * time.Millisecond
-	h := &Handler{Name: uniqueName(), Limit: 3, Window: caddy.Duration(time.Minute),
+	h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute),
 		Redis: &RedisConfig{Addresses: []string{ln}, Timeout: caddy.Duration(timeout)}}
 	provision(t, h, nil)
 	for i := 0; i < 3; i++ {

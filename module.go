@@ -59,9 +59,24 @@ type Handler struct {
 	// request's region: each (key, region) pair then has its own budget.
 	Region string `json:"region,omitempty"`
 
-	// Limit is the number of requests admitted per window, per key (and
-	// region). Required, > 0.
-	Limit int64 `json:"limit,omitempty"`
+	// Limit is the number of requests (units of cost) admitted per window,
+	// per key and region. Required: a positive integer, or a placeholder
+	// resolved per request (e.g. a tier set by Caddy's map handler); a
+	// placeholder that does not resolve to a positive integer fails the
+	// request with 500 and an error log, never "unlimited".
+	Limit Amount `json:"limit,omitempty"`
+
+	// GlobalLimit is an optional ceiling per key across all regions,
+	// checked and recorded in the same atomic step as the region's budget:
+	// a request must fit both. Requires Region. A positive integer or a
+	// placeholder, as Limit.
+	GlobalLimit Amount `json:"global_limit,omitempty"`
+
+	// Cost is the number of units one request consumes, for endpoints that
+	// weigh more than one (a bulk call). A positive integer or a
+	// placeholder, as Limit. Default 1. A request whose cost is above the
+	// limit can never pass and is answered 413.
+	Cost Amount `json:"cost,omitempty"`
 
 	// Window is the length of the sliding window. Required, >= 1ms.
 	Window caddy.Duration `json:"window,omitempty"`
@@ -87,6 +102,10 @@ type Handler struct {
 	Redis *RedisConfig `json:"redis,omitempty"`
 
 	alg       limiter.Algorithm
+	limit     amount
+	global    amount
+	cost      amount
+	hasGlobal bool
 	keys      limiter.KeyBuilder
 	store     limiter.Store
 	poolKey   string // the store's entry in its pool, released in Cleanup
@@ -96,10 +115,11 @@ type Handler struct {
 	clockApp  bool
 	legacyHdr bool
 	ietfHdr   bool
-	policy    string // cached RateLimit-Policy value
+	policy    string // cached RateLimit-Policy value, when limits are static
 	now       func() time.Time
 	logger    *zap.Logger
-	errLog    *burstLogger
+	errLog    *burstLogger // store errors
+	cfgLog    *burstLogger // placeholders that did not resolve
 }
 
 // RedisConfig is the Redis the limiter keeps its state in.
@@ -150,6 +170,7 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 func (h *Handler) Provision(ctx caddy.Context) error {
 	h.logger = ctx.Logger()
 	h.errLog = &burstLogger{every: 10 * time.Second}
+	h.cfgLog = &burstLogger{every: 10 * time.Second}
 	if h.now == nil {
 		h.now = time.Now
 	}
@@ -190,7 +211,13 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	h.clockApp = h.Clock == "app"
 	h.legacyHdr = h.Headers == "both" || h.Headers == "legacy"
 	h.ietfHdr = h.Headers == "both" || h.Headers == "ietf"
-	h.policy = fmt.Sprintf("%q;q=%d;w=%d", h.Name, h.Limit, ceilSeconds(time.Duration(h.Window)))
+	h.limit = compileAmount(h.Limit, 0)
+	h.global = compileAmount(h.GlobalLimit, 0)
+	h.cost = compileAmount(h.Cost, 1)
+	h.hasGlobal = h.GlobalLimit != ""
+	if h.limit.tmpl == "" && h.global.tmpl == "" {
+		h.policy = h.policyHeader(h.limit.static, h.global.static)
+	}
 
 	if h.Redis == nil {
 		h.store, h.poolKey, err = acquireMemoryStore()
@@ -211,8 +238,25 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Validate checks the configuration's ranges.
 func (h *Handler) Validate() error {
-	if h.Limit <= 0 {
-		return fmt.Errorf("sliding_ratelimit: limit must be a positive integer, got %d", h.Limit)
+	if h.Limit == "" {
+		return errors.New("sliding_ratelimit: limit is required")
+	}
+	for _, a := range []struct {
+		what string
+		v    Amount
+	}{{"limit", h.Limit}, {"global_limit", h.GlobalLimit}, {"cost", h.Cost}} {
+		if err := a.v.checkStatic(a.what); err != nil {
+			return fmt.Errorf("sliding_ratelimit: %w", err)
+		}
+	}
+	if h.GlobalLimit != "" && h.Region == "" {
+		return errors.New("sliding_ratelimit: global_limit needs region (it is the ceiling across regions)")
+	}
+	if !h.Cost.isDynamic() && !h.Limit.isDynamic() && h.Cost != "" {
+		c, l := compileAmount(h.Cost, 1).static, compileAmount(h.Limit, 0).static
+		if c > l {
+			return fmt.Errorf("sliding_ratelimit: cost %d is above limit %d: no request could ever pass", c, l)
+		}
 	}
 	if time.Duration(h.Window) < time.Millisecond {
 		return fmt.Errorf("sliding_ratelimit: window must be at least 1ms, got %s", time.Duration(h.Window))

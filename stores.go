@@ -1,8 +1,13 @@
 package slidingratelimit
 
 import (
+	"context"
+	"fmt"
+
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -55,4 +60,20 @@ func acquireRedisStore(cfg *RedisConfig) (limiter.Store, string, error) {
 		return nil, "", err
 	}
 	return v.(redisEntry).RedisStore, key, nil
+}
+
+func init() {
+	// go-redis logs dial failures through the standard logger, once per
+	// failed dial: during an outage that is a line per request. The handler
+	// logs store errors itself, once per burst; go-redis's own lines go to
+	// Caddy's log at debug level.
+	redis.SetLogger(redisLogger{})
+}
+
+type redisLogger struct{}
+
+func (redisLogger) Printf(_ context.Context, format string, v ...any) {
+	if c := caddy.Log().Named("sliding_ratelimit.redis").Check(zapcore.DebugLevel, "go-redis"); c != nil {
+		c.Write(zap.String("message", fmt.Sprintf(format, v...)))
+	}
 }

@@ -1,0 +1,116 @@
+package slidingratelimit
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/caddyserver/caddy/v2"
+)
+
+// Amount is a positive integer given either as a number or as a template
+// with placeholders resolved per request (e.g. "{tier_limit}" set by Caddy's
+// map handler). In JSON it is a number when static and a string otherwise.
+type Amount string
+
+// MarshalJSON writes a static amount as a JSON number.
+func (a Amount) MarshalJSON() ([]byte, error) {
+	if _, err := strconv.ParseInt(string(a), 10, 64); err == nil {
+		return []byte(a), nil
+	}
+	return json.Marshal(string(a))
+}
+
+// UnmarshalJSON accepts a number or a string.
+func (a *Amount) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		*a = Amount(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("want a number or a placeholder string, got %s", b)
+	}
+	*a = Amount(n.String())
+	return nil
+}
+
+// isDynamic reports whether the amount holds a placeholder.
+func (a Amount) isDynamic() bool { return strings.ContainsRune(string(a), '{') }
+
+// errNotPositive is wrapped by every "not a positive integer" error.
+var errNotPositive = errors.New("not a positive integer")
+
+// parsePositive parses a positive integer.
+func parsePositive(s string) (int64, error) {
+	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, errNotPositive
+	}
+	return n, nil
+}
+
+// checkStatic validates an amount at config time: a static value must be a
+// positive integer; a dynamic one is checked per request.
+func (a Amount) checkStatic(what string) error {
+	if a == "" || a.isDynamic() {
+		return nil
+	}
+	if _, err := parsePositive(string(a)); err != nil {
+		return fmt.Errorf("%s must be a positive integer or a placeholder, got '%s'", what, string(a))
+	}
+	return nil
+}
+
+// amount is an Amount ready for the hot path: a parsed static value, or a
+// template to resolve.
+type amount struct {
+	static int64
+	tmpl   string
+}
+
+func compileAmount(a Amount, def int64) amount {
+	if a == "" {
+		return amount{static: def}
+	}
+	if a.isDynamic() {
+		return amount{tmpl: string(a)}
+	}
+	n, _ := parsePositive(string(a))
+	return amount{static: n}
+}
+
+// dynamicAmountError says which placeholder resolved to what.
+type dynamicAmountError struct {
+	what, tmpl, value string
+}
+
+func (e *dynamicAmountError) Error() string {
+	return fmt.Sprintf("%s %s resolved to '%s', %v", e.what, e.tmpl, e.value, errNotPositive)
+}
+
+func (e *dynamicAmountError) Unwrap() error { return errNotPositive }
+
+// resolve returns the amount for this request.
+func (a amount) resolve(repl *caddy.Replacer, what string) (int64, error) {
+	if a.tmpl == "" {
+		return a.static, nil
+	}
+	v := repl.ReplaceAll(a.tmpl, "")
+	n, err := parsePositive(v)
+	if err != nil {
+		if len(v) > 64 {
+			v = v[:64] + "..."
+		}
+		return 0, &dynamicAmountError{what: what, tmpl: a.tmpl, value: v}
+	}
+	return n, nil
+}
