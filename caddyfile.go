@@ -37,15 +37,26 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		global_limit  <n | placeholder>
 //		cost          <n | placeholder>
 //		window        <duration>
-//		fail          open | closed
+//		fail          open | closed | local
 //		clock         redis | app
 //		headers       both | ietf | legacy | off
 //		redis         <url>
 //		redis {
-//			address      <host:port>
+//			address      <host:port>...
+//			cluster
+//			sentinel     <master_name>
+//			sentinel_password <password>
 //			username     <user>
 //			password     <password>
 //			db           <n>
+//			tls          [insecure_skip_verify]
+//			tls {
+//				ca          <file>
+//				cert        <file>
+//				key         <file>
+//				server_name <name>
+//				insecure_skip_verify
+//			}
 //			dial_timeout <duration>
 //			timeout      <duration>
 //			pool_size    <n>
@@ -128,8 +139,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil {
 				return err
 			}
-			if v != "open" && v != "closed" {
-				return d.Errf("fail must be open or closed, got '%s'", v)
+			if v != "open" && v != "closed" && v != "local" {
+				return d.Errf("fail must be open, closed or local, got '%s'", v)
 			}
 			h.Fail = v
 		case "clock":
@@ -196,6 +207,31 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			}
 			c.Addresses = append(c.Addresses, d.Val())
 			c.Addresses = append(c.Addresses, d.RemainingArgs()...)
+		case "cluster":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.Cluster = true
+		case "sentinel":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			c.Sentinel = v
+		case "sentinel_password":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			c.SentinelPassword = v
+		case "tls":
+			if c.TLS != nil {
+				return d.Err("redis tls given twice")
+			}
+			c.TLS = new(RedisTLS)
+			if err := c.TLS.unmarshalCaddyfile(d); err != nil {
+				return err
+			}
 		case "username":
 			v, err := oneArg(d)
 			if err != nil {
@@ -254,6 +290,44 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	}
 	if err := c.validate(); err != nil {
 		return d.Errf("redis: %v", err)
+	}
+	return nil
+}
+
+// unmarshalCaddyfile reads `tls`, `tls insecure_skip_verify` or a
+// `tls { ca; cert; key; server_name; insecure_skip_verify }` block.
+func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	for d.NextArg() {
+		if d.Val() != "insecure_skip_verify" {
+			return d.Errf("redis tls: unknown option '%s'", d.Val())
+		}
+		t.InsecureSkipVerify = true
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		sub := d.Val()
+		if sub == "insecure_skip_verify" {
+			t.InsecureSkipVerify = true
+			continue
+		}
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		switch sub {
+		case "ca":
+			t.CA = v
+		case "cert":
+			t.Cert = v
+		case "key":
+			t.Key = v
+		case "server_name":
+			t.ServerName = v
+		default:
+			return d.Errf("unrecognized sliding_ratelimit redis tls subdirective '%s'", sub)
+		}
+	}
+	if _, err := t.tlsConfig(); err != nil {
+		return d.Errf("redis %v", err)
 	}
 	return nil
 }

@@ -102,7 +102,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"missing window", "limit 5", "window is required"},
 		{"bad duration", "limit 5\nwindow soon", "window: bad duration 'soon'"},
 		{"window below 1ms", "limit 5\nwindow 100us", "window must be at least 1ms, got '100us'"},
-		{"unknown fail mode", "limit 5\nwindow 1m\nfail sideways", "fail must be open or closed, got 'sideways'"},
+		{"unknown fail mode", "limit 5\nwindow 1m\nfail sideways", "fail must be open, closed or local, got 'sideways'"},
 		{"unknown clock", "limit 5\nwindow 1m\nclock ntp", "clock must be redis or app, got 'ntp'"},
 		{"unknown headers", "limit 5\nwindow 1m\nheaders some", "headers must be both, ietf, legacy or off, got 'some'"},
 		{"unknown algorithm", "limit 5\nwindow 1m\nalgorithm leaky_bucket", "unknown algorithm 'leaky_bucket'"},
@@ -112,7 +112,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"redis without address", "limit 5\nwindow 1m\nredis {\ntimeout 1s\n}", "redis: needs a URL or an address"},
 		{"redis bad timeout", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntimeout forever\n}", "redis timeout: bad duration 'forever'"},
 		{"redis bad db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ndb x\n}", "redis db must be a non-negative integer, got 'x'"},
-		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ncluster yes\n}", "unrecognized sliding_ratelimit redis subdirective 'cluster'"},
+		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nreplicas 2\n}", "unrecognized sliding_ratelimit redis subdirective 'replicas'"},
 		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nkey_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
 		{"limit with two values", "limit 5 6\nwindow 1m", "limit takes one value"},
 		{"key without value", "key\nlimit 5\nwindow 1m", "key needs a value"},
@@ -148,7 +148,7 @@ func TestBadJSON(t *testing.T) {
 		{"global without region", Handler{Limit: "5", GlobalLimit: "7", Window: caddy.Duration(time.Minute)}, "global_limit needs region"},
 		{"cost above limit", Handler{Limit: "5", Cost: "6", Window: caddy.Duration(time.Minute)}, "cost 6 is above limit 5"},
 		{"no window", Handler{Limit: "3"}, "window must be at least 1ms"},
-		{"fail", Handler{Limit: "3", Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open or closed"},
+		{"fail", Handler{Limit: "3", Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open, closed or local"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

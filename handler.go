@@ -32,6 +32,7 @@ const (
 const (
 	sourceFailOpen   = "fail_open"
 	sourceFailClosed = "fail_closed"
+	sourceLocal      = "local"
 )
 
 // maxEchoedRegion bounds the region echoed in a 429 body.
@@ -84,18 +85,29 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 
 	var res limiter.Result
+	source := h.source
 	if h.timeout > 0 {
-		ctx, cancel := context.WithTimeout(r.Context(), h.timeout)
+		// The timeout bounds the Redis call whatever the client does; a
+		// client that goes away does not abort (and so not fail) it.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.timeout)
 		res, err = h.store.Allow(ctx, &req)
 		cancel()
 	} else {
 		res, err = h.store.Allow(r.Context(), &req)
 	}
 	if err != nil {
-		return h.storeFailed(w, r, next, repl, region, limit, err)
+		h.logStoreError(err)
+		if h.local == nil {
+			return h.storeFailed(w, r, next, repl, region, limit)
+		}
+		// fail local: the same request, decided by this instance alone.
+		if res, err = h.local.Allow(r.Context(), &req); err != nil {
+			return h.storeFailed(w, r, next, repl, region, limit)
+		}
+		source = sourceLocal
 	}
 
-	h.setPlaceholders(repl, &res, region, h.source)
+	h.setPlaceholders(repl, &res, region, source)
 	h.writeHeaders(w.Header(), &res)
 	if !res.Allowed {
 		return h.deny(w, &res, withRegion, region)
@@ -138,8 +150,9 @@ func (h *Handler) costTooHigh(w http.ResponseWriter, repl *caddy.Replacer, regio
 	return err
 }
 
-// storeFailed applies the fail mode and logs the error once per burst.
-func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, region string, limit int64, err error) error {
+// logStoreError logs a store failure once per burst, with the number of
+// failures since the last line.
+func (h *Handler) logStoreError(err error) {
 	if ok, suppressed := h.errLog.allow(time.Now()); ok {
 		h.logger.Error("rate limit store unavailable; applying fail mode",
 			zap.String("limiter", h.Name),
@@ -147,6 +160,10 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 			zap.Int64("suppressed_since_last_log", suppressed),
 			zap.Error(err))
 	}
+}
+
+// storeFailed applies fail open or fail closed.
+func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, region string, limit int64) error {
 	repl.Set(phLimit, limit)
 	repl.Set(phRegion, region)
 	repl.Set(phCount, "")

@@ -7,9 +7,13 @@
 package slidingratelimit
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -81,9 +85,10 @@ type Handler struct {
 	// Window is the length of the sliding window. Required, >= 1ms.
 	Window caddy.Duration `json:"window,omitempty"`
 
-	// Fail is what happens when the store cannot answer within its
-	// timeout: "open" passes the request, "closed" answers 503.
-	// Default: "open".
+	// Fail is what happens when Redis cannot answer within its timeout (or
+	// while the circuit breaker is open): "open" passes the request,
+	// "closed" answers 503, "local" decides with the in-process store, per
+	// Caddy instance, until Redis answers again. Default: "open".
 	Fail string `json:"fail,omitempty"`
 
 	// Clock chooses the clock of the decision: "redis" makes the script read
@@ -112,6 +117,8 @@ type Handler struct {
 	timeout   time.Duration
 	source    string // "redis" or "memory"
 	failOpen  bool
+	local     limiter.Store // fail local: the in-process store
+	localKey  string
 	clockApp  bool
 	legacyHdr bool
 	ietfHdr   bool
@@ -128,8 +135,22 @@ type RedisConfig struct {
 	// db). Either URL or Addresses.
 	URL string `json:"url,omitempty"`
 
-	// Addresses lists host:port of the Redis server. Either URL or Addresses.
+	// Addresses lists host:port of the Redis server. Several addresses make
+	// a Redis Cluster client (any reachable nodes of the cluster; the rest
+	// are discovered). With Sentinel, they are the Sentinels. Either URL or
+	// Addresses.
 	Addresses []string `json:"addresses,omitempty"`
+
+	// Cluster makes a Redis Cluster client even with one address (a
+	// cluster's configuration endpoint). Several addresses imply it.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// Sentinel, when set, is the master name monitored by the Sentinels at
+	// Addresses: the client follows failovers.
+	Sentinel string `json:"sentinel,omitempty"`
+
+	// SentinelPassword authenticates to the Sentinels, if they need it.
+	SentinelPassword string `json:"sentinel_password,omitempty"`
 
 	// Username is the ACL user, if any.
 	Username string `json:"username,omitempty"`
@@ -138,8 +159,11 @@ type RedisConfig struct {
 	// work as anywhere in a Caddyfile.
 	Password string `json:"password,omitempty"`
 
-	// DB is the database number (single Redis only). Default 0.
+	// DB is the database number (not on a cluster). Default 0.
 	DB int `json:"db,omitempty"`
+
+	// TLS, when present, connects with TLS (rediss:// URLs do too).
+	TLS *RedisTLS `json:"tls,omitempty"`
 
 	// DialTimeout bounds connecting to Redis. Default 250ms.
 	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
@@ -156,6 +180,52 @@ type RedisConfig struct {
 	// KeyPrefix starts every key the limiter writes. It must not contain
 	// '{' or '}'. Default "ratelimit:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis. An empty block uses the system roots.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities to trust instead of
+	// the system roots.
+	CA string `json:"ca,omitempty"`
+	// Cert and Key are PEM files of a client certificate, for Redis
+	// servers that require one (tls-auth-clients).
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// ServerName overrides the name checked in the server's certificate.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
+// tlsConfig loads the files into a *tls.Config.
+func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // an explicit, documented option
+	}
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca: no PEM certificate in %s", t.CA)
+		}
+		cfg.RootCAs = pool
+	}
+	if (t.Cert == "") != (t.Key == "") {
+		return nil, errors.New("tls: cert and key go together")
+	}
+	if t.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("tls cert/key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
 }
 
 // CaddyModule returns the Caddy module information.
@@ -233,6 +303,11 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return fmt.Errorf("sliding_ratelimit: redis: %w", err)
 	}
+	if h.Fail == "local" {
+		if h.local, h.localKey, err = acquireMemoryStore(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -272,19 +347,25 @@ func (h *Handler) Validate() error {
 	return nil
 }
 
-// Cleanup releases this handler's use of its store.
+// Cleanup releases this handler's use of its stores.
 func (h *Handler) Cleanup() error {
-	if h.poolKey == "" {
-		return nil
+	var errs []error
+	for _, k := range []*string{&h.poolKey, &h.localKey} {
+		if *k != "" {
+			if _, err := stores.Delete(*k); err != nil {
+				errs = append(errs, err)
+			}
+			*k = ""
+		}
 	}
-	_, err := stores.Delete(h.poolKey)
-	h.poolKey = ""
-	return err
+	return errors.Join(errs...)
 }
 
 func (h *Handler) checkEnums() error {
-	if h.Fail != "" && h.Fail != "open" && h.Fail != "closed" {
-		return fmt.Errorf("sliding_ratelimit: fail must be open or closed, got '%s'", h.Fail)
+	switch h.Fail {
+	case "", "open", "closed", "local":
+	default:
+		return fmt.Errorf("sliding_ratelimit: fail must be open, closed or local, got '%s'", h.Fail)
 	}
 	if h.Clock != "" && h.Clock != "redis" && h.Clock != "app" {
 		return fmt.Errorf("sliding_ratelimit: clock must be redis or app, got '%s'", h.Clock)
@@ -310,8 +391,16 @@ func (c *RedisConfig) validate() error {
 			return fmt.Errorf("bad URL '%s': %w", c.URL, err)
 		}
 	}
-	if len(c.Addresses) > 1 {
-		return errors.New("several addresses (Redis Cluster) are not supported yet; give one")
+	if c.Sentinel != "" && c.URL != "" {
+		return errors.New("sentinel needs the Sentinels' addresses, not a URL")
+	}
+	if (len(c.Addresses) > 1 || c.Cluster) && c.Sentinel == "" && c.DB != 0 {
+		return errors.New("a Redis Cluster has only db 0")
+	}
+	for _, a := range c.Addresses {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return fmt.Errorf("bad address '%s': want host:port", a)
+		}
 	}
 	if strings.ContainsAny(c.KeyPrefix, "{}") {
 		return fmt.Errorf("key_prefix '%s' must not contain '{' or '}'", c.KeyPrefix)
@@ -329,10 +418,20 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 		return nil, err
 	}
 	o := &redis.UniversalOptions{
-		Addrs:    c.Addresses,
-		Username: c.Username,
-		Password: c.Password,
-		DB:       c.DB,
+		Addrs:            c.Addresses,
+		Username:         c.Username,
+		Password:         c.Password,
+		DB:               c.DB,
+		MasterName:       c.Sentinel,
+		IsClusterMode:    c.Cluster && c.Sentinel == "",
+		SentinelPassword: c.SentinelPassword,
+	}
+	if c.TLS != nil {
+		tc, err := c.TLS.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		o.TLSConfig = tc
 	}
 	if c.URL != "" {
 		u, err := redis.ParseURL(c.URL)
@@ -340,7 +439,9 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 			return nil, err
 		}
 		o.Addrs = []string{u.Addr}
-		o.TLSConfig = u.TLSConfig
+		if o.TLSConfig == nil {
+			o.TLSConfig = u.TLSConfig
+		}
 		if o.Username == "" {
 			o.Username = u.Username
 		}

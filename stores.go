@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
@@ -25,10 +26,11 @@ type memoryEntry struct{ *limiter.MemoryStore }
 
 func (m memoryEntry) Destruct() error { return m.Close() }
 
-// redisEntry is one Redis client and its store, per distinct Redis config.
+// redisEntry is one Redis client and its store, behind a circuit breaker,
+// per distinct Redis config.
 type redisEntry struct {
 	client redis.UniversalClient
-	*limiter.RedisStore
+	*limiter.Breaker
 }
 
 func (r redisEntry) Destruct() error { return r.client.Close() }
@@ -54,12 +56,15 @@ func acquireRedisStore(cfg *RedisConfig) (limiter.Store, string, error) {
 			return nil, err
 		}
 		client := redis.NewUniversalClient(opts)
-		return redisEntry{client: client, RedisStore: limiter.NewRedisStore(client)}, nil
+		breaker := limiter.NewBreaker(limiter.NewRedisStore(client), limiter.BreakerConfig{
+			OnChange: logBreakerChange(redisTarget(cfg)),
+		})
+		return redisEntry{client: client, Breaker: breaker}, nil
 	})
 	if err != nil {
 		return nil, "", err
 	}
-	return v.(redisEntry).RedisStore, key, nil
+	return v.(redisEntry).Breaker, key, nil
 }
 
 func init() {
@@ -76,4 +81,40 @@ func (redisLogger) Printf(_ context.Context, format string, v ...any) {
 	if c := caddy.Log().Named("sliding_ratelimit.redis").Check(zapcore.DebugLevel, "go-redis"); c != nil {
 		c.Write(zap.String("message", fmt.Sprintf(format, v...)))
 	}
+}
+
+// logBreakerChange logs each circuit state change once: opening at error
+// level, recovery at info, probes at debug.
+func logBreakerChange(target string) func(from, to limiter.BreakerState, cause error) {
+	return func(from, to limiter.BreakerState, cause error) {
+		log := caddy.Log().Named("http.handlers.sliding_ratelimit")
+		fields := []zap.Field{zap.String("redis", target), zap.String("from", from.String()), zap.String("to", to.String())}
+		switch to {
+		case limiter.Open:
+			if from == limiter.Closed {
+				log.Error("redis circuit opened: requests follow the fail mode without calling redis until a probe succeeds",
+					append(fields, zap.Error(cause))...)
+			} else {
+				log.Debug("redis probe failed; circuit open again", append(fields, zap.Error(cause))...)
+			}
+		case limiter.Closed:
+			log.Info("redis circuit closed: redis answers again", fields...)
+		default:
+			log.Debug("redis circuit half open: probing", fields...)
+		}
+	}
+}
+
+// redisTarget names a Redis config in logs, without credentials.
+func redisTarget(cfg *RedisConfig) string {
+	if cfg.URL != "" {
+		if o, err := redis.ParseURL(cfg.URL); err == nil {
+			return o.Addr
+		}
+	}
+	t := strings.Join(cfg.Addresses, ",")
+	if cfg.Sentinel != "" {
+		t = cfg.Sentinel + "@" + t
+	}
+	return t
 }

@@ -1,0 +1,217 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ErrCircuitOpen is returned by a Breaker while its circuit is open: the
+// store is not called, so the request costs no timeout.
+var ErrCircuitOpen = errors.New("circuit open: store recently failing, not called")
+
+// BreakerState is the state of a Breaker's circuit.
+type BreakerState int32
+
+// The circuit states.
+const (
+	// Closed: calls go to the store.
+	Closed BreakerState = iota
+	// Open: calls fail at once with ErrCircuitOpen until the cool-down ends.
+	Open
+	// HalfOpen: one probe call goes to the store; the others fail at once.
+	HalfOpen
+)
+
+func (s BreakerState) String() string {
+	switch s {
+	case Closed:
+		return "closed"
+	case Open:
+		return "open"
+	case HalfOpen:
+		return "half_open"
+	}
+	return "unknown"
+}
+
+// BreakerConfig tunes a Breaker. Zero fields take the defaults.
+type BreakerConfig struct {
+	// Threshold is the number of consecutive failures that opens the
+	// circuit. Default 5.
+	Threshold int
+	// MinCooldown is the first open period. Default 250ms.
+	MinCooldown time.Duration
+	// MaxCooldown caps the open period, which doubles after each failed
+	// probe. Default 5s.
+	MaxCooldown time.Duration
+	// OnChange, if set, is called once per state change (never per
+	// request), outside the breaker's lock.
+	OnChange func(from, to BreakerState, cause error)
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+}
+
+// Breaker is a circuit breaker around a Store. After Threshold consecutive
+// failures it stops calling the store for a cool-down, then lets one probe
+// through: success closes the circuit, failure opens it again for twice as
+// long (up to MaxCooldown). "Over the limit" is a result, not a failure, and
+// a caller that gives up (context canceled) does not count either.
+type Breaker struct {
+	store Store
+	cfg   BreakerConfig
+
+	state    atomic.Int32 // BreakerState
+	failures atomic.Int32 // consecutive, while closed
+
+	mu        sync.Mutex
+	openUntil time.Time
+	cooldown  time.Duration
+	probing   bool
+}
+
+// NewBreaker wraps store.
+func NewBreaker(store Store, cfg BreakerConfig) *Breaker {
+	if cfg.Threshold <= 0 {
+		cfg.Threshold = 5
+	}
+	if cfg.MinCooldown <= 0 {
+		cfg.MinCooldown = 250 * time.Millisecond
+	}
+	if cfg.MaxCooldown < cfg.MinCooldown {
+		cfg.MaxCooldown = max(5*time.Second, cfg.MinCooldown)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Breaker{store: store, cfg: cfg}
+}
+
+// State returns the circuit's state.
+func (b *Breaker) State() BreakerState { return BreakerState(b.state.Load()) }
+
+// Store returns the wrapped store.
+func (b *Breaker) Store() Store { return b.store }
+
+// Allow implements Store.
+func (b *Breaker) Allow(ctx context.Context, req *Request) (Result, error) {
+	return b.call(ctx, func() (Result, error) { return b.store.Allow(ctx, req) })
+}
+
+// Peek implements Store.
+func (b *Breaker) Peek(ctx context.Context, req *Request) (Result, error) {
+	return b.call(ctx, func() (Result, error) { return b.store.Peek(ctx, req) })
+}
+
+// Reset implements Store; it is not guarded (an operator's reset should
+// reach Redis or say why not).
+func (b *Breaker) Reset(ctx context.Context, keys ...string) error {
+	return b.store.Reset(ctx, keys...)
+}
+
+func (b *Breaker) call(ctx context.Context, f func() (Result, error)) (Result, error) {
+	probe := false
+	if BreakerState(b.state.Load()) != Closed {
+		ok, p, halfOpened := b.admit()
+		if halfOpened {
+			b.notify(Open, HalfOpen, nil)
+		}
+		if !ok {
+			return Result{}, ErrCircuitOpen
+		}
+		probe = p
+	}
+	res, err := f()
+	switch {
+	case err == nil:
+		if probe || b.failures.Load() != 0 {
+			b.succeeded(probe)
+		}
+	case ctx.Err() == context.Canceled && !errors.Is(err, context.DeadlineExceeded):
+		// The caller went away; that says nothing about the store.
+		if probe {
+			b.endProbe()
+		}
+	default:
+		b.failed(probe, err)
+	}
+	return res, err
+}
+
+// admit decides whether a call may go through an open or half-open
+// circuit: at most one probe once the cool-down has passed.
+func (b *Breaker) admit() (ok, probe, halfOpened bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch BreakerState(b.state.Load()) {
+	case Closed:
+		return true, false, false
+	case Open:
+		if b.cfg.Now().Before(b.openUntil) {
+			return false, false, false
+		}
+		b.state.Store(int32(HalfOpen))
+		b.probing = true
+		return true, true, true
+	default: // HalfOpen
+		if b.probing {
+			return false, false, false
+		}
+		b.probing = true
+		return true, true, false
+	}
+}
+
+func (b *Breaker) succeeded(probe bool) {
+	b.failures.Store(0)
+	if !probe {
+		return
+	}
+	b.mu.Lock()
+	b.probing = false
+	b.cooldown = 0
+	from := BreakerState(b.state.Swap(int32(Closed)))
+	b.mu.Unlock()
+	if from != Closed {
+		b.notify(from, Closed, nil)
+	}
+}
+
+func (b *Breaker) endProbe() {
+	b.mu.Lock()
+	b.probing = false
+	b.mu.Unlock()
+}
+
+func (b *Breaker) failed(probe bool, err error) {
+	if !probe && b.failures.Add(1) < int32(b.cfg.Threshold) {
+		return
+	}
+	b.mu.Lock()
+	if !probe && BreakerState(b.state.Load()) != Closed {
+		// Another call already opened the circuit.
+		b.mu.Unlock()
+		return
+	}
+	b.probing = false
+	if b.cooldown == 0 {
+		b.cooldown = b.cfg.MinCooldown
+	} else if probe {
+		b.cooldown = min(2*b.cooldown, b.cfg.MaxCooldown)
+	}
+	b.openUntil = b.cfg.Now().Add(b.cooldown)
+	b.failures.Store(0)
+	from := BreakerState(b.state.Swap(int32(Open)))
+	b.mu.Unlock()
+	if from != Open {
+		b.notify(from, Open, err)
+	}
+}
+
+func (b *Breaker) notify(from, to BreakerState, cause error) {
+	if b.cfg.OnChange != nil {
+		b.cfg.OnChange(from, to, cause)
+	}
+}
