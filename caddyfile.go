@@ -30,7 +30,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //
 //	sliding_ratelimit [<matcher>] {
 //		name          <string>
-//		algorithm     sliding_log
+//		algorithm     sliding_log | sliding_counter | fixed_window | token_bucket
 //		key           <template>
 //		region        <template>
 //		limit         <n | placeholder>
@@ -40,6 +40,12 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		fail          open | closed | local
 //		clock         redis | app
 //		headers       both | ietf | legacy | off
+//		burst         <n>
+//		warn_at       <ratio> | off
+//		log_key
+//		dry_run
+//		on_limit      respond | error
+//		deny_cache    on | off | <max keys>
 //		redis         <url>
 //		redis {
 //			address      <host:port>...
@@ -163,6 +169,65 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("headers must be both, ietf, legacy or off, got '%s'", v)
 			}
 			h.Headers = v
+		case "burst":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			n, err := parsePositive(v)
+			if err != nil {
+				return d.Errf("burst must be a positive integer, got '%s'", v)
+			}
+			h.Burst = n
+		case "warn_at":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "off" {
+				h.WarnAt = -1
+				continue
+			}
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f <= 0 || f > 1 {
+				return d.Errf("warn_at must be a share of the limit in (0, 1], or off, got '%s'", v)
+			}
+			h.WarnAt = f
+		case "log_key", "dry_run":
+			if d.NextArg() {
+				return d.Errf("%s takes no value, got '%s'", sub, d.Val())
+			}
+			if sub == "log_key" {
+				h.LogKey = true
+			} else {
+				h.DryRun = true
+			}
+		case "on_limit":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v != "respond" && v != "error" {
+				return d.Errf("on_limit must be respond or error, got '%s'", v)
+			}
+			h.OnLimit = v
+		case "deny_cache":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			switch v {
+			case "off":
+				h.DenyCacheSize = -1
+			case "on":
+				h.DenyCacheSize = 0
+			default:
+				n, err := strconv.Atoi(v)
+				if err != nil || n <= 0 {
+					return d.Errf("deny_cache must be on, off or a number of keys, got '%s'", v)
+				}
+				h.DenyCacheSize = n
+			}
 		case "redis":
 			if h.Redis != nil {
 				return d.Err("redis given twice")
@@ -181,8 +246,8 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if h.Window == 0 {
 		return d.Err("sliding_ratelimit: window is required")
 	}
-	if h.GlobalLimit != "" && h.Region == "" {
-		return d.Err("sliding_ratelimit: global_limit needs region (it is the ceiling across regions)")
+	if err := h.checkAmounts(); err != nil {
+		return d.Err(err.Error())
 	}
 	return nil
 }
@@ -326,8 +391,8 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return d.Errf("unrecognized sliding_ratelimit redis tls subdirective '%s'", sub)
 		}
 	}
-	if _, err := t.tlsConfig(); err != nil {
-		return d.Errf("redis %v", err)
+	if (t.Cert == "") != (t.Key == "") {
+		return d.Err("redis tls: cert and key go together")
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 	"time"
@@ -26,13 +27,23 @@ const (
 	phGlobalCount     = "http.sliding_ratelimit.global_count"
 	phGlobalLimit     = "http.sliding_ratelimit.global_limit"
 	phGlobalRemaining = "http.sliding_ratelimit.global_remaining"
+	phNearLimit       = "http.sliding_ratelimit.near_limit"
+	phDryRun          = "http.sliding_ratelimit.dry_run"
 )
+
+// eventExceeded is the Caddy event emitted when a limiter starts denying.
+const eventExceeded = "sliding_ratelimit_exceeded"
+
+// ErrRateLimited is the error returned with `on_limit error`, so Caddy's
+// handle_errors routes can render the 429.
+var ErrRateLimited = errors.New("rate limit exceeded")
 
 // Values of {http.sliding_ratelimit.source} beside "redis" and "memory".
 const (
 	sourceFailOpen   = "fail_open"
 	sourceFailClosed = "fail_closed"
 	sourceLocal      = "local"
+	sourceDenyCache  = "deny_cache"
 )
 
 // maxEchoedRegion bounds the region echoed in a 429 body.
@@ -75,7 +86,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		Algorithm: h.alg,
 		Window:    time.Duration(h.Window),
 		Cost:      cost,
-		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, withRegion, region), Limit: limit},
+		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, withRegion, region), Limit: limit, Burst: h.Burst},
 	}
 	if h.hasGlobal {
 		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: globalLimit}
@@ -83,19 +94,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if h.clockApp {
 		req.Now = h.now()
 	}
-
-	var res limiter.Result
-	source := h.source
-	if h.timeout > 0 {
-		// The timeout bounds the Redis call whatever the client does; a
-		// client that goes away does not abort (and so not fail) it.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.timeout)
-		res, err = h.store.Allow(ctx, &req)
-		cancel()
-	} else {
-		res, err = h.store.Allow(r.Context(), &req)
+	began := time.Now()
+	res, err := h.check(r.Context(), &req)
+	h.metrics.checkTime.Observe(time.Since(began).Seconds())
+	if h.breaker != nil {
+		h.metrics.circuit.Set(float64(h.breaker.State()))
 	}
+	source := h.source
 	if err != nil {
+		h.metrics.storeError(err)
 		h.logStoreError(err)
 		if h.local == nil {
 			return h.storeFailed(w, r, next, repl, region, limit)
@@ -105,14 +112,127 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 			return h.storeFailed(w, r, next, repl, region, limit)
 		}
 		source = sourceLocal
+	} else if res.Cached {
+		source = sourceDenyCache
 	}
 
 	h.setPlaceholders(repl, &res, region, source)
-	h.writeHeaders(w.Header(), &res)
-	if !res.Allowed {
-		return h.deny(w, &res, withRegion, region)
+	if res.Allowed {
+		if source == sourceLocal {
+			h.metrics.localAllowed.Inc()
+		} else {
+			h.metrics.allowed.Inc()
+		}
+		h.checkNearLimit(repl, &res, cost, identity)
+		if !h.DryRun {
+			h.writeHeaders(w.Header(), &res)
+		}
+		return next.ServeHTTP(w, r)
 	}
-	return next.ServeHTTP(w, r)
+
+	h.exceeded(identity, region, &res)
+	if h.DryRun {
+		h.metrics.dryRunDenied.Inc()
+		repl.Set(phDryRun, true)
+		if ok, suppressed := h.dryLog.allow(time.Now()); ok {
+			fields := []zap.Field{zap.String("limiter", h.Name), zap.String("region", region),
+				zap.Int64("retry_after", retryAfterSeconds(&res)), zap.Int64("suppressed_since_last_log", suppressed)}
+			if h.LogKey {
+				fields = append(fields, zap.String("key", identity))
+			}
+			h.logger.Info("dry run: request would have been rate limited", fields...)
+		}
+		return next.ServeHTTP(w, r)
+	}
+	switch source {
+	case sourceLocal:
+		h.metrics.localDenied.Inc()
+	case sourceDenyCache:
+		h.metrics.cached.Inc()
+	default:
+		h.metrics.denied.Inc()
+	}
+	h.writeHeaders(w.Header(), &res)
+	if h.OnLimit == "error" {
+		w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(&res), 10))
+		return caddyhttp.Error(http.StatusTooManyRequests, ErrRateLimited)
+	}
+	return h.deny(w, &res, withRegion, region)
+}
+
+// check asks the store, with the Redis timeout when there is one.
+func (h *Handler) check(ctx context.Context, req *limiter.Request) (limiter.Result, error) {
+	if h.timeout <= 0 {
+		return h.store.Allow(ctx, req)
+	}
+	// The timeout bounds the Redis call whatever the client does; a client
+	// that goes away does not abort (and so not fail) it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.timeout)
+	defer cancel()
+	return h.store.Allow(ctx, req)
+}
+
+// checkNearLimit flags a request at or above warn_at of a budget: the
+// placeholder on every such request; the counter and a (rate-limited) warn
+// line on the request that crosses the threshold.
+func (h *Handler) checkNearLimit(repl *caddy.Replacer, res *limiter.Result, cost int64, identity string) {
+	if h.WarnAt <= 0 {
+		return
+	}
+	near, crossed := nearLimit(&res.Bucket, cost, h.WarnAt)
+	if h.hasGlobal {
+		gNear, gCrossed := nearLimit(&res.Global, cost, h.WarnAt)
+		near, crossed = near || gNear, crossed || gCrossed
+	}
+	if !near {
+		return
+	}
+	repl.Set(phNearLimit, true)
+	if !crossed {
+		return
+	}
+	h.metrics.nearLimit.Inc()
+	if ok, suppressed := h.warnLog.allow(time.Now()); ok {
+		fields := []zap.Field{zap.String("limiter", h.Name), zap.Int64("count", res.Bucket.Count),
+			zap.Int64("limit", res.Bucket.Limit), zap.Float64("warn_at", h.WarnAt),
+			zap.Int64("suppressed_since_last_log", suppressed)}
+		if h.LogKey {
+			fields = append(fields, zap.String("key", identity))
+		}
+		h.logger.Warn("client near its rate limit", fields...)
+	}
+}
+
+// nearLimit reports whether usage is at or above ratio of the limit, and
+// whether this request's cost took it there.
+func nearLimit(u *limiter.Usage, cost int64, ratio float64) (near, crossed bool) {
+	threshold := ratio * float64(u.Limit)
+	near = float64(u.Count) >= threshold
+	return near, near && float64(u.Count-cost) < threshold
+}
+
+// exceeded emits the sliding_ratelimit_exceeded event, at most once per
+// period per limiter (one per burst of denials).
+func (h *Handler) exceeded(identity, region string, res *limiter.Result) {
+	if h.events == nil {
+		return
+	}
+	ok, suppressed := h.eventGate.allow(time.Now())
+	if !ok {
+		return
+	}
+	data := map[string]any{
+		"limiter":     h.Name,
+		"region":      region,
+		"retry_after": retryAfterSeconds(res),
+		"limit":       res.Bucket.Limit,
+		"suppressed":  suppressed,
+		"dry_run":     h.DryRun,
+	}
+	if h.LogKey {
+		data["key"] = identity
+	}
+	h.events.Emit(h.ctx, eventExceeded, data)
 }
 
 // badAmount answers 500 for a limit, global_limit or cost placeholder that
@@ -170,10 +290,12 @@ func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddy
 	repl.Set(phRemaining, "")
 	repl.Set(phRetryAfter, 0)
 	if h.failOpen {
+		h.metrics.failOpen.Inc()
 		repl.Set(phAllowed, true)
 		repl.Set(phSource, sourceFailOpen)
 		return next.ServeHTTP(w, r)
 	}
+	h.metrics.failClosed.Inc()
 	repl.Set(phAllowed, false)
 	repl.Set(phSource, sourceFailClosed)
 	hdr := w.Header()
@@ -192,6 +314,8 @@ func (h *Handler) setPlaceholders(repl *caddy.Replacer, res *limiter.Result, reg
 	repl.Set(phRetryAfter, retryAfterSeconds(res))
 	repl.Set(phRegion, region)
 	repl.Set(phSource, source)
+	repl.Set(phNearLimit, false)
+	repl.Set(phDryRun, false)
 	if h.hasGlobal {
 		repl.Set(phGlobalCount, res.Global.Count)
 		repl.Set(phGlobalLimit, res.Global.Limit)

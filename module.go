@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -37,6 +38,7 @@ const (
 	DefaultTimeout     = 100 * time.Millisecond
 	DefaultDialTimeout = 250 * time.Millisecond
 	DefaultPoolSize    = 0 // go-redis default: 10 per CPU
+	DefaultWarnAt      = 0.85
 )
 
 // Handler rate limits requests: it builds a key from placeholders, asks the
@@ -102,6 +104,36 @@ type Handler struct {
 	// X-RateLimit-Remaining) or "off". Default: "both".
 	Headers string `json:"headers,omitempty"`
 
+	// Burst is, for token_bucket, the most requests admitted at once (the
+	// bucket's capacity); the steady rate stays limit per window.
+	// Default: limit.
+	Burst int64 `json:"burst,omitempty"`
+
+	// WarnAt is the share of a limit (0 < warn_at <= 1) at which a request
+	// counts as near the limit: {http.sliding_ratelimit.near_limit} is true,
+	// and the request that crosses it increments near_limit_total and logs
+	// a warning (rate-limited). Negative disables it. Default 0.85.
+	WarnAt float64 `json:"warn_at,omitempty"`
+
+	// LogKey adds the client's key to near-limit and dry-run log lines and
+	// to events. Off by default: keys are often secrets.
+	LogKey bool `json:"log_key,omitempty"`
+
+	// DryRun counts and reports, never blocks: would-be denials pass, are
+	// counted as dry_run_denial, logged, and set
+	// {http.sliding_ratelimit.dry_run}; no rate limit headers are sent.
+	DryRun bool `json:"dry_run,omitempty"`
+
+	// OnLimit chooses the denial: "respond" writes the JSON 429; "error"
+	// returns a Caddy HTTP error (status 429, Retry-After set) for
+	// handle_errors to render. Default: "respond".
+	OnLimit string `json:"on_limit,omitempty"`
+
+	// DenyCacheSize bounds the over-limit cache in front of Redis: a key
+	// denied with retry-after R is denied locally, without a Redis call,
+	// until R has passed. 0 means the default (65536 keys); -1 turns it off.
+	DenyCacheSize int `json:"deny_cache_size,omitempty"`
+
 	// Redis configures the Redis store. Without it, the in-process store
 	// is used: exact for this Caddy process, shared by nothing else.
 	Redis *RedisConfig `json:"redis,omitempty"`
@@ -117,6 +149,14 @@ type Handler struct {
 	timeout   time.Duration
 	source    string // "redis" or "memory"
 	failOpen  bool
+	breaker   *limiter.Breaker
+	denyCache *limiter.DenyCache
+	metrics   *limiterMetrics
+	warnLog   *burstLogger
+	dryLog    *burstLogger
+	eventGate *burstLogger
+	events    *caddyevents.App
+	ctx       caddy.Context
 	local     limiter.Store // fail local: the in-process store
 	localKey  string
 	clockApp  bool
@@ -237,10 +277,20 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 }
 
 // Provision fills in defaults and opens (or shares) the store.
-func (h *Handler) Provision(ctx caddy.Context) error {
+func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	h.logger = ctx.Logger()
+	h.ctx = ctx
 	h.errLog = &burstLogger{every: 10 * time.Second}
 	h.cfgLog = &burstLogger{every: 10 * time.Second}
+	h.warnLog = &burstLogger{every: 10 * time.Second}
+	h.dryLog = &burstLogger{every: 10 * time.Second}
+	h.eventGate = &burstLogger{every: 10 * time.Second}
+	if h.WarnAt == 0 {
+		h.WarnAt = DefaultWarnAt
+	}
+	if h.OnLimit == "" {
+		h.OnLimit = "respond"
+	}
 	if h.now == nil {
 		h.now = time.Now
 	}
@@ -265,7 +315,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if err := h.checkEnums(); err != nil {
 		return err
 	}
-	alg, err := limiter.ParseAlgorithm(h.Algorithm)
+	var alg limiter.Algorithm
+	alg, err = limiter.ParseAlgorithm(h.Algorithm)
 	if err != nil {
 		return fmt.Errorf("sliding_ratelimit: algorithm: %w", err)
 	}
@@ -289,6 +340,24 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 		h.policy = h.policyHeader(h.limit.static, h.global.static)
 	}
 
+	storeLabel := "memory"
+	if h.Redis != nil {
+		storeLabel = "redis"
+	}
+	h.metrics = newLimiterMetrics(h.Name, storeLabel)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
+	}
+	// Events go out only when an events app is configured (with subscribers).
+	if ev, err := ctx.AppIfConfigured("events"); err == nil {
+		h.events, _ = ev.(*caddyevents.App)
+	}
+	defer func() {
+		if err == nil {
+			register(h)
+		}
+	}()
+
 	if h.Redis == nil {
 		h.store, h.poolKey, err = acquireMemoryStore()
 		h.source = "memory"
@@ -298,10 +367,15 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 	if h.Redis.Timeout > 0 {
 		h.timeout = time.Duration(h.Redis.Timeout)
 	}
-	h.store, h.poolKey, err = acquireRedisStore(h.Redis)
+	h.breaker, h.poolKey, err = acquireRedisStore(h.Redis)
 	h.source = "redis"
 	if err != nil {
 		return fmt.Errorf("sliding_ratelimit: redis: %w", err)
+	}
+	h.store = h.breaker
+	if h.DenyCacheSize >= 0 {
+		h.denyCache = limiter.NewDenyCache(h.breaker, h.DenyCacheSize, nil)
+		h.store = h.denyCache
 	}
 	if h.Fail == "local" {
 		if h.local, h.localKey, err = acquireMemoryStore(); err != nil {
@@ -313,25 +387,8 @@ func (h *Handler) Provision(ctx caddy.Context) error {
 
 // Validate checks the configuration's ranges.
 func (h *Handler) Validate() error {
-	if h.Limit == "" {
-		return errors.New("sliding_ratelimit: limit is required")
-	}
-	for _, a := range []struct {
-		what string
-		v    Amount
-	}{{"limit", h.Limit}, {"global_limit", h.GlobalLimit}, {"cost", h.Cost}} {
-		if err := a.v.checkStatic(a.what); err != nil {
-			return fmt.Errorf("sliding_ratelimit: %w", err)
-		}
-	}
-	if h.GlobalLimit != "" && h.Region == "" {
-		return errors.New("sliding_ratelimit: global_limit needs region (it is the ceiling across regions)")
-	}
-	if !h.Cost.isDynamic() && !h.Limit.isDynamic() && h.Cost != "" {
-		c, l := compileAmount(h.Cost, 1).static, compileAmount(h.Limit, 0).static
-		if c > l {
-			return fmt.Errorf("sliding_ratelimit: cost %d is above limit %d: no request could ever pass", c, l)
-		}
+	if err := h.checkAmounts(); err != nil {
+		return err
 	}
 	if time.Duration(h.Window) < time.Millisecond {
 		return fmt.Errorf("sliding_ratelimit: window must be at least 1ms, got %s", time.Duration(h.Window))
@@ -349,6 +406,7 @@ func (h *Handler) Validate() error {
 
 // Cleanup releases this handler's use of its stores.
 func (h *Handler) Cleanup() error {
+	unregister(h)
 	var errs []error
 	for _, k := range []*string{&h.poolKey, &h.localKey} {
 		if *k != "" {
@@ -359,6 +417,37 @@ func (h *Handler) Cleanup() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkAmounts checks limit, global_limit and cost together.
+func (h *Handler) checkAmounts() error {
+	if h.Limit == "" {
+		return errors.New("sliding_ratelimit: limit is required")
+	}
+	for _, a := range []struct {
+		what string
+		v    Amount
+	}{{"limit", h.Limit}, {"global_limit", h.GlobalLimit}, {"cost", h.Cost}} {
+		if err := a.v.checkStatic(a.what); err != nil {
+			return fmt.Errorf("sliding_ratelimit: %w", err)
+		}
+	}
+	if h.GlobalLimit != "" && h.Region == "" {
+		return errors.New("sliding_ratelimit: global_limit needs region (it is the ceiling across regions)")
+	}
+	c := compileAmount(h.Cost, 1)
+	for _, lim := range []struct {
+		what string
+		v    Amount
+	}{{"limit", h.Limit}, {"global_limit", h.GlobalLimit}} {
+		if lim.v == "" || lim.v.isDynamic() || c.tmpl != "" {
+			continue
+		}
+		if l := compileAmount(lim.v, 0).static; c.static > l {
+			return fmt.Errorf("sliding_ratelimit: cost %d is above %s %d: no request could ever pass", c.static, lim.what, l)
+		}
+	}
+	return nil
 }
 
 func (h *Handler) checkEnums() error {
@@ -374,6 +463,20 @@ func (h *Handler) checkEnums() error {
 	case "", "both", "ietf", "legacy", "off":
 	default:
 		return fmt.Errorf("sliding_ratelimit: headers must be both, ietf, legacy or off, got '%s'", h.Headers)
+	}
+	switch h.OnLimit {
+	case "", "respond", "error":
+	default:
+		return fmt.Errorf("sliding_ratelimit: on_limit must be respond or error, got '%s'", h.OnLimit)
+	}
+	if h.WarnAt > 1 {
+		return fmt.Errorf("sliding_ratelimit: warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
+	}
+	if h.Burst < 0 {
+		return fmt.Errorf("sliding_ratelimit: burst must be positive, got %d", h.Burst)
+	}
+	if h.DenyCacheSize < -1 {
+		return fmt.Errorf("sliding_ratelimit: deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
 	}
 	return nil
 }

@@ -48,7 +48,7 @@ func acquireMemoryStore() (limiter.Store, string, error) {
 // acquireRedisStore returns the store of cfg, creating its client on first
 // use. It does not connect: a Redis that is down at start does not stop
 // Caddy, the fail mode covers it until Redis answers.
-func acquireRedisStore(cfg *RedisConfig) (limiter.Store, string, error) {
+func acquireRedisStore(cfg *RedisConfig) (*limiter.Breaker, string, error) {
 	key := cfg.poolKey()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		opts, err := cfg.options()

@@ -147,7 +147,9 @@ func TestBreakerOneProbe(t *testing.T) {
 			}
 		}()
 	}
-	for store.calls.Load() < 2 && open.Load() < 19 {
+	// Wait until the probe is in the store and the other 19 were refused
+	// (bounded: a broken breaker fails below rather than hanging here).
+	for deadline := time.Now().Add(5 * time.Second); (store.calls.Load() < 2 || open.Load() < 19) && time.Now().Before(deadline); {
 		time.Sleep(time.Millisecond)
 	}
 	close(block)

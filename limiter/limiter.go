@@ -17,15 +17,28 @@ import (
 // Algorithm selects how a bucket counts requests.
 type Algorithm uint8
 
-// The algorithms. Only SlidingLog is implemented so far; the others are
-// reserved and refused by ParseAlgorithm.
+// The algorithms. Their numeric values index the script table of the Redis
+// store; the names are the configuration names.
 const (
 	// SlidingLog keeps one entry per admitted unit in a window: exact.
 	SlidingLog Algorithm = iota
+	// SlidingCounter keeps the counts of the current and the previous fixed
+	// window and weighs the previous one by its overlap with the sliding
+	// window: approximate, O(1) per key.
+	SlidingCounter
+	// FixedWindow counts units per fixed window (floor(now/window)): O(1),
+	// but lets up to twice the limit through across a window boundary.
+	FixedWindow
+	// TokenBucket is GCRA: a steady rate of limit per window with bursts of
+	// up to Bucket.Burst units, O(1) per key.
+	TokenBucket
 )
 
 var algorithmNames = [...]string{
-	SlidingLog: "sliding_log",
+	SlidingLog:     "sliding_log",
+	SlidingCounter: "sliding_counter",
+	FixedWindow:    "fixed_window",
+	TokenBucket:    "token_bucket",
 }
 
 // String returns the algorithm's configuration name.
@@ -46,11 +59,7 @@ func ParseAlgorithm(name string) (Algorithm, error) {
 			return Algorithm(i), nil
 		}
 	}
-	switch name {
-	case "sliding_counter", "fixed_window", "token_bucket":
-		return 0, fmt.Errorf("%w '%s': not implemented yet (only sliding_log is available)", ErrUnknownAlgorithm, name)
-	}
-	return 0, fmt.Errorf("%w '%s' (want sliding_log)", ErrUnknownAlgorithm, name)
+	return 0, fmt.Errorf("%w '%s' (want sliding_log, sliding_counter, fixed_window or token_bucket)", ErrUnknownAlgorithm, name)
 }
 
 // Bucket is one budget a request is counted against.
@@ -59,6 +68,9 @@ type Bucket struct {
 	Key string
 	// Limit is the number of units the bucket admits per window (> 0).
 	Limit int64
+	// Burst is, for TokenBucket, the most units the bucket admits at once
+	// (its capacity); 0 means Limit. Other algorithms ignore it.
+	Burst int64
 }
 
 // Request asks a Store whether a request fits its bucket(s).
@@ -96,7 +108,9 @@ type Usage struct {
 	// Limit is the bucket's limit.
 	Limit int64
 	// Count is the number of units in the window after the request (for a
-	// peek, before it).
+	// peek, before it). For sliding_counter it is the weighted estimate
+	// rounded up; for token_bucket the units in use, burst minus the whole
+	// tokens left.
 	Count int64
 	// Remaining is Limit - Count, never below zero.
 	Remaining int64
@@ -105,8 +119,12 @@ type Usage struct {
 	// RetryAfter is, when Denied, the exact time until the bucket has room
 	// for the request's cost.
 	RetryAfter time.Duration
-	// ResetAfter is the time until the oldest unit in the window is
-	// released, that is until more quota comes back; zero for an empty bucket.
+	// ResetAfter is the time until more quota comes back; zero for an empty
+	// bucket. Per algorithm:
+	//   - sliding_log: until the oldest unit in the window leaves it;
+	//   - sliding_counter: until the estimate has dropped by one unit;
+	//   - fixed_window: until the current window ends;
+	//   - token_bucket: until the bucket is full again.
 	ResetAfter time.Duration
 }
 
@@ -122,6 +140,9 @@ type Result struct {
 	Bucket Usage
 	// Global is the usage of the global ceiling, when the request has one.
 	Global Usage
+	// Cached is true for a denial served by a DenyCache without asking the
+	// store behind it.
+	Cached bool
 }
 
 // Store decides requests. Implementations are safe for concurrent use.
@@ -145,6 +166,9 @@ func (r *Request) validate() error {
 	}
 	if r.HasGlobal() && r.Global.Limit <= 0 {
 		return fmt.Errorf("global ceiling needs a positive limit (got %d)", r.Global.Limit)
+	}
+	if r.Bucket.Burst < 0 || r.HasGlobal() && r.Global.Burst < 0 {
+		return fmt.Errorf("burst must not be negative (got %d, %d)", r.Bucket.Burst, r.Global.Burst)
 	}
 	if int(r.Algorithm) >= len(algorithmNames) {
 		return fmt.Errorf("%w %s", ErrUnknownAlgorithm, r.Algorithm)

@@ -20,8 +20,13 @@ const idleGrace = 5 * time.Second
 // a request is checked and recorded in all its buckets atomically.
 //
 // Memory is bounded by expiry: every state has the same expiry as its Redis
-// key (for the sliding log, window + 1 s after its last write), measured on
-// the requests' own clock, and a janitor drops expired states every second.
+// key (sliding log: window + 1 s after its last write; sliding counter: two
+// windows + 1 s; fixed window: the window's end + 1 s; token bucket: the time
+// it is full again + 1 s), measured on the requests' own clock, and a janitor
+// drops expired states every second. Like the scripts' state, a state carries
+// its own timestamps: expiry only reclaims memory, it never changes an answer.
+// The sliding log holds one entry per unit in the window; the other
+// algorithms hold a few integers per key.
 type MemoryStore struct {
 	now    func() time.Time
 	seed   maphash.Seed
@@ -42,10 +47,14 @@ type memShard struct {
 	m  map[string]*memState
 }
 
-// memState is one key's state.
+// memState is one key's state: the fields of its algorithm are used.
 type memState struct {
 	expires int64   // µs on the requests' clock
 	log     []int64 // sliding_log: admission times, ascending, one per unit
+	// sliding_counter and fixed_window: the window index and the units in
+	// it; sliding_counter also the units of the window before it.
+	win, cur, prev int64
+	tat            int64 // token_bucket: theoretical arrival time (µs)
 }
 
 // MemoryOption configures a MemoryStore.
@@ -152,8 +161,9 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 	var (
 		states  [2]*memState
 		buckets = [2]Bucket{req.Bucket, req.Global}
-		raw     [2]rawUsage
+		evs     [2]keyEval
 	)
+	alg := req.Algorithm
 	allowed := true
 	for i := 0; i < n; i++ {
 		st := sh.m[buckets[i].Key]
@@ -163,8 +173,8 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 			delete(sh.m, buckets[i].Key)
 		}
 		states[i] = st
-		raw[i] = checkLog(st, now, window, cost, buckets[i].Limit)
-		if raw[i].retry > 0 {
+		evs[i] = check(alg, st, now, window, cost, buckets[i])
+		if evs[i].retry > 0 {
 			allowed = false
 		}
 	}
@@ -175,18 +185,21 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 				st = &memState{}
 				sh.m[buckets[i].Key] = st
 			}
-			if raw[i].count == 0 {
-				raw[i].reset = window
-			}
-			raw[i].count += cost
-			recordLog(st, now, window, cost)
+			record(alg, st, &evs[i], now, window, cost)
+		}
+	}
+	if alg == SlidingCounter {
+		for i := 0; i < n; i++ {
+			evs[i].counterReset(now)
 		}
 	}
 
 	res := Result{Allowed: allowed}
-	res.Bucket = usage(req.Bucket.Limit, raw[0].count, raw[0].retry, raw[0].reset, raw[0].retry > 0)
+	raw := &evs[0].rawUsage
+	res.Bucket = usage(req.Bucket.Limit, raw.count, raw.retry, raw.reset, raw.retry > 0)
 	if n == 2 {
-		res.Global = usage(req.Global.Limit, raw[1].count, raw[1].retry, raw[1].reset, raw[1].retry > 0)
+		raw = &evs[1].rawUsage
+		res.Global = usage(req.Global.Limit, raw.count, raw.retry, raw.reset, raw.retry > 0)
 	}
 	res.finish()
 	return res, nil
@@ -195,6 +208,50 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 // rawUsage mirrors one key's part of a script reply.
 type rawUsage struct {
 	count, retry, reset int64
+}
+
+// keyEval is one key's check, with what recording the request needs.
+type keyEval struct {
+	rawUsage
+	counter counterKey // sliding_counter
+	// fixed_window: window index and end; token_bucket: capacity, emission
+	// interval and time until full. Floats, as in the scripts.
+	win, end           float64
+	burst, interval, d float64
+}
+
+// check evaluates one key as the algorithm's script does before writing:
+// the key's usage before the request, and the retry time when it does not fit.
+func check(alg Algorithm, st *memState, now, window, cost int64, b Bucket) keyEval {
+	switch alg {
+	case SlidingCounter:
+		return checkCounter(st, now, window, cost, b.Limit)
+	case FixedWindow:
+		return checkFixed(st, now, window, cost, b.Limit)
+	case TokenBucket:
+		return checkToken(st, now, window, cost, b.Limit, b.Burst)
+	default:
+		return keyEval{rawUsage: checkLog(st, now, window, cost, b.Limit)}
+	}
+}
+
+// record writes an admitted request into st, as the script does, and
+// updates ev's usage to after the request.
+func record(alg Algorithm, st *memState, ev *keyEval, now, window, cost int64) {
+	switch alg {
+	case SlidingCounter:
+		recordCounter(st, ev, now, window, cost)
+	case FixedWindow:
+		recordFixed(st, ev, now, cost)
+	case TokenBucket:
+		recordToken(st, ev, now, cost)
+	default:
+		if ev.count == 0 {
+			ev.reset = window
+		}
+		ev.count += cost
+		recordLog(st, now, window, cost)
+	}
 }
 
 // checkLog is sliding_log.lua's check for one key: it drops entries that

@@ -19,8 +19,14 @@ var ErrBadReply = errors.New("malformed reply from redis script")
 
 // scripts holds one script per algorithm, indexed by Algorithm.
 var scripts = [...]*redis.Script{
-	SlidingLog: redis.NewScript(lua.SlidingLog),
+	SlidingLog:     redis.NewScript(lua.SlidingLog),
+	SlidingCounter: redis.NewScript(lua.SlidingCounter),
+	FixedWindow:    redis.NewScript(lua.FixedWindow),
+	TokenBucket:    redis.NewScript(lua.TokenBucket),
 }
+
+// Every algorithm has its script.
+var _ = [1]struct{}{}[len(scripts)-len(algorithmNames)]
 
 // RedisStore decides requests with one Lua script call per request (EVALSHA,
 // and EVAL when Redis answers NOSCRIPT, as after a restart). It works with a
@@ -76,10 +82,10 @@ func (s *RedisStore) run(ctx context.Context, req *Request, mode string) (Result
 	keys := make([]string, 1, 2)
 	keys[0] = req.Bucket.Key
 	args := make([]any, 0, 9)
-	args = append(args, now, micros(req.Window), req.cost(), mode, member, req.Bucket.Limit, 0)
+	args = append(args, now, micros(req.Window), req.cost(), mode, member, req.Bucket.Limit, req.Bucket.Burst)
 	if req.HasGlobal() {
 		keys = append(keys, req.Global.Key)
-		args = append(args, req.Global.Limit, 0)
+		args = append(args, req.Global.Limit, req.Global.Burst)
 	}
 
 	vals, err := scripts[req.Algorithm].Run(ctx, s.client, keys, args...).Int64Slice()

@@ -22,3 +22,19 @@ import _ "embed"
 //
 //go:embed sliding_log.lua
 var SlidingLog string
+
+// SlidingCounter is the sliding-window counter: the current and the previous
+// fixed window's counts in one hash, the previous weighted by its overlap.
+//
+//go:embed sliding_counter.lua
+var SlidingCounter string
+
+// FixedWindow counts units per fixed window in one hash.
+//
+//go:embed fixed_window.lua
+var FixedWindow string
+
+// TokenBucket is GCRA: one theoretical arrival time per key.
+//
+//go:embed token_bucket.lua
+var TokenBucket string

@@ -31,12 +31,17 @@ local counts, retries, resets = {}, {}, {}
 
 for i, key in ipairs(KEYS) do
   local limit = tonumber(ARGV[4 + 2 * i])
-  -- The window is (now - window, now]: an entry exactly one window old is out.
-  redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
-  local count = redis.call("ZCARD", key)
+  -- The window is (now - window, now]: an entry exactly one window old is
+  -- out. A check drops what left; a peek only reads (it never writes), so
+  -- it reads the entries above the cut, in order.
+  local cut = "(" .. string.format("%.0f", now - window)
+  if not peek then
+    redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
+  end
+  local count = redis.call("ZCOUNT", key, cut, "+inf")
   local retry, reset = 0, 0
   if count > 0 then
-    local oldest = redis.call("ZRANGE", key, 0, 0, "WITHSCORES")
+    local oldest = redis.call("ZRANGEBYSCORE", key, cut, "+inf", "WITHSCORES", "LIMIT", 0, 1)
     reset = tonumber(oldest[2]) + window - now
   end
   if count + cost > limit then
@@ -47,7 +52,7 @@ for i, key in ipairs(KEYS) do
       -- Room for the cost comes when the (count + cost - limit)-th oldest
       -- unit leaves the window.
       local k = count + cost - limit
-      local e = redis.call("ZRANGE", key, k - 1, k - 1, "WITHSCORES")
+      local e = redis.call("ZRANGEBYSCORE", key, cut, "+inf", "WITHSCORES", "LIMIT", k - 1, 1)
       retry = tonumber(e[2]) + window - now
     end
   end

@@ -1,0 +1,95 @@
+package slidingratelimit
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"go.uber.org/zap"
+)
+
+// FuzzCaddyfile: any sliding_ratelimit block either fails to parse with an
+// error, or parses into a config that Validate accepts. Never a panic, and
+// never a config that parses but is refused later.
+func FuzzCaddyfile(f *testing.F) {
+	for _, s := range []string{
+		"limit 5\nwindow 1m",
+		"limit {http.request.header.X-Tier}\nwindow 1s\ncost 2",
+		"limit 5\nwindow 1m\nregion {http.request.header.X-Region}\nglobal_limit 9",
+		"limit 5\nwindow 1m\nglobal_limit 9",
+		"limit 5\nwindow 1m\ncost 6",
+		"limit 5\nwindow 0.5ms",
+		"limit 5\nwindow 1d\nalgorithm token_bucket\nburst 9",
+		"limit 5\nwindow 1m\nredis redis://localhost:6379/2 {\nkey_prefix rl:\n}",
+		"limit 5\nwindow 1m\nredis {\naddress a:1 b:2\ndb 1\n}",
+		"limit 5\nwindow 1m\nredis {\naddress a:1\ntls {\ncert c\n}\n}",
+		"limit 5\nwindow 1m\nwarn_at 1.5",
+		"limit 5\nwindow 1m\nname {a}",
+		"limit 99999999999999999999\nwindow 1m",
+		"limit 5\nwindow 1m\ndeny_cache 0",
+		"{\n}\n}",
+		"limit \"5\x00\"\nwindow 1m",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		d := caddyfile.NewTestDispenser("sliding_ratelimit {\n" + body + "\n}")
+		var h Handler
+		if err := h.UnmarshalCaddyfile(d); err != nil {
+			return
+		}
+		if err := h.Validate(); err != nil {
+			t.Fatalf("parsed, then refused by Validate: %v\n%s", err, body)
+		}
+	})
+}
+
+// FuzzHostileHeaders: header values of any bytes, as key, region, cost
+// and limit, never panic the handler, never make it fail open silently,
+// and answer 200, 429, 413 or a 500 for a limit that is not a number.
+func FuzzHostileHeaders(f *testing.F) {
+	for _, s := range hostileValues() {
+		f.Add(s, s, "1", "5")
+	}
+	f.Add("k", "us", "99999999999999999999", "5")
+	f.Add("k", "us", "-1", "{")
+	h := &Handler{Name: "fuzz", Key: "{http.request.header.X-Key}", Region: "{http.request.header.X-Region}",
+		Limit: "{http.request.header.X-Limit}", Cost: "{http.request.header.X-Cost}", Window: caddy.Duration(time.Minute)}
+	provisionF(f, h)
+	f.Fuzz(func(t *testing.T, key, region, cost, limit string) {
+		w, err := serveErr(t, h, map[string]string{"X-Key": key, "X-Region": region, "X-Cost": cost, "X-Limit": limit})
+		if err != nil {
+			if _, perr := parsePositive(cost); perr == nil {
+				if _, lerr := parsePositive(limit); lerr == nil {
+					t.Fatalf("error with a valid cost and limit: %v", err)
+				}
+			}
+			return
+		}
+		switch w.Code {
+		case http.StatusOK, http.StatusTooManyRequests, http.StatusRequestEntityTooLarge:
+		default:
+			t.Fatalf("status %d", w.Code)
+		}
+	})
+}
+
+func hostileValues() []string {
+	return []string{"", "{", "}", "{a}:b", "*", "=", "\x00", "a\x00b", "\xff", "\r\n", strings.Repeat("z", 1<<20)}
+}
+
+// provisionF provisions h for a fuzz target (the test helper needs a *T).
+func provisionF(f *testing.F, h *Handler) {
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: f.Context()})
+	f.Cleanup(func() { h.Cleanup(); cancel() })
+	if err := h.Provision(ctx); err != nil {
+		f.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		f.Fatal(err)
+	}
+	h.logger = zap.NewNop()
+}
