@@ -426,7 +426,16 @@ func runCase(t *testing.T, store limiter.Store, cc confCase) {
 		if st.count >= 0 && res.Bucket.Count != st.count {
 			t.Errorf("%s: count=%d, want %d", where, res.Bucket.Count, st.count)
 		}
-		if want := max(cc.limit-res.Bucket.Count, 0); res.Bucket.Remaining != want {
+		// Limit (and so Remaining) is the token bucket's capacity when it
+		// has a burst: Remaining counts the tokens left.
+		capacity := cc.limit
+		if cc.alg == limiter.TokenBucket && cc.burst > 0 {
+			capacity = cc.burst
+		}
+		if res.Bucket.Limit != capacity {
+			t.Errorf("%s: limit=%d, want %d", where, res.Bucket.Limit, capacity)
+		}
+		if want := max(capacity-res.Bucket.Count, 0); res.Bucket.Remaining != want {
 			t.Errorf("%s: remaining=%d, want %d", where, res.Bucket.Remaining, want)
 		}
 		if res.RetryAfter != st.retry {

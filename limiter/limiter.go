@@ -96,6 +96,15 @@ type Request struct {
 // HasGlobal reports whether the request carries a global ceiling.
 func (r *Request) HasGlobal() bool { return r.Global.Key != "" }
 
+// capacity is what Usage.Limit reports for b: its limit, or for a token
+// bucket its burst capacity, so Remaining is the tokens left.
+func (r *Request) capacity(b *Bucket) int64 {
+	if r.Algorithm == TokenBucket && b.Burst > 0 {
+		return b.Burst
+	}
+	return b.Limit
+}
+
 func (r *Request) cost() int64 {
 	if r.Cost <= 0 {
 		return 1
@@ -105,7 +114,8 @@ func (r *Request) cost() int64 {
 
 // Usage describes one bucket after a decision.
 type Usage struct {
-	// Limit is the bucket's limit.
+	// Limit is the bucket's limit; for a token bucket with a burst, its
+	// capacity (the burst).
 	Limit int64
 	// Count is the number of units in the window after the request (for a
 	// peek, before it). For sliding_counter it is the weighted estimate

@@ -196,10 +196,10 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 
 	res := Result{Allowed: allowed}
 	raw := &evs[0].rawUsage
-	res.Bucket = usage(req.Bucket.Limit, raw.count, raw.retry, raw.reset, raw.retry > 0)
+	res.Bucket = usage(req.capacity(&req.Bucket), raw.count, raw.retry, raw.reset, raw.retry > 0)
 	if n == 2 {
 		raw = &evs[1].rawUsage
-		res.Global = usage(req.Global.Limit, raw.count, raw.retry, raw.reset, raw.retry > 0)
+		res.Global = usage(req.capacity(&req.Global), raw.count, raw.retry, raw.reset, raw.retry > 0)
 	}
 	res.finish()
 	return res, nil

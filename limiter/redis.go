@@ -96,9 +96,9 @@ func (s *RedisStore) run(ctx context.Context, req *Request, mode string) (Result
 		return Result{}, fmt.Errorf("%w: %d values for %d keys", ErrBadReply, len(vals), len(keys))
 	}
 	res := Result{Allowed: vals[0] == 1}
-	res.Bucket = usage(req.Bucket.Limit, vals[1], vals[2], vals[3], vals[2] > 0)
+	res.Bucket = usage(req.capacity(&req.Bucket), vals[1], vals[2], vals[3], vals[2] > 0)
 	if len(keys) == 2 {
-		res.Global = usage(req.Global.Limit, vals[4], vals[5], vals[6], vals[5] > 0)
+		res.Global = usage(req.capacity(&req.Global), vals[4], vals[5], vals[6], vals[5] > 0)
 	}
 	if !res.Allowed && !res.Bucket.Denied && !res.Global.Denied {
 		return Result{}, fmt.Errorf("%w: denied with no retry time", ErrBadReply)
