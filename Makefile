@@ -23,3 +23,19 @@ run:
 
 build:
 	$(GO) build -o caddy ./cmd/caddy
+
+# bench: the end-to-end benchmark (builds Caddy, starts its own redis-server,
+# prints req/s, p50, p99 and each site's ratio to Caddy without a limiter).
+bench:
+	$(GO) run ./cmd/bench
+
+# accuracy: sliding_counter against the exact sliding_log on a 1M-request trace.
+accuracy:
+	$(GO) run ./cmd/accuracy
+
+# fuzz: run each fuzz target for FUZZTIME (the seed corpora run in make test).
+FUZZTIME ?= 10m
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME) ./limiter/
+	$(GO) test -run '^$$' -fuzz '^FuzzCaddyfile$$' -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz '^FuzzHostileHeaders$$' -fuzztime $(FUZZTIME) .
