@@ -1,0 +1,411 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	sharedRedisPort = 6379 // a Redis someone else runs: never used
+	redisReady      = 5 * time.Second
+	caddyReady      = 30 * time.Second
+	buildTimeout    = 15 * time.Minute
+)
+
+// cleaner runs cleanup functions once, last added first. It is global so a
+// panicking goroutine can run it before the process dies.
+type cleaner struct {
+	mu  sync.Mutex
+	fns []func()
+}
+
+var cleanup cleaner
+
+func (c *cleaner) add(f func()) {
+	c.mu.Lock()
+	c.fns = append(c.fns, f)
+	c.mu.Unlock()
+}
+
+func (c *cleaner) run() {
+	c.mu.Lock()
+	fns := c.fns
+	c.fns = nil
+	c.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
+}
+
+// repanic, deferred first thing in a goroutine, kills the child processes
+// before a panic takes the process down (deferred functions of main do not
+// run when another goroutine panics).
+func repanic() {
+	if r := recover(); r != nil {
+		cleanup.run()
+		panic(r)
+	}
+}
+
+// childAttr puts a child in its own process group (so it and its children
+// can be killed together, and a terminal's Ctrl-C reaches only us) and asks
+// Linux to kill it if we die without cleaning up. Pdeathsig follows the
+// thread that started the child: main locks its goroutine to the main
+// thread, and children are started from main.
+func childAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+}
+
+// proc is a started child process.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	log  string
+	done chan struct{} // closed when it has exited
+	once sync.Once
+}
+
+func startProc(name, logPath, dir string, env []string, bin string, args ...string) (*proc, error) {
+	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // the child has its own copy
+	cmd := exec.Command(bin, args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	cleanup.add(p.stop)
+	return p, nil
+}
+
+// stop asks the process group to end (SIGTERM), then kills it after 3s.
+func (p *proc) stop() {
+	p.once.Do(func() {
+		pgid := -p.cmd.Process.Pid
+		_ = syscall.Kill(pgid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+		}
+		_ = syscall.Kill(pgid, syscall.SIGKILL)
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+		}
+	})
+}
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// logTail returns the last n lines of the process's log.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return "--- " + path + " (last lines) ---\n" + strings.Join(lines, "\n")
+}
+
+// freePorts returns n distinct currently free 127.0.0.1 ports, never 6379.
+// They are free when picked; another process could take one before use.
+func freePorts(n int) ([]int, error) {
+	seen := map[int]bool{sharedRedisPort: true}
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			_ = l.Close()
+		}
+	}()
+	for tries := 0; len(ports) < n && tries < 50*n; tries++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		ls = append(ls, l) // held until all are picked: no duplicates
+		p := l.Addr().(*net.TCPAddr).Port
+		if !seen[p] {
+			seen[p] = true
+			ports = append(ports, p)
+		}
+	}
+	if len(ports) < n {
+		return nil, errors.New("could not find free 127.0.0.1 ports")
+	}
+	return ports, nil
+}
+
+// moduleRoot returns the directory of this repository's go.mod, checking it
+// is the sliding_ratelimit module.
+func moduleRoot(goBin string) (string, error) {
+	out, err := exec.Command(goBin, "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %v", err)
+	}
+	gomod := strings.TrimSpace(string(out))
+	if gomod == "" || gomod == os.DevNull {
+		return "", errors.New("not inside a Go module: run from the sliding_ratelimit repository (go run ./cmd/bench)")
+	}
+	b, err := os.ReadFile(gomod)
+	if err != nil {
+		return "", err
+	}
+	if !strings.Contains(string(b), "module github.com/sliding-ratelimit/sliding_ratelimit\n") {
+		return "", fmt.Errorf("%s is not the sliding_ratelimit module: run from the repository", gomod)
+	}
+	return filepath.Dir(gomod), nil
+}
+
+// buildCaddy builds ./cmd/caddy into dir and returns the binary's path.
+func buildCaddy(ctx context.Context, goBin, root, dir string) (string, error) {
+	bin := filepath.Join(dir, "caddy")
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, "./cmd/caddy")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build -o %s ./cmd/caddy: %v\n%s", bin, err, out)
+	}
+	return bin, nil
+}
+
+var errRedisMissing = errors.New("redis-server not found on PATH: install it (e.g. apt-get install redis-server), " +
+	"or run only sites without Redis (-sites none,memory_log); the benchmark starts its own server on a free port " +
+	"and never uses 127.0.0.1:6379")
+
+// redisServer is the benchmark's own redis-server.
+type redisServer struct {
+	*proc
+	addr   string
+	client *redis.Client
+}
+
+// startRedis starts redis-server on a free 127.0.0.1 port (never 6379) in
+// dir, without persistence, and waits until it answers PING.
+func startRedis(ctx context.Context, dir string) (*redisServer, error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return nil, errRedisMissing
+	}
+	var lastErr error
+	for attempt := 1; attempt <= 5; attempt++ {
+		ports, err := freePorts(1)
+		if err != nil {
+			return nil, err
+		}
+		port := strconv.Itoa(ports[0])
+		rdir := filepath.Join(dir, "redis-"+port)
+		if err := os.MkdirAll(rdir, 0o755); err != nil {
+			return nil, err
+		}
+		logPath := filepath.Join(rdir, "redis.log")
+		p, err := startProc("redis-server", logPath, rdir, os.Environ(), bin,
+			"--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port", port,
+			"--dir", rdir, "--protected-mode", "yes")
+		if err != nil {
+			return nil, err
+		}
+		addr := "127.0.0.1:" + port
+		client := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
+		deadline := time.Now().Add(redisReady)
+		for {
+			pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			lastErr = client.Ping(pctx).Err()
+			cancel()
+			if lastErr == nil {
+				cleanup.add(func() { _ = client.Close() })
+				return &redisServer{proc: p, addr: addr, client: client}, nil
+			}
+			if p.exited() || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		_ = client.Close()
+		p.stop()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		b, _ := os.ReadFile(logPath)
+		if !strings.Contains(string(b), "Address already in use") {
+			return nil, fmt.Errorf("redis-server on %s did not come up: %v\n%s", addr, lastErr, logTail(logPath, 20))
+		}
+	}
+	return nil, fmt.Errorf("redis-server: no free port after 5 attempts: %v", lastErr)
+}
+
+// scriptCalls returns the EVALSHA + EVAL calls Redis has executed (INFO
+// commandstats): one per rate limit check that reached Redis.
+func scriptCalls(ctx context.Context, c *redis.Client) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	return parseScriptCalls(info), nil
+}
+
+func parseScriptCalls(info string) int64 {
+	var total int64
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
+		default:
+			continue
+		}
+		for _, kv := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(kv, "calls="); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				total += n
+			}
+		}
+	}
+	return total
+}
+
+// validateCaddyfile runs `caddy validate` (adapt, then load and provision
+// every module without serving) on a Caddyfile; the error carries Caddy's
+// own message.
+func validateCaddyfile(ctx context.Context, caddyBin, path string, env []string) error {
+	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, caddyBin, "validate", "--config", path, "--adapter", "caddyfile")
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		return nil
+	}
+	return errors.New(caddyError(string(out), err))
+}
+
+// caddyError picks Caddy's error out of its output: an "Error: ..." line, or
+// the message of its last JSON log line at level error.
+func caddyError(out string, err error) string {
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.TrimSpace(lines[i])
+		if strings.HasPrefix(l, "Error:") {
+			return l
+		}
+		var entry struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(l), &entry) == nil && (entry.Level == "error" || entry.Level == "fatal") {
+			if entry.Error != "" {
+				return entry.Msg + ": " + entry.Error
+			}
+			return entry.Msg
+		}
+	}
+	if len(lines) > 5 {
+		lines = lines[len(lines)-5:]
+	}
+	return fmt.Sprintf("%v: %s", err, strings.Join(lines, "\n"))
+}
+
+// caddyLogErrors returns the messages of the error-level lines in Caddy's
+// log (its logging is rate limited, so this undercounts events).
+func caddyLogErrors(path string) (n int, msgs []string) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, nil
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		var entry struct {
+			Level string `json:"level"`
+			Msg   string `json:"msg"`
+			Error string `json:"error"`
+		}
+		if json.Unmarshal([]byte(l), &entry) != nil || (entry.Level != "error" && entry.Level != "fatal") {
+			continue
+		}
+		msg := entry.Msg
+		if entry.Error != "" {
+			msg += ": " + entry.Error
+		}
+		msgs = append(msgs, msg)
+	}
+	return len(msgs), msgs
+}
+
+// nthCaddyError returns the message of the error line after the first n.
+func nthCaddyError(path string, n int) string {
+	if _, msgs := caddyLogErrors(path); len(msgs) > n {
+		return msgs[n]
+	}
+	return ""
+}
+
+// waitSites polls every URL until it answers 200 or 429, Caddy exits, or
+// the timeout passes.
+func waitSites(ctx context.Context, caddy *proc, urls map[string]string) error {
+	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
+	deadline := time.Now().Add(caddyReady)
+	for name, url := range urls {
+		for {
+			if caddy.exited() {
+				return fmt.Errorf("caddy exited during startup\n%s", logTail(caddy.log, 30))
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+			req.Header.Set("X-Key", "bench-ready-probe")
+			resp, err := client.Do(req)
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK || resp.StatusCode == http.StatusTooManyRequests {
+					break
+				}
+				err = fmt.Errorf("status %d", resp.StatusCode)
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("site %s (%s) not ready after %v: %v\n%s", name, url, caddyReady, err, logTail(caddy.log, 30))
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return nil
+}
