@@ -5,13 +5,20 @@
 // and never touch a shared Redis (in particular never 127.0.0.1:6379).
 // Missing binaries or start failures make the test fail; nothing is skipped.
 //
-// The package needs redis-server (and, for CLI and StartCluster, redis-cli)
-// on PATH, and it uses Unix process groups, so it builds on Unix only.
+// Beside single servers (Start) it starts Redis Clusters (StartCluster),
+// Sentinel setups (StartSentinel) and TLS-only servers with certificates
+// made on the fly (NewCerts, StartTLS); Pause and Resume make a server hang
+// and come back.
+//
+// The package needs redis-server (and, for CLI, StartCluster and
+// StartSentinel, redis-cli) on PATH, and it uses Unix process groups and
+// signals, so it builds on Unix only.
 package redistest
 
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -46,6 +53,11 @@ type Server struct {
 	args    []string // full redis-server argument list, reused by Restart
 	logPath string
 
+	// tlsConfig, when set, makes readiness checks and Client speak TLS;
+	// cliArgs are the matching redis-cli flags (see StartTLS).
+	tlsConfig *tls.Config
+	cliArgs   []string
+
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
@@ -68,10 +80,25 @@ func Start(t testing.TB, extraArgs ...string) *Server {
 // taken (another process won the race for it) is retried with a fresh one.
 func start(t testing.TB, pick func(testing.TB) int, extraArgs []string) *Server {
 	t.Helper()
-	bin := lookPath(t, "redis-server")
 	if slices.Contains(extraArgs, "--port") {
 		t.Fatalf("redistest: extraArgs must not set --port (got %q)", extraArgs)
 	}
+	return startProc(t, pick, nil, func(port int, dir string) ([]string, error) {
+		return append([]string{
+			"--save", "", "--appendonly", "no",
+			"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
+		}, extraArgs...), nil
+	})
+}
+
+// startProc starts one redis-server on a port chosen by pick, in a fresh
+// t.TempDir(), with the arguments argsFor builds for that port and dir (it
+// may write files, such as a sentinel config, into dir). setup, if not nil,
+// adjusts the Server (TLS) before the process is launched. A port that
+// turns out to be taken is retried with a fresh one.
+func startProc(t testing.TB, pick func(testing.TB) int, setup func(*Server), argsFor func(port int, dir string) ([]string, error)) *Server {
+	t.Helper()
+	bin := lookPath(t, "redis-server")
 	for attempt := 1; ; attempt++ {
 		port := pick(t)
 		dir := t.TempDir() // fresh dir per attempt: no stale nodes.conf
@@ -81,12 +108,16 @@ func start(t testing.TB, pick func(testing.TB) int, extraArgs []string) *Server 
 			t:       t,
 			addr:    net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
 			logPath: filepath.Join(dir, "redis.log"),
-			args: append([]string{
-				"--save", "", "--appendonly", "no",
-				"--bind", "127.0.0.1", "--port", strconv.Itoa(port), "--dir", dir,
-			}, extraArgs...),
 		}
-		err := s.launch(bin)
+		if setup != nil {
+			setup(s)
+		}
+		args, err := argsFor(port, dir)
+		if err != nil {
+			t.Fatalf("redistest: preparing redis-server on %s: %v", s.addr, err)
+		}
+		s.args = args
+		err = s.launch(bin)
 		if err == nil {
 			t.Cleanup(s.Kill)
 			return s
@@ -112,6 +143,23 @@ func (s *Server) Kill() {
 	}
 	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 	<-done
+}
+
+// Pause stops the process with SIGSTOP: its port stays bound and the
+// kernel still accepts connections, but nothing is answered, like a hung
+// Redis. Resume continues it; Kill (and the test's cleanup) work on a paused
+// server too. No-op if the server is not running.
+func (s *Server) Pause() { s.signal(syscall.SIGSTOP) }
+
+// Resume continues a server stopped by Pause.
+func (s *Server) Resume() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		_ = syscall.Kill(-s.cmd.Process.Pid, sig)
+	}
 }
 
 // Restart starts the server again on the same port and dir with the same
@@ -140,7 +188,7 @@ func (s *Server) Restart() {
 // Client returns a go-redis client for this server; it is closed at cleanup.
 func (s *Server) Client(t testing.TB) *redis.Client {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: s.addr, DialTimeout: time.Second})
+	c := redis.NewClient(&redis.Options{Addr: s.addr, DialTimeout: time.Second, TLSConfig: s.tlsConfig})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
@@ -159,7 +207,7 @@ func (s *Server) CLI(t testing.TB, args ...string) string {
 func (s *Server) cli(bin string, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	full := append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(s.Port)}, args...)
+	full := append(append([]string{"-h", "127.0.0.1", "-p", strconv.Itoa(s.Port)}, s.cliArgs...), args...)
 	out, err := exec.CommandContext(ctx, bin, full...).CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
@@ -245,12 +293,12 @@ func (s *Server) launch(bin string) error {
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
-	return waitReady(s.addr, done)
+	return waitReady(s.addr, s.tlsConfig, done)
 }
 
 // waitReady sends raw RESP PINGs until the server answers +PONG (or -NOAUTH,
 // which also proves it is serving), the process exits, or readyTimeout passes.
-func waitReady(addr string, exited <-chan struct{}) error {
+func waitReady(addr string, tlsConfig *tls.Config, exited <-chan struct{}) error {
 	deadline := time.Now().Add(readyTimeout)
 	last := errors.New("no answer yet")
 	for time.Now().Before(deadline) {
@@ -259,7 +307,7 @@ func waitReady(addr string, exited <-chan struct{}) error {
 			return errors.New("redis-server exited during startup")
 		default:
 		}
-		if last = ping(addr); last == nil {
+		if last = ping(addr, tlsConfig); last == nil {
 			return nil
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -267,8 +315,15 @@ func waitReady(addr string, exited <-chan struct{}) error {
 	return fmt.Errorf("no PONG within %v: %v", readyTimeout, last)
 }
 
-func ping(addr string) error {
-	conn, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
+func ping(addr string, tlsConfig *tls.Config) error {
+	var conn net.Conn
+	var err error
+	d := &net.Dialer{Timeout: 500 * time.Millisecond}
+	if tlsConfig != nil {
+		conn, err = tls.DialWithDialer(d, "tcp", addr, tlsConfig)
+	} else {
+		conn, err = d.Dial("tcp", addr)
+	}
 	if err != nil {
 		return err
 	}

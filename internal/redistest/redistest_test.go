@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -103,4 +104,56 @@ func TestCluster(t *testing.T) {
 			t.Fatalf("%s DBSIZE = %d, %v; want keys on every master", s.Addr(), n, err)
 		}
 	}
+}
+
+func TestStartTLS(t *testing.T) {
+	t.Parallel()
+	certs := NewCerts(t)
+	s := StartTLS(t, certs)
+	ctx := context.Background()
+	if err := s.Client(t).Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS: %v", err)
+	}
+	if got := s.CLI(t, "PING"); got != "PONG" {
+		t.Fatalf("redis-cli --tls PING = %q", got)
+	}
+	// Plain TCP gets no PONG from a TLS-only server.
+	if err := ping(s.Addr(), nil); err == nil {
+		t.Fatal("plain-text PING answered by a TLS-only server")
+	}
+	s.Restart()
+	if err := s.Client(t).Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING over TLS after Restart: %v", err)
+	}
+}
+
+func TestStartSentinel(t *testing.T) {
+	t.Parallel()
+	s := StartSentinel(t, 1)
+	if got := s.MasterAddr(t); got != s.Master.Addr() {
+		t.Fatalf("Sentinel's master %s, want %s", got, s.Master.Addr())
+	}
+	if info := s.Replica.CLI(t, "INFO", "replication"); !strings.Contains(info, "role:slave") {
+		t.Fatalf("replica INFO replication:\n%s", info)
+	}
+}
+
+func TestPauseResume(t *testing.T) {
+	t.Parallel()
+	s := Start(t)
+	c := redis.NewClient(&redis.Options{Addr: s.Addr(), ReadTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING: %v", err)
+	}
+	s.Pause()
+	if err := c.Ping(ctx).Err(); err == nil {
+		t.Fatal("a paused server answered PING")
+	}
+	s.Resume()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("PING after Resume: %v", err)
+	}
+	s.Pause() // cleanup kills a paused server
 }
