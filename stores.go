@@ -57,7 +57,8 @@ func acquireRedisStore(cfg *RedisConfig) (*limiter.Breaker, string, error) {
 		}
 		client := redis.NewUniversalClient(opts)
 		breaker := limiter.NewBreaker(limiter.NewRedisStore(client), limiter.BreakerConfig{
-			OnChange: logBreakerChange(redisTarget(cfg)),
+			OnChange:  logBreakerChange(redisTarget(cfg)),
+			IsFailure: limiter.IsUnavailable,
 		})
 		return redisEntry{client: client, Breaker: breaker}, nil
 	})

@@ -52,6 +52,11 @@ type BreakerConfig struct {
 	OnChange func(from, to BreakerState, cause error)
 	// Now is the clock; default time.Now.
 	Now func() time.Time
+	// IsFailure tells which errors count against the store. Default: every
+	// error. For Redis, IsUnavailable: an error reply about one key or one
+	// script (NOPERM, WRONGTYPE) must not open a circuit that every limiter
+	// on a healthy Redis shares.
+	IsFailure func(error) bool
 }
 
 // Breaker is a circuit breaker around a Store. After Threshold consecutive
@@ -129,8 +134,10 @@ func (b *Breaker) call(ctx context.Context, f func() (Result, error)) (Result, e
 		if probe || b.failures.Load() != 0 {
 			b.succeeded(probe)
 		}
-	case ctx.Err() == context.Canceled && !errors.Is(err, context.DeadlineExceeded):
-		// The caller went away; that says nothing about the store.
+	case ctx.Err() == context.Canceled && !errors.Is(err, context.DeadlineExceeded),
+		b.cfg.IsFailure != nil && !b.cfg.IsFailure(err):
+		// The caller went away, or the store answered with an error about
+		// this request: that says nothing about the store's health.
 		if probe {
 			b.endProbe()
 		}

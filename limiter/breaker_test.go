@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
@@ -173,3 +175,36 @@ func (s *blockingStore) Allow(context.Context, *limiter.Request) (limiter.Result
 	<-s.release
 	return limiter.Result{Allowed: true}, nil
 }
+
+func TestIsUnavailable(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		err  error
+		want bool
+	}{
+		{context.DeadlineExceeded, true},
+		{errDown, true}, // not a Redis reply: connection-level
+		{redis.ErrPoolTimeout, true},
+		{redis.ErrClosed, true},
+		{proto("LOADING Redis is loading the dataset in memory"), true},
+		{proto("READONLY You can't write against a read only replica."), true},
+		{proto("OOM command not allowed when used memory > 'maxmemory'."), true},
+		{proto("WRONGPASS invalid username-password pair"), true},
+		{proto("NOPERM this user has no permissions to access one of the keys"), false},
+		{proto("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
+		{proto("ERR Error running script"), false},
+		{limiter.ErrBadReply, false},
+		{limiter.ErrInvalidRequest, false},
+	}
+	for _, c := range cases {
+		if got := limiter.IsUnavailable(c.err); got != c.want {
+			t.Errorf("IsUnavailable(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+}
+
+// proto is an error reply as go-redis returns it.
+type proto string
+
+func (p proto) Error() string { return string(p) }
+func (p proto) RedisError()   {}

@@ -167,21 +167,24 @@ type Store interface {
 }
 
 // validate checks what every store relies on.
+// ErrInvalidRequest is wrapped by every error about a malformed Request.
+var ErrInvalidRequest = errors.New("invalid rate limit request")
+
 func (r *Request) validate() error {
 	if r.Window < time.Millisecond {
-		return fmt.Errorf("window %s is below 1ms", r.Window)
+		return fmt.Errorf("%w: window %s is below 1ms", ErrInvalidRequest, r.Window)
 	}
 	if r.Bucket.Key == "" || r.Bucket.Limit <= 0 {
-		return fmt.Errorf("bucket needs a key and a positive limit (got %q, %d)", r.Bucket.Key, r.Bucket.Limit)
+		return fmt.Errorf("%w: bucket needs a key and a positive limit (got %q, %d)", ErrInvalidRequest, r.Bucket.Key, r.Bucket.Limit)
 	}
 	if r.HasGlobal() && r.Global.Limit <= 0 {
-		return fmt.Errorf("global ceiling needs a positive limit (got %d)", r.Global.Limit)
+		return fmt.Errorf("%w: global ceiling needs a positive limit (got %d)", ErrInvalidRequest, r.Global.Limit)
 	}
 	if r.Bucket.Burst < 0 || r.HasGlobal() && r.Global.Burst < 0 {
-		return fmt.Errorf("burst must not be negative (got %d, %d)", r.Bucket.Burst, r.Global.Burst)
+		return fmt.Errorf("%w: burst must not be negative (got %d, %d)", ErrInvalidRequest, r.Bucket.Burst, r.Global.Burst)
 	}
 	if int(r.Algorithm) >= len(algorithmNames) {
-		return fmt.Errorf("%w %s", ErrUnknownAlgorithm, r.Algorithm)
+		return fmt.Errorf("%w: %w %s", ErrInvalidRequest, ErrUnknownAlgorithm, r.Algorithm)
 	}
 	return nil
 }

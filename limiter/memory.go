@@ -5,14 +5,10 @@ import (
 	"hash/maphash"
 	"sort"
 	"sync"
-	"sync/atomic"
 	"time"
 )
 
 const memoryShards = 64
-
-// idleGrace is how long the janitor trusts the latest request time alone.
-const idleGrace = 5 * time.Second
 
 // MemoryStore is the in-process store: the same algorithms and the same
 // answers as the Redis scripts, for one Caddy process. Keys of one identity
@@ -28,15 +24,9 @@ const idleGrace = 5 * time.Second
 // The sliding log holds one entry per unit in the window; the other
 // algorithms hold a few integers per key.
 type MemoryStore struct {
-	now    func() time.Time
-	seed   maphash.Seed
-	shards [memoryShards]memShard
-	// highWater is the latest request time seen (µs): expiry is judged on
-	// the requests' clock, so an injected test clock works as Redis would.
-	highWater atomic.Int64
-	// lastSeen is the wall time (ns) of the latest request, so the janitor
-	// can tell an idle store.
-	lastSeen atomic.Int64
+	now      func() time.Time
+	seed     maphash.Seed
+	shards   [memoryShards]memShard
 	stop     chan struct{}
 	stopOnce sync.Once
 	done     chan struct{}
@@ -49,8 +39,9 @@ type memShard struct {
 
 // memState is one key's state: the fields of its algorithm are used.
 type memState struct {
-	expires int64   // µs on the requests' clock
-	log     []int64 // sliding_log: admission times, ascending, one per unit
+	expires     int64   // µs on the requests' clock
+	wallExpires int64   // ns on the wall clock: when the janitor may drop it
+	log         []int64 // sliding_log: admission times, ascending, one per unit
 	// sliding_counter and fixed_window: the window index and the units in
 	// it; sliding_counter also the units of the window before it.
 	win, cur, prev int64
@@ -140,13 +131,6 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 		t = s.now()
 	}
 	now := unixMicros(t)
-	s.lastSeen.Store(time.Now().UnixNano())
-	for {
-		hw := s.highWater.Load()
-		if now <= hw || s.highWater.CompareAndSwap(hw, now) {
-			break
-		}
-	}
 	window := micros(req.Window)
 	cost := req.cost()
 
@@ -179,6 +163,7 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 		}
 	}
 	if allowed && !peek {
+		wall := time.Now().UnixNano()
 		for i := 0; i < n; i++ {
 			st := states[i]
 			if st == nil {
@@ -186,6 +171,11 @@ func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
 				sh.m[buckets[i].Key] = st
 			}
 			record(alg, st, &evs[i], now, window, cost)
+			// The janitor works on the wall clock: the same time to live,
+			// counted from now. (Requests may carry other clocks: tests, or
+			// clock app on a skewed host; one limiter's clock must never
+			// expire another's state.)
+			st.wallExpires = wall + (st.expires-now)*int64(time.Microsecond)
 		}
 	}
 	if alg == SlidingCounter {
@@ -318,19 +308,16 @@ func (s *MemoryStore) janitor(every time.Duration) {
 	}
 }
 
-// sweep drops every expired state. Expiry is judged at the latest request
-// time seen; once the store has been idle for a while, the wall time spent
-// idle is added, so keys of a store that no longer gets traffic vanish too.
+// sweep drops every state whose time to live has passed on the wall clock.
+// A request finds an expired state expired on its own clock anyway; the
+// sweep only reclaims memory.
 func (s *MemoryStore) sweep() {
-	now := s.highWater.Load()
-	if idle := time.Since(time.Unix(0, s.lastSeen.Load())); idle > idleGrace {
-		now += micros(idle - idleGrace)
-	}
+	now := time.Now().UnixNano()
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		for k, st := range sh.m {
-			if st.expires <= now {
+			if st.wallExpires <= now {
 				delete(sh.m, k)
 			}
 		}

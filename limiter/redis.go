@@ -6,7 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -105,4 +108,37 @@ func (s *RedisStore) run(ctx context.Context, req *Request, mode string) (Result
 	}
 	res.finish()
 	return res, nil
+}
+
+// IsUnavailable reports whether err says Redis cannot serve requests at all
+// (as opposed to an error about one request): a network error, a timeout, a
+// full pool, a closed client, an authentication failure, or a reply saying
+// the server is loading, busy, read-only, out of memory or without a master.
+// The circuit breaker counts only these.
+func IsUnavailable(err error) bool {
+	if err == nil || errors.Is(err, ErrBadReply) || errors.Is(err, ErrInvalidRequest) {
+		return false
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) || errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
+		return true
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		// Not a reply from Redis: connection-level trouble (TLS, dial).
+		return true
+	}
+	msg := re.Error()
+	for _, p := range unavailablePrefixes {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+var unavailablePrefixes = []string{
+	"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM",
+	"WRONGPASS", "NOAUTH", "MISCONF",
 }
