@@ -15,22 +15,6 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
-// Placeholder names set on every request.
-const (
-	phAllowed         = "http.sliding_ratelimit.allowed"
-	phCount           = "http.sliding_ratelimit.count"
-	phLimit           = "http.sliding_ratelimit.limit"
-	phRemaining       = "http.sliding_ratelimit.remaining"
-	phRetryAfter      = "http.sliding_ratelimit.retry_after"
-	phRegion          = "http.sliding_ratelimit.region"
-	phSource          = "http.sliding_ratelimit.source"
-	phGlobalCount     = "http.sliding_ratelimit.global_count"
-	phGlobalLimit     = "http.sliding_ratelimit.global_limit"
-	phGlobalRemaining = "http.sliding_ratelimit.global_remaining"
-	phNearLimit       = "http.sliding_ratelimit.near_limit"
-	phDryRun          = "http.sliding_ratelimit.dry_run"
-)
-
 // eventExceeded is the Caddy event emitted when a limiter starts denying.
 const eventExceeded = "sliding_ratelimit_exceeded"
 
@@ -49,7 +33,10 @@ const (
 // maxEchoedRegion bounds the region echoed in a 429 body.
 const maxEchoedRegion = 128
 
-var unavailableBody = []byte(`{"error":"rate_limiter_unavailable"}` + "\n")
+var (
+	unavailableBody = []byte(`{"error":"rate_limiter_unavailable"}` + "\n")
+	jsonContentType = []string{"application/json"}
+)
 
 // ServeHTTP decides the request: next handler, 429, 413 (a cost that can
 // never fit), 500 (a dynamic limit that does not resolve) or, store down and
@@ -116,14 +103,18 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		source = sourceDenyCache
 	}
 
-	h.setPlaceholders(repl, &res, region, source)
+	ph := placeholders(repl)
+	ph.fromResult(&res, region, source)
+	if h.hasGlobal {
+		ph.withGlobal(&res.Global)
+	}
 	if res.Allowed {
 		if source == sourceLocal {
 			h.metrics.localAllowed.Inc()
 		} else {
 			h.metrics.allowed.Inc()
 		}
-		h.checkNearLimit(repl, &res, cost, identity)
+		h.checkNearLimit(ph, &res, cost, identity)
 		if !h.DryRun {
 			h.writeHeaders(w.Header(), &res)
 		}
@@ -133,7 +124,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	h.exceeded(identity, region, &res)
 	if h.DryRun {
 		h.metrics.dryRunDenied.Inc()
-		repl.Set(phDryRun, true)
+		ph.dryRun = true
 		if ok, suppressed := h.dryLog.allow(time.Now()); ok {
 			fields := []zap.Field{zap.String("limiter", h.Name), zap.String("region", region),
 				zap.Int64("retry_after", retryAfterSeconds(&res)), zap.Int64("suppressed_since_last_log", suppressed)}
@@ -175,7 +166,7 @@ func (h *Handler) check(ctx context.Context, req *limiter.Request) (limiter.Resu
 // checkNearLimit flags a request at or above warn_at of a budget: the
 // placeholder on every such request; the counter and a (rate-limited) warn
 // line on the request that crosses the threshold.
-func (h *Handler) checkNearLimit(repl *caddy.Replacer, res *limiter.Result, cost int64, identity string) {
+func (h *Handler) checkNearLimit(ph *phState, res *limiter.Result, cost int64, identity string) {
 	if h.WarnAt <= 0 {
 		return
 	}
@@ -187,7 +178,7 @@ func (h *Handler) checkNearLimit(repl *caddy.Replacer, res *limiter.Result, cost
 	if !near {
 		return
 	}
-	repl.Set(phNearLimit, true)
+	ph.near = true
 	if !crossed {
 		return
 	}
@@ -253,10 +244,7 @@ func (h *Handler) costTooHigh(w http.ResponseWriter, repl *caddy.Replacer, regio
 	if h.hasGlobal && global < limit {
 		limit = global
 	}
-	repl.Set(phAllowed, false)
-	repl.Set(phLimit, limit)
-	repl.Set(phRegion, region)
-	repl.Set(phRetryAfter, 0)
+	placeholders(repl).undecided(false, limit, region, "")
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusRequestEntityTooLarge)
@@ -284,43 +272,20 @@ func (h *Handler) logStoreError(err error) {
 
 // storeFailed applies fail open or fail closed.
 func (h *Handler) storeFailed(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler, repl *caddy.Replacer, region string, limit int64) error {
-	repl.Set(phLimit, limit)
-	repl.Set(phRegion, region)
-	repl.Set(phCount, "")
-	repl.Set(phRemaining, "")
-	repl.Set(phRetryAfter, 0)
+	ph := placeholders(repl)
 	if h.failOpen {
 		h.metrics.failOpen.Inc()
-		repl.Set(phAllowed, true)
-		repl.Set(phSource, sourceFailOpen)
+		ph.undecided(true, limit, region, sourceFailOpen)
 		return next.ServeHTTP(w, r)
 	}
 	h.metrics.failClosed.Inc()
-	repl.Set(phAllowed, false)
-	repl.Set(phSource, sourceFailClosed)
+	ph.undecided(false, limit, region, sourceFailClosed)
 	hdr := w.Header()
 	hdr.Set("Content-Type", "application/json")
 	hdr.Set("Retry-After", "1")
 	w.WriteHeader(http.StatusServiceUnavailable)
 	_, werr := w.Write(unavailableBody)
 	return werr
-}
-
-func (h *Handler) setPlaceholders(repl *caddy.Replacer, res *limiter.Result, region, source string) {
-	repl.Set(phAllowed, res.Allowed)
-	repl.Set(phCount, res.Bucket.Count)
-	repl.Set(phLimit, res.Bucket.Limit)
-	repl.Set(phRemaining, res.Bucket.Remaining)
-	repl.Set(phRetryAfter, retryAfterSeconds(res))
-	repl.Set(phRegion, region)
-	repl.Set(phSource, source)
-	repl.Set(phNearLimit, false)
-	repl.Set(phDryRun, false)
-	if h.hasGlobal {
-		repl.Set(phGlobalCount, res.Global.Count)
-		repl.Set(phGlobalLimit, res.Global.Limit)
-		repl.Set(phGlobalRemaining, res.Global.Remaining)
-	}
 }
 
 // writeHeaders sets the rate limit headers chosen by `headers`. IETF headers
@@ -333,10 +298,10 @@ func (h *Handler) writeHeaders(hdr http.Header, res *limiter.Result) {
 		if h.hasGlobal && res.Global.Remaining < tight.Remaining {
 			tight = &res.Global
 		}
-		prev := hdr.Get("X-RateLimit-Remaining")
-		if n, err := strconv.ParseInt(prev, 10, 64); prev == "" || err != nil || tight.Remaining <= n {
-			hdr.Set("X-RateLimit-Limit", strconv.FormatInt(tight.Limit, 10))
-			hdr.Set("X-RateLimit-Remaining", strconv.FormatInt(tight.Remaining, 10))
+		prev := hdr[hdrRemaining]
+		if len(prev) == 0 || remainingAtMost(tight.Remaining, prev[0]) {
+			hdr[hdrLimit] = []string{strconv.FormatInt(tight.Limit, 10)}
+			hdr[hdrRemaining] = []string{strconv.FormatInt(tight.Remaining, 10)}
 		}
 	}
 	if h.ietfHdr {
@@ -344,9 +309,25 @@ func (h *Handler) writeHeaders(hdr http.Header, res *limiter.Result) {
 		if policy == "" {
 			policy = h.policyHeader(res.Bucket.Limit, res.Global.Limit)
 		}
-		hdr.Add("RateLimit-Policy", policy)
-		hdr.Add("RateLimit", h.rateLimitHeader(res))
+		hdr[hdrPolicy] = append(hdr[hdrPolicy], policy)
+		hdr[hdrRateLimit] = append(hdr[hdrRateLimit], h.rateLimitHeader(res))
 	}
+}
+
+// Header names in canonical form, so setting them needs no canonicalising.
+const (
+	hdrLimit     = "X-Ratelimit-Limit"
+	hdrRemaining = "X-Ratelimit-Remaining"
+	hdrPolicy    = "Ratelimit-Policy"
+	hdrRateLimit = "Ratelimit"
+	hdrRetry     = "Retry-After"
+)
+
+// remainingAtMost reports whether n is at most the (earlier limiter's)
+// remaining count prev; a value that does not parse is replaced.
+func remainingAtMost(n int64, prev string) bool {
+	p, err := strconv.ParseInt(prev, 10, 64)
+	return err != nil || n <= p
 }
 
 // policyHeader is the RateLimit-Policy value for the given limits.
@@ -362,26 +343,35 @@ func (h *Handler) policyHeader(limit, global int64) string {
 // rateLimitHeader is the RateLimit value: remaining quota and the seconds
 // until more comes back (on a denial, until the request would fit).
 func (h *Handler) rateLimitHeader(res *limiter.Result) string {
-	member := func(name string, u *limiter.Usage) string {
-		t := u.ResetAfter
-		if u.Denied {
-			t = u.RetryAfter
-		}
-		return `"` + name + `";r=` + strconv.FormatInt(u.Remaining, 10) + ";t=" + strconv.FormatInt(ceilSeconds(t), 10)
-	}
-	s := member(h.Name, &res.Bucket)
+	b := make([]byte, 0, 2*len(h.Name)+64)
+	b = appendMember(b, h.Name, &res.Bucket)
 	if h.hasGlobal {
-		s += ", " + member(h.Name+"-global", &res.Global)
+		b = append(b, ", "...)
+		b = appendMember(b, h.Name+"-global", &res.Global)
 	}
-	return s
+	return string(b)
+}
+
+// appendMember appends one `"<name>";r=<remaining>;t=<seconds>` member.
+func appendMember(b []byte, name string, u *limiter.Usage) []byte {
+	t := u.ResetAfter
+	if u.Denied {
+		t = u.RetryAfter
+	}
+	b = append(b, '"')
+	b = append(b, name...)
+	b = append(b, `";r=`...)
+	b = strconv.AppendInt(b, u.Remaining, 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, ceilSeconds(t), 10)
 }
 
 // deny writes the 429 answer.
 func (h *Handler) deny(w http.ResponseWriter, res *limiter.Result, withRegion bool, region string) error {
 	secs := retryAfterSeconds(res)
 	hdr := w.Header()
-	hdr.Set("Retry-After", strconv.FormatInt(secs, 10))
-	hdr.Set("Content-Type", "application/json")
+	hdr[hdrRetry] = []string{strconv.FormatInt(secs, 10)}
+	hdr["Content-Type"] = jsonContentType
 	body := make([]byte, 0, 96)
 	body = append(body, `{"error":"rate_limited","retry_after":`...)
 	body = strconv.AppendInt(body, secs, 10)

@@ -1,0 +1,90 @@
+package slidingratelimit
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+)
+
+// BenchmarkHandler measures the handler's hot path (key, check, headers,
+// placeholders) per store and algorithm, admitted requests over many keys,
+// and a hot key over its limit (denied; on Redis served by the deny cache).
+//
+//	go test -run '^$' -bench BenchmarkHandler -benchmem .
+func BenchmarkHandler(b *testing.B) {
+	srv := redistest.Start(b)
+	// baseline: the same loop (request, replacer, recorder) with no limiter,
+	// to subtract from the others.
+	b.Run("baseline", func(b *testing.B) { runBench(b, nil, false) })
+	algs := []string{"sliding_log", "sliding_counter", "fixed_window", "token_bucket"}
+	for _, store := range []string{"memory", "redis"} {
+		for _, alg := range algs {
+			b.Run(store+"/"+alg+"/admitted", func(b *testing.B) {
+				h := benchHandler(b, store, alg, srv, "1000000000")
+				runBench(b, h, false)
+			})
+		}
+		b.Run(store+"/sliding_log/hot_denied", func(b *testing.B) {
+			h := benchHandler(b, store, "sliding_log", srv, "10")
+			runBench(b, h, true)
+		})
+	}
+}
+
+func benchHandler(b *testing.B, store, alg string, srv *redistest.Server, limit string) *Handler {
+	h := &Handler{Name: "bench_" + alg + "_" + store + "_" + limit, Algorithm: alg,
+		Key: "{http.request.header.X-Key}", Limit: Amount(limit), Window: caddy.Duration(time.Hour), WarnAt: -1}
+	if store == "redis" {
+		h.Redis = &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(time.Second)}
+	}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	b.Cleanup(func() { h.Cleanup(); cancel() })
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	h.logger = zap.NewNop()
+	return h
+}
+
+func runBench(b *testing.B, h *Handler, hot bool) {
+	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		w := httptest.NewRecorder()
+		for pb.Next() {
+			key := "hot"
+			if !hot {
+				key = "k" + strconv.FormatInt(seq.Add(1)%100000, 10)
+			}
+			r := httptest.NewRequest(http.MethodGet, "/", nil)
+			r.Header.Set("X-Key", key)
+			repl := caddy.NewReplacer()
+			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+			for k := range w.Header() {
+				delete(w.Header(), k)
+			}
+			if h == nil {
+				next.ServeHTTP(w, r)
+				continue
+			}
+			if err := h.ServeHTTP(w, r, next); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
