@@ -66,6 +66,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //			dial_timeout <duration>
 //			timeout      <duration>
 //			pool_size    <n>
+//			pipeline     <n> | off
 //			key_prefix   <string>
 //		}
 //	}
@@ -343,6 +344,20 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				c.DialTimeout = caddy.Duration(dur)
 			}
+		case "pipeline":
+			v, err := oneArg(d)
+			if err != nil {
+				return err
+			}
+			if v == "off" {
+				c.Pipeline = -1
+				continue
+			}
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > 64 {
+				return d.Errf("redis pipeline must be off or 1 to 64, got '%s'", v)
+			}
+			c.Pipeline = n
 		case "key_prefix":
 			v, err := oneArg(d)
 			if err != nil {

@@ -114,6 +114,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"redis bad db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ndb x\n}", "redis db must be a non-negative integer, got 'x'"},
 		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nreplicas 2\n}", "unrecognized sliding_ratelimit redis subdirective 'replicas'"},
 		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nkey_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
+		{"redis bad pipeline", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\npipeline 0\n}", "redis pipeline must be off or 1 to 64, got '0'"},
 		{"limit with two values", "limit 5 6\nwindow 1m", "limit takes one value"},
 		{"key without value", "key\nlimit 5\nwindow 1m", "key needs a value"},
 	}
@@ -180,6 +181,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 			dial_timeout 300ms
 			timeout      40ms
 			pool_size    64
+			pipeline     4
 			key_prefix   rl:
 		}
 	}`)
@@ -191,7 +193,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 		Name: "api", Algorithm: "sliding_log", Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
 		Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Clock: "app", Headers: "ietf",
 		Redis: &RedisConfig{Addresses: []string{"10.0.0.1:6379"}, Username: "limiter", Password: "pw", DB: 2,
-			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, KeyPrefix: "rl:"},
+			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, Pipeline: 4, KeyPrefix: "rl:"},
 	}
 	got, _ := json.Marshal(h)
 	exp, _ := json.Marshal(want)

@@ -30,10 +30,14 @@ func (m memoryEntry) Destruct() error { return m.Close() }
 // per distinct Redis config.
 type redisEntry struct {
 	client redis.UniversalClient
+	store  *limiter.RedisStore
 	*limiter.Breaker
 }
 
-func (r redisEntry) Destruct() error { return r.client.Close() }
+func (r redisEntry) Destruct() error {
+	r.store.Close()
+	return r.client.Close()
+}
 
 func acquireMemoryStore() (limiter.Store, string, error) {
 	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
@@ -56,11 +60,16 @@ func acquireRedisStore(cfg *RedisConfig) (*limiter.Breaker, string, error) {
 			return nil, err
 		}
 		client := redis.NewUniversalClient(opts)
-		breaker := limiter.NewBreaker(limiter.NewRedisStore(client), limiter.BreakerConfig{
+		var ropts []limiter.RedisOption
+		if w := cfg.pipelines(); w > 0 {
+			ropts = append(ropts, limiter.WithBatching(w, maxBatch))
+		}
+		store := limiter.NewRedisStore(client, ropts...)
+		breaker := limiter.NewBreaker(store, limiter.BreakerConfig{
 			OnChange:  logBreakerChange(redisTarget(cfg)),
 			IsFailure: limiter.IsUnavailable,
 		})
-		return redisEntry{client: client, Breaker: breaker}, nil
+		return redisEntry{client: client, store: store, Breaker: breaker}, nil
 	})
 	if err != nil {
 		return nil, "", err

@@ -356,6 +356,11 @@ func storeFactories(t *testing.T) []storeFactory {
 		{"redis-server", func(t *testing.T) limiter.Store {
 			return limiter.NewRedisStore(client)
 		}},
+		{"redis-server, batched", func(t *testing.T) limiter.Store {
+			s := limiter.NewRedisStore(client, limiter.WithBatching(2, 8))
+			t.Cleanup(func() { s.Close() })
+			return s
+		}},
 	}
 }
 
