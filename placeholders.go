@@ -32,9 +32,9 @@ const phStateKey = phPrefix + "_state"
 // field writes, not a dozen map insertions.
 type phState struct {
 	allowed, near, dryRun, known, hasGlobal bool
-	count, limit, remaining, retryAfter      int64
-	gCount, gLimit, gRemaining               int64
-	region, source                           string
+	count, limit, remaining, retryAfter     int64
+	gCount, gLimit, gRemaining              int64
+	region, source                          string
 }
 
 // placeholders returns the request's state, registering it on first use.
