@@ -150,28 +150,35 @@ func (b *batcher) run(batch []*batchOp) {
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	cmds := b.exec(ctx, live, false)
+	cmds, errs := b.exec(ctx, live, false)
 	var retry []*batchOp
 	var retryIdx []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+	for i := range cmds {
+		if errs[i] != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
 			retry = append(retry, live[i])
 			retryIdx = append(retryIdx, i)
 		}
 	}
 	if len(retry) > 0 {
-		again := b.exec(ctx, retry, true)
+		again, againErrs := b.exec(ctx, retry, true)
 		for j, i := range retryIdx {
-			cmds[i] = again[j]
+			cmds[i], errs[i] = again[j], againErrs[j]
 		}
 	}
 	for i, op := range live {
-		op.vals, op.err = cmds[i].Int64Slice()
+		if errs[i] != nil {
+			op.err = errs[i]
+		} else {
+			op.vals, op.err = cmds[i].Int64Slice()
+		}
 		op.done <- struct{}{}
 	}
 }
 
-func (b *batcher) exec(ctx context.Context, ops []*batchOp, eval bool) []*redis.Cmd {
+// exec sends ops as one pipeline. A command's error is its own, or, when
+// the pipeline failed before the command got an answer (a dial or AUTH
+// error), the pipeline's.
+func (b *batcher) exec(ctx context.Context, ops []*batchOp, eval bool) ([]*redis.Cmd, []error) {
 	p := b.pipe()
 	cmds := make([]*redis.Cmd, len(ops))
 	for i, op := range ops {
@@ -181,6 +188,12 @@ func (b *batcher) exec(ctx context.Context, ops []*batchOp, eval bool) []*redis.
 			cmds[i] = op.script.EvalSha(ctx, p, op.keys, op.args...)
 		}
 	}
-	_, _ = p.Exec(ctx) // each command carries its own error
-	return cmds
+	_, execErr := p.Exec(ctx)
+	errs := make([]error, len(ops))
+	for i, cmd := range cmds {
+		if errs[i] = cmd.Err(); errs[i] == nil && execErr != nil && cmd.Val() == nil {
+			errs[i] = execErr
+		}
+	}
+	return cmds, errs
 }

@@ -32,17 +32,25 @@ local counts, retries, resets = {}, {}, {}
 for i, key in ipairs(KEYS) do
   local limit = tonumber(ARGV[4 + 2 * i])
   -- The window is (now - window, now]: an entry exactly one window old is
-  -- out. A check drops what left; a peek only reads (it never writes), so
-  -- it reads the entries above the cut, in order.
-  local cut = "(" .. string.format("%.0f", now - window)
-  if not peek then
+  -- out. A check drops what left, then reads by rank; a peek never writes,
+  -- so it reads the entries above the cut by score instead.
+  local count, nth
+  if peek then
+    local cut = "(" .. string.format("%.0f", now - window)
+    count = redis.call("ZCOUNT", key, cut, "+inf")
+    nth = function(k)
+      return redis.call("ZRANGEBYSCORE", key, cut, "+inf", "WITHSCORES", "LIMIT", k - 1, 1)
+    end
+  else
     redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
+    count = redis.call("ZCARD", key)
+    nth = function(k)
+      return redis.call("ZRANGE", key, k - 1, k - 1, "WITHSCORES")
+    end
   end
-  local count = redis.call("ZCOUNT", key, cut, "+inf")
   local retry, reset = 0, 0
   if count > 0 then
-    local oldest = redis.call("ZRANGEBYSCORE", key, cut, "+inf", "WITHSCORES", "LIMIT", 0, 1)
-    reset = tonumber(oldest[2]) + window - now
+    reset = tonumber(nth(1)[2]) + window - now
   end
   if count + cost > limit then
     allowed = 0
@@ -51,9 +59,7 @@ for i, key in ipairs(KEYS) do
     else
       -- Room for the cost comes when the (count + cost - limit)-th oldest
       -- unit leaves the window.
-      local k = count + cost - limit
-      local e = redis.call("ZRANGEBYSCORE", key, cut, "+inf", "WITHSCORES", "LIMIT", k - 1, 1)
-      retry = tonumber(e[2]) + window - now
+      retry = tonumber(nth(count + cost - limit)[2]) + window - now
     end
   end
   counts[i], retries[i], resets[i] = count, retry, reset
