@@ -106,3 +106,25 @@ func TestReadmeRunCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestReadmeACL: the ACL line in the README grants every command the
+// scripts run (the same list TestACL proves sufficient on a real Redis).
+func TestReadmeACL(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	line := regexp.MustCompile(`(?m)^\s*ACL SETUSER ratelimit .*$`).Find(b)
+	if line == nil {
+		t.Fatal("README has no ACL SETUSER ratelimit line")
+	}
+	granted := map[string]bool{}
+	for _, f := range strings.Fields(string(line)) {
+		granted[f] = true
+	}
+	for _, c := range limiterACLCommands(t) {
+		if !granted[c] {
+			t.Errorf("README's ACL line lacks %s, which the limiter needs", c)
+		}
+	}
+}
