@@ -2,7 +2,6 @@ package limiter
 
 import (
 	"context"
-	"hash/maphash"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -10,8 +9,6 @@ import (
 
 // DefaultDenyCacheSize is the default bound on cached denials.
 const DefaultDenyCacheSize = 65536
-
-const denyShards = 32
 
 // DenyCache is a Store in front of another: once the store denies a key
 // with retry-after R, later requests for the same key, limit and cost are
@@ -30,17 +27,14 @@ const denyShards = 32
 // Reset drops the key's denials. Memory is bounded: at most size entries,
 // expired ones dropped first.
 type DenyCache struct {
-	store  Store
-	now    func() time.Time
-	seed   maphash.Seed
-	perMax int
-	shards [denyShards]denyShard
-	hits   atomic.Int64
-}
-
-type denyShard struct {
-	mu sync.Mutex
-	m  map[string]denial
+	store Store
+	now   func() time.Time
+	max   int64
+	// m maps a bucket key to its denial. A sync.Map: the hot path is many
+	// cores reading one hot key's entry, which takes no lock here.
+	m     sync.Map
+	size  atomic.Int64
+	evict sync.Mutex // one evictor at a time
 }
 
 type denial struct {
@@ -61,28 +55,12 @@ func NewDenyCache(store Store, size int, now func() time.Time) *DenyCache {
 	if now == nil {
 		now = time.Now
 	}
-	c := &DenyCache{store: store, now: now, seed: maphash.MakeSeed(), perMax: max(size/denyShards, 1)}
-	for i := range c.shards {
-		c.shards[i].m = make(map[string]denial)
-	}
-	return c
+	return &DenyCache{store: store, now: now, max: int64(size)}
 }
-
-// Hits returns the number of requests denied from the cache.
-func (c *DenyCache) Hits() int64 { return c.hits.Load() }
 
 // Len returns the number of cached denials (expired ones included until
 // they are pushed out).
-func (c *DenyCache) Len() int {
-	n := 0
-	for i := range c.shards {
-		sh := &c.shards[i]
-		sh.mu.Lock()
-		n += len(sh.m)
-		sh.mu.Unlock()
-	}
-	return n
-}
+func (c *DenyCache) Len() int { return int(c.size.Load()) }
 
 // Allow implements Store. A denial served from the cache has Cached set.
 func (c *DenyCache) Allow(ctx context.Context, req *Request) (Result, error) {
@@ -90,35 +68,30 @@ func (c *DenyCache) Allow(ctx context.Context, req *Request) (Result, error) {
 	if start.IsZero() {
 		start = c.now()
 	}
-	sh := c.shard(req.Bucket.Key)
-	sh.mu.Lock()
-	d, ok := sh.m[req.Bucket.Key]
-	if ok && !start.Before(d.until) {
-		delete(sh.m, req.Bucket.Key)
-		ok = false
-	}
-	sh.mu.Unlock()
-	if ok && d.matches(req) {
-		c.hits.Add(1)
-		return d.result(start), nil
+	key := req.Bucket.Key
+	v, ok := c.m.Load(key)
+	if ok {
+		d := v.(*denial)
+		if start.Before(d.until) && d.matches(req) {
+			return d.result(start), nil
+		}
+		if !start.Before(d.until) {
+			c.drop(key, d)
+			ok = false
+		}
 	}
 
 	res, err := c.store.Allow(ctx, req)
 	if err != nil || (!ok && res.Allowed) || (!res.Allowed && res.RetryAfter <= 0) {
 		return res, err
 	}
-	sh.mu.Lock()
 	if res.Allowed {
 		// A request of another cost (or without the global ceiling) got
 		// in: a cached denial of this bucket would now under-state the wait.
-		delete(sh.m, req.Bucket.Key)
-		sh.mu.Unlock()
+		c.drop(key, nil)
 		return res, nil
 	}
-	if len(sh.m) >= c.perMax {
-		sh.evict(start, c.perMax)
-	}
-	sh.m[req.Bucket.Key] = denial{
+	d := &denial{
 		until:       start.Add(res.RetryAfter),
 		limit:       req.Bucket.Limit,
 		globalKey:   req.Global.Key,
@@ -126,8 +99,47 @@ func (c *DenyCache) Allow(ctx context.Context, req *Request) (Result, error) {
 		cost:        req.cost(),
 		res:         res,
 	}
-	sh.mu.Unlock()
+	if _, loaded := c.m.Swap(key, d); !loaded {
+		if c.size.Add(1) > c.max {
+			c.shrink(start)
+		}
+	}
 	return res, nil
+}
+
+// drop removes key's denial (only if it is still d, when d is given).
+func (c *DenyCache) drop(key string, d *denial) {
+	var deleted bool
+	if d != nil {
+		deleted = c.m.CompareAndDelete(key, d)
+	} else {
+		_, deleted = c.m.LoadAndDelete(key)
+	}
+	if deleted {
+		c.size.Add(-1)
+	}
+}
+
+// shrink brings the cache back under its bound: expired denials first,
+// then arbitrary ones.
+func (c *DenyCache) shrink(now time.Time) {
+	if !c.evict.TryLock() {
+		return // another request is at it
+	}
+	defer c.evict.Unlock()
+	c.m.Range(func(k, v any) bool {
+		if d := v.(*denial); !now.Before(d.until) {
+			c.drop(k.(string), d)
+		}
+		return true
+	})
+	c.m.Range(func(k, v any) bool {
+		if c.size.Load() <= c.max*9/10 {
+			return false
+		}
+		c.drop(k.(string), v.(*denial))
+		return true
+	})
 }
 
 // Peek implements Store; it always asks the store.
@@ -146,39 +158,14 @@ func (c *DenyCache) Reset(ctx context.Context, keys ...string) error {
 // is given.
 func (c *DenyCache) Forget(keys ...string) {
 	if len(keys) == 0 {
-		for i := range c.shards {
-			sh := &c.shards[i]
-			sh.mu.Lock()
-			clear(sh.m)
-			sh.mu.Unlock()
-		}
+		c.m.Range(func(k, v any) bool {
+			c.drop(k.(string), v.(*denial))
+			return true
+		})
 		return
 	}
 	for _, k := range keys {
-		sh := c.shard(k)
-		sh.mu.Lock()
-		delete(sh.m, k)
-		sh.mu.Unlock()
-	}
-}
-
-func (c *DenyCache) shard(key string) *denyShard {
-	return &c.shards[maphash.String(c.seed, key)%denyShards]
-}
-
-// evict makes room for one more: expired denials first, then arbitrary
-// ones (map order is random).
-func (sh *denyShard) evict(now time.Time, limit int) {
-	for k, d := range sh.m {
-		if !now.Before(d.until) {
-			delete(sh.m, k)
-		}
-	}
-	for k := range sh.m {
-		if len(sh.m) < limit {
-			break
-		}
-		delete(sh.m, k)
+		c.drop(k, nil)
 	}
 }
 
