@@ -215,7 +215,7 @@ func printReport(w io.Writer, rep *report) {
 	}
 
 	if h := rep.HalfLoad; h != nil {
-		fmt.Fprintf(w, "\np99 added at half load: open loop at %.0f req/s (half of none's max), %s, %d connections:\n",
+		fmt.Fprintf(w, "\np99 added at half load: open loop at %.0f req/s (half of redis_log's max), %s, %d connections:\n",
 			h.TargetReqPerSec, h.Generator, rep.Config.Conns)
 		for _, s := range h.Sites {
 			fmt.Fprintf(w, "- %s: %.0f req/s, p50 %.2f ms, p99 %.2f ms (p99 from scheduled send: %.2f ms)", s.Site, s.ReqPerSec, s.P50Ms, s.P99Ms, s.SchedP99Ms)

@@ -29,6 +29,8 @@ var allSites = []site{
 	{Name: "none"},
 	{Name: "memory_log", Limiter: manyKeys("bench_memory_log", "sliding_log", false)},
 	{Name: "redis_log", Redis: true, Limiter: manyKeys("bench_redis_log", "sliding_log", true)},
+	{Name: "redis_log_nopipe", Redis: true, Needs: "redis { pipeline off }",
+		Limiter: append(manyKeys("bench_redis_log_nopipe", "sliding_log", false), "redis %REDIS% {", "pipeline off", "}")},
 	{Name: "redis_counter", Redis: true, Limiter: manyKeys("bench_redis_counter", "sliding_counter", true),
 		Needs: "algorithm sliding_counter"},
 	{Name: "redis_token", Redis: true, Limiter: manyKeys("bench_redis_token", "token_bucket", true),
