@@ -37,10 +37,10 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		global_limit  <n | placeholder>
 //		cost          <n | placeholder>
 //		window        <duration>
+//		burst         <n>
 //		fail          open | closed | local
 //		clock         redis | app
 //		headers       both | ietf | legacy | off
-//		burst         <n>
 //		warn_at       <ratio> | off
 //		log_key
 //		dry_run

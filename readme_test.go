@@ -128,3 +128,97 @@ func TestReadmeACL(t *testing.T) {
 		}
 	}
 }
+
+// syntaxFromCode returns the Syntax block of UnmarshalCaddyfile's doc
+// comment, one normalised line per entry.
+func syntaxFromCode(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile("caddyfile.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?s)Syntax:\n//\n(.*?)\n//\n`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("no Syntax block in caddyfile.go")
+	}
+	var lines []string
+	for _, l := range strings.Split(string(m[1]), "\n") {
+		lines = append(lines, strings.Join(strings.Fields(strings.TrimPrefix(l, "//")), " "))
+	}
+	return lines
+}
+
+// TestReadmeReferenceMatchesSyntax: the README's Caddyfile reference is the
+// Syntax block of UnmarshalCaddyfile, line for line; every subdirective the
+// parser accepts is in it and has a row in the README's tables.
+func TestReadmeReferenceMatchesSyntax(t *testing.T) {
+	b, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := regexp.MustCompile("(?s)## Caddyfile reference\n\n```caddyfile\n(.*?)```").FindSubmatch(b)
+	if ref == nil {
+		t.Fatal("README has no Caddyfile reference block")
+	}
+	var readme []string
+	for _, l := range strings.Split(strings.TrimRight(string(ref[1]), "\n"), "\n") {
+		readme = append(readme, strings.Join(strings.Fields(l), " "))
+	}
+	code := syntaxFromCode(t)
+	if strings.Join(readme, "\n") != strings.Join(code, "\n") {
+		t.Fatalf("README reference and the Syntax comment differ:\nREADME:\n%s\n\ncaddyfile.go:\n%s", strings.Join(readme, "\n"), strings.Join(code, "\n"))
+	}
+	syntax := strings.Join(code, "\n")
+	subs := parsedSubdirectives(t)
+	if len(subs) < 30 {
+		t.Fatalf("found only %d subdirectives in caddyfile.go: %v", len(subs), subs)
+	}
+	for _, sub := range subs {
+		if !regexp.MustCompile(`(?m)^` + sub + `\b`).MatchString(syntax) {
+			t.Errorf("subdirective %q is parsed but missing from the Syntax block", sub)
+		}
+		if !strings.Contains(string(b), "`"+sub+"`") && !strings.Contains(string(b), "`"+sub+" ") {
+			t.Errorf("subdirective %q is not described in the README", sub)
+		}
+	}
+}
+
+// parsedSubdirectives lists the names the parser's `switch sub` statements
+// accept (value switches are not subdirectives).
+func parsedSubdirectives(t *testing.T) []string {
+	t.Helper()
+	src, err := os.ReadFile("caddyfile.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var subs []string
+	seen := map[string]bool{}
+	var open []string // indents of the enclosing `switch sub` statements
+	for _, line := range strings.Split(string(src), "\n") {
+		if m := regexp.MustCompile(`^(\t+)switch sub \{`).FindStringSubmatch(line); m != nil {
+			open = append(open, m[1])
+			continue
+		}
+		if len(open) == 0 {
+			continue
+		}
+		indent := open[len(open)-1]
+		if line == indent+"}" {
+			open = open[:len(open)-1]
+			continue
+		}
+		if strings.HasPrefix(line, indent+"case ") {
+			for _, n := range regexp.MustCompile(`"([a-z_]+)"`).FindAllStringSubmatch(line, -1) {
+				if !seen[n[1]] {
+					seen[n[1]] = true
+					subs = append(subs, n[1])
+				}
+			}
+		}
+	}
+	// insecure_skip_verify is taken by an if before the tls block's switch.
+	if strings.Contains(string(src), `if sub == "insecure_skip_verify"`) {
+		subs = append(subs, "insecure_skip_verify")
+	}
+	return subs
+}
