@@ -75,6 +75,7 @@ func (a Amount) checkStatic(what string) error {
 type amount struct {
 	static int64
 	tmpl   string
+	t      template
 }
 
 func compileAmount(a Amount, def int64) amount {
@@ -82,7 +83,7 @@ func compileAmount(a Amount, def int64) amount {
 		return amount{static: def}
 	}
 	if a.isDynamic() {
-		return amount{tmpl: string(a)}
+		return amount{tmpl: string(a), t: compileTemplate(string(a))}
 	}
 	n, _ := parsePositive(string(a))
 	return amount{static: n}
@@ -104,7 +105,7 @@ func (a amount) resolve(repl *caddy.Replacer, what string) (int64, error) {
 	if a.tmpl == "" {
 		return a.static, nil
 	}
-	v := repl.ReplaceAll(a.tmpl, "")
+	v := a.t.expand(repl)
 	n, err := parsePositive(v)
 	if err != nil {
 		if len(v) > 64 {
@@ -113,4 +114,30 @@ func (a amount) resolve(repl *caddy.Replacer, what string) (int64, error) {
 		return 0, &dynamicAmountError{what: what, tmpl: a.tmpl, value: v}
 	}
 	return n, nil
+}
+
+// template is a placeholder template compiled for the hot path: a template
+// that is exactly one placeholder ("{http.request.header.X-API-Key}") is
+// looked up directly, without parsing the template on every request.
+type template struct {
+	raw    string
+	single string // the placeholder's name, when raw is just "{name}"
+}
+
+func compileTemplate(raw string) template {
+	t := template{raw: raw}
+	if len(raw) > 2 && raw[0] == '{' && raw[len(raw)-1] == '}' &&
+		strings.Count(raw, "{") == 1 && strings.Count(raw, "}") == 1 && !strings.Contains(raw, `\`) {
+		t.single = raw[1 : len(raw)-1]
+	}
+	return t
+}
+
+// expand resolves the template for a request; unknown placeholders are "".
+func (t template) expand(repl *caddy.Replacer) string {
+	if t.single != "" {
+		v, _ := repl.GetString(t.single)
+		return v
+	}
+	return repl.ReplaceAll(t.raw, "")
 }

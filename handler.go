@@ -59,11 +59,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		}
 	}
 
-	identity := repl.ReplaceAll(h.Key, "")
+	identity := h.keyTmpl.expand(repl)
 	var region string
 	withRegion := h.Region != ""
 	if withRegion {
-		region = repl.ReplaceAll(h.Region, "")
+		region = h.regionTmpl.expand(repl)
 	}
 	if cost > limit || (h.hasGlobal && cost > globalLimit) {
 		return h.costTooHigh(w, repl, region, cost, limit, globalLimit)

@@ -347,3 +347,18 @@ func TestRedisBlackHole(t *testing.T) {
 		}
 	}
 }
+
+func TestTemplateExpand(t *testing.T) {
+	t.Parallel()
+	repl := caddy.NewReplacer()
+	repl.Set("a", "x")
+	repl.Set("b", 42)
+	for _, c := range []struct{ raw, want string }{
+		{"{a}", "x"}, {"{b}", "42"}, {"{a}-{b}", "x-42"}, {"lit", "lit"}, {"{missing}", ""}, {"pre{a}", "prex"}, {"", ""},
+	} {
+		tmpl := compileTemplate(c.raw)
+		if got := tmpl.expand(repl); got != c.want || got != repl.ReplaceAll(c.raw, "") {
+			t.Errorf("%q: got %q, want %q (and what ReplaceAll gives)", c.raw, got, c.want)
+		}
+	}
+}

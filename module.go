@@ -138,35 +138,37 @@ type Handler struct {
 	// is used: exact for this Caddy process, shared by nothing else.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
-	alg       limiter.Algorithm
-	limit     amount
-	global    amount
-	cost      amount
-	hasGlobal bool
-	keys      limiter.KeyBuilder
-	store     limiter.Store
-	poolKey   string // the store's entry in its pool, released in Cleanup
-	timeout   time.Duration
-	source    string // "redis" or "memory"
-	failOpen  bool
-	breaker   *limiter.Breaker
-	denyCache *limiter.DenyCache
-	metrics   *limiterMetrics
-	warnLog   *burstLogger
-	dryLog    *burstLogger
-	eventGate *burstLogger
-	events    *caddyevents.App
-	ctx       caddy.Context
-	local     limiter.Store // fail local: the in-process store
-	localKey  string
-	clockApp  bool
-	legacyHdr bool
-	ietfHdr   bool
-	policy    string // cached RateLimit-Policy value, when limits are static
-	now       func() time.Time
-	logger    *zap.Logger
-	errLog    *burstLogger // store errors
-	cfgLog    *burstLogger // placeholders that did not resolve
+	alg        limiter.Algorithm
+	limit      amount
+	global     amount
+	cost       amount
+	hasGlobal  bool
+	keyTmpl    template
+	regionTmpl template
+	keys       limiter.KeyBuilder
+	store      limiter.Store
+	poolKey    string // the store's entry in its pool, released in Cleanup
+	timeout    time.Duration
+	source     string // "redis" or "memory"
+	failOpen   bool
+	breaker    *limiter.Breaker
+	denyCache  *limiter.DenyCache
+	metrics    *limiterMetrics
+	warnLog    *burstLogger
+	dryLog     *burstLogger
+	eventGate  *burstLogger
+	events     *caddyevents.App
+	ctx        caddy.Context
+	local      limiter.Store // fail local: the in-process store
+	localKey   string
+	clockApp   bool
+	legacyHdr  bool
+	ietfHdr    bool
+	policy     string // cached RateLimit-Policy value, when limits are static
+	now        func() time.Time
+	logger     *zap.Logger
+	errLog     *burstLogger // store errors
+	cfgLog     *burstLogger // placeholders that did not resolve
 }
 
 // RedisConfig is the Redis the limiter keeps its state in.
@@ -343,6 +345,8 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	h.global = compileAmount(h.GlobalLimit, 0)
 	h.cost = compileAmount(h.Cost, 1)
 	h.hasGlobal = h.GlobalLimit != ""
+	h.keyTmpl = compileTemplate(h.Key)
+	h.regionTmpl = compileTemplate(h.Region)
 	if h.limit.tmpl == "" && h.global.tmpl == "" {
 		h.policy = h.policyHeader(h.limit.static, h.global.static)
 	}
