@@ -62,7 +62,7 @@ func handlersNamed(name string) []*Handler {
 // listener:
 //
 //	GET    /sliding_ratelimit/                      the limiters
-//	GET    /sliding_ratelimit/<name>?key=K&region=R usage of a key, nothing consumed
+//	GET    /sliding_ratelimit/<name>?key=K&region=R[&limit=N] usage of a key, nothing consumed
 //	DELETE /sliding_ratelimit/<name>?key=K&region=R reset the key (and its global ceiling)
 //
 // key is the identity as the limiter's key template resolves for the
@@ -142,7 +142,15 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 
 	switch r.Method {
 	case http.MethodGet:
-		res, err := h.peek(key, region)
+		var limit int64
+		if q.Has("limit") {
+			n, err := parsePositive(q.Get("limit"))
+			if err != nil {
+				return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("limit must be a positive integer")}
+			}
+			limit = n
+		}
+		res, err := h.peek(key, region, limit)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 		}

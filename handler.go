@@ -407,14 +407,18 @@ func ceilSeconds(d time.Duration) int64 {
 }
 
 // peek reports the usage of identity's bucket in region (and its global
-// ceiling) without recording anything. A dynamic limit is peeked at as 1:
-// counts are exact whatever the limit.
-func (h *Handler) peek(identity, region string) (limiter.Result, error) {
+// ceiling) without recording anything. limit overrides a dynamic limit
+// (0: the static limit, or 1 when it is dynamic; counts are exact whatever
+// the limit).
+func (h *Handler) peek(identity, region string, limit int64) (limiter.Result, error) {
+	if limit <= 0 {
+		limit = max(h.limit.static, 1)
+	}
 	req := limiter.Request{
 		Algorithm: h.alg,
 		Window:    time.Duration(h.Window),
 		Cost:      1,
-		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, h.Region != "", region), Limit: max(h.limit.static, 1)},
+		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, h.Region != "", region), Limit: limit, Burst: h.Burst},
 	}
 	if h.hasGlobal {
 		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: max(h.global.static, 1)}

@@ -103,7 +103,7 @@ func TestGlobalCeiling(t *testing.T) {
 // usage peeks at a bucket's count without recording anything.
 func (h *Handler) usage(t *testing.T, identity, region string) int64 {
 	t.Helper()
-	res, err := h.peek(identity, region)
+	res, err := h.peek(identity, region, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
