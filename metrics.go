@@ -99,7 +99,7 @@ type limiterMetrics struct {
 func newLimiterMetrics(name, store string) *limiterMetrics {
 	initMetrics()
 	r := metrics.requests
-	return &limiterMetrics{
+	m := &limiterMetrics{
 		name:         name,
 		allowed:      r.WithLabelValues(name, resultAllowed),
 		denied:       r.WithLabelValues(name, resultDenied),
@@ -111,8 +111,12 @@ func newLimiterMetrics(name, store string) *limiterMetrics {
 		localDenied:  r.WithLabelValues(name, resultLocalDenied),
 		nearLimit:    metrics.nearLimit.WithLabelValues(name),
 		checkTime:    metrics.checkTime.WithLabelValues(name, store),
-		circuit:      metrics.circuit.WithLabelValues(name),
 	}
+	if store == "redis" {
+		// Only limiters behind a circuit breaker have a circuit state.
+		m.circuit = metrics.circuit.WithLabelValues(name)
+	}
+	return m
 }
 
 // storeError counts a failed store call by kind.
