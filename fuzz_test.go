@@ -36,7 +36,13 @@ func FuzzCaddyfile(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, body string) {
-		d := caddyfile.NewTestDispenser("sliding_ratelimit {\n" + body + "\n}")
+		// Tokenize as Caddy does (NewTestDispenser exits the process on a
+		// tokenizer error, such as a bad heredoc marker).
+		tokens, err := caddyfile.Tokenize([]byte("sliding_ratelimit {\n"+body+"\n}"), "Caddyfile")
+		if err != nil {
+			return
+		}
+		d := caddyfile.NewDispenser(tokens)
 		var h Handler
 		if err := h.UnmarshalCaddyfile(d); err != nil {
 			return
