@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+	"unsafe"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
@@ -300,7 +301,11 @@ func (h *Handler) writeHeaders(hdr http.Header, res *limiter.Result) {
 		}
 		prev := hdr[hdrRemaining]
 		if len(prev) == 0 || remainingAtMost(tight.Remaining, prev[0]) {
-			hdr[hdrLimit] = []string{strconv.FormatInt(tight.Limit, 10)}
+			if tight.Limit == h.limitVal.n && h.limitVal.s != "" {
+				hdr[hdrLimit] = []string{h.limitVal.s}
+			} else {
+				hdr[hdrLimit] = []string{strconv.FormatInt(tight.Limit, 10)}
+			}
 			hdr[hdrRemaining] = []string{strconv.FormatInt(tight.Remaining, 10)}
 		}
 	}
@@ -312,6 +317,14 @@ func (h *Handler) writeHeaders(hdr http.Header, res *limiter.Result) {
 		hdr[hdrPolicy] = append(hdr[hdrPolicy], policy)
 		hdr[hdrRateLimit] = append(hdr[hdrRateLimit], h.rateLimitHeader(res))
 	}
+}
+
+// headerValue is a header value formatted once, for a static limit. (Only
+// the string is shared: each response gets its own slice, since later
+// handlers such as Caddy's header replace may rewrite a value in place.)
+type headerValue struct {
+	n int64
+	s string
 }
 
 // Header names in canonical form, so setting them needs no canonicalising.
@@ -349,7 +362,8 @@ func (h *Handler) rateLimitHeader(res *limiter.Result) string {
 		b = append(b, ", "...)
 		b = appendMember(b, h.Name+"-global", &res.Global)
 	}
-	return string(b)
+	return unsafe.String(unsafe.SliceData(b), len(b)) // b is not used again
+
 }
 
 // appendMember appends one `"<name>";r=<remaining>;t=<seconds>` member.

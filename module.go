@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -164,7 +165,8 @@ type Handler struct {
 	clockApp   bool
 	legacyHdr  bool
 	ietfHdr    bool
-	policy     string // cached RateLimit-Policy value, when limits are static
+	policy     string      // RateLimit-Policy, when the limits are static
+	limitVal   headerValue // X-RateLimit-Limit of the bucket, when static
 	now        func() time.Time
 	logger     *zap.Logger
 	errLog     *burstLogger // store errors
@@ -349,6 +351,13 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	h.regionTmpl = compileTemplate(h.Region)
 	if h.limit.tmpl == "" && h.global.tmpl == "" {
 		h.policy = h.policyHeader(h.limit.static, h.global.static)
+	}
+	if h.limit.tmpl == "" {
+		capacity := h.limit.static
+		if alg == limiter.TokenBucket && h.Burst > 0 {
+			capacity = h.Burst
+		}
+		h.limitVal = headerValue{n: capacity, s: strconv.FormatInt(capacity, 10)}
 	}
 
 	storeLabel := "memory"
