@@ -27,7 +27,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"runtime/debug"
 	"strconv"
@@ -38,7 +37,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -552,15 +550,7 @@ const faultRedis = "redis"
 // what happened, the source placeholder included; a panic is recovered and
 // reported in the sample.
 func serveFault(h *Handler, key string, t0 time.Time) (s faultSample) {
-	r := httptest.NewRequest(http.MethodGet, "http://example.com/api", nil)
-	r.Header.Set("X-API-Key", key)
-	w := httptest.NewRecorder()
-	repl := caddy.NewReplacer()
-	r = caddyhttp.PrepareRequest(r, repl, w, nil)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
+	w, r, repl := newRequest(map[string]string{"X-API-Key": key})
 	s.start = time.Since(t0)
 	defer func() {
 		s.end = time.Since(t0)
@@ -568,7 +558,7 @@ func serveFault(h *Handler, key string, t0 time.Time) (s faultSample) {
 			s.panic = fmt.Sprintf("panic in ServeHTTP: %v\n%s", p, debug.Stack())
 		}
 	}()
-	s.err = h.ServeHTTP(w, r, next)
+	s.err = h.ServeHTTP(w, r, nextOK)
 	s.code = w.Code
 	if v, ok := repl.Get(phSource); ok {
 		s.source, _ = v.(string)

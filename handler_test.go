@@ -87,19 +87,27 @@ func serve(t *testing.T, h *Handler, hdr map[string]string) *httptest.ResponseRe
 // serveErr is serve, returning the handler's error.
 func serveErr(t *testing.T, h *Handler, hdr map[string]string) (*httptest.ResponseRecorder, error) {
 	t.Helper()
+	w, r, _ := newRequest(hdr)
+	return w, h.ServeHTTP(w, r, nextOK)
+}
+
+// newRequest prepares a request with the given headers as Caddy's server
+// would (replacer, client IP, vars), and its recorder.
+func newRequest(hdr map[string]string) (*httptest.ResponseRecorder, *http.Request, *caddy.Replacer) {
 	r := httptest.NewRequest(http.MethodGet, "http://example.com/api", nil)
 	for k, v := range hdr {
 		r.Header.Set(k, v)
 	}
 	w := httptest.NewRecorder()
 	repl := caddy.NewReplacer()
-	r = caddyhttp.PrepareRequest(r, repl, w, nil)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error {
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
-	return w, h.ServeHTTP(w, r, next)
+	return w, caddyhttp.PrepareRequest(r, repl, w, nil), repl
 }
+
+// nextOK is the next handler of the tests: it answers 200.
+var nextOK = caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
+	w.WriteHeader(http.StatusOK)
+	return nil
+})
 
 type denyBody struct {
 	Error      string  `json:"error"`
@@ -359,6 +367,48 @@ func TestTemplateExpand(t *testing.T) {
 		tmpl := compileTemplate(c.raw)
 		if got := tmpl.expand(repl); got != c.want || got != repl.ReplaceAll(c.raw, "") {
 			t.Errorf("%q: got %q, want %q (and what ReplaceAll gives)", c.raw, got, c.want)
+		}
+	}
+}
+
+// TestPlaceholders: what access logs and later handlers read, including
+// the global ceiling's usage and the empty count when no store decided.
+func TestPlaceholders(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
+		Limit: "3", GlobalLimit: "5", Window: caddy.Duration(time.Minute)}
+	provision(t, h, newTestClock())
+	w, r, repl := newRequest(map[string]string{"X-API-Key": "k", "X-Region": "us"})
+	if err := h.ServeHTTP(w, r, nextOK); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		phAllowed: "true", phCount: "1", phLimit: "3", phRemaining: "2", phRetryAfter: "0", phRegion: "us",
+		phSource: "memory", phNearLimit: "false", phDryRun: "false",
+		phGlobalCount: "1", phGlobalLimit: "5", phGlobalRemaining: "4",
+	}
+	for k, v := range want {
+		if got, _ := repl.GetString(k); got != v {
+			t.Errorf("{%s} = %q, want %q", k, got, v)
+		}
+	}
+	if got := repl.ReplaceAll("{http.sliding_ratelimit.count}/{http.sliding_ratelimit.limit}", ""); got != "1/3" {
+		t.Errorf("in a template: %q", got)
+	}
+
+	// Store down, fail open: no count, the fail mode as the source.
+	srv := redistest.Start(t)
+	srv.Kill()
+	down := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute),
+		Redis: &RedisConfig{Addresses: []string{srv.Addr()}}}
+	provision(t, down, nil)
+	w, r, repl = newRequest(nil)
+	if err := down.ServeHTTP(w, r, nextOK); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range map[string]string{phAllowed: "true", phCount: "", phRemaining: "", phLimit: "3", phSource: sourceFailOpen} {
+		if got, _ := repl.GetString(k); got != v {
+			t.Errorf("store down: {%s} = %q, want %q", k, got, v)
 		}
 	}
 }

@@ -72,47 +72,55 @@ func (s *phState) undecided(allowed bool, limit int64, region, source string) {
 
 // get answers the placeholders.
 func (s *phState) get(key string) (any, bool) {
-	name, ok := strings.CutPrefix(key, phPrefix)
-	if !ok {
+	if !strings.HasPrefix(key, phPrefix) {
 		return nil, false
 	}
-	switch name {
-	case "allowed":
+	switch key {
+	case phAllowed:
 		return s.allowed, true
-	case "count":
-		return s.known2(s.count), true
-	case "limit":
+	case phCount:
+		return s.ifKnown(s.count), true
+	case phLimit:
 		return s.limit, true
-	case "remaining":
-		return s.known2(s.remaining), true
-	case "retry_after":
+	case phRemaining:
+		return s.ifKnown(s.remaining), true
+	case phRetryAfter:
 		return s.retryAfter, true
-	case "region":
+	case phRegion:
 		return s.region, true
-	case "source":
+	case phSource:
 		return s.source, true
-	case "near_limit":
+	case phNearLimit:
 		return s.near, true
-	case "dry_run":
+	case phDryRun:
 		return s.dryRun, true
-	case "global_count", "global_limit", "global_remaining":
-		if !s.hasGlobal {
-			return "", true
-		}
-		return map[string]int64{"global_count": s.gCount, "global_limit": s.gLimit, "global_remaining": s.gRemaining}[name], true
+	case phGlobalCount:
+		return s.ifGlobal(s.gCount), true
+	case phGlobalLimit:
+		return s.ifGlobal(s.gLimit), true
+	case phGlobalRemaining:
+		return s.ifGlobal(s.gRemaining), true
 	}
 	return nil, false
 }
 
-// known2 is v, or "" when no store decided the request.
-func (s *phState) known2(v int64) any {
+// ifKnown is v, or "" when no store decided the request.
+func (s *phState) ifKnown(v int64) any {
 	if !s.known {
 		return ""
 	}
 	return v
 }
 
-// Full placeholder names, for callers that read them from a replacer.
+// ifGlobal is v, or "" when the limiter has no global ceiling.
+func (s *phState) ifGlobal(v int64) any {
+	if !s.hasGlobal {
+		return ""
+	}
+	return v
+}
+
+// The placeholders' full names.
 const (
 	phAllowed         = phPrefix + "allowed"
 	phCount           = phPrefix + "count"

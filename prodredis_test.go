@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strconv"
 	"strings"
@@ -21,7 +20,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddytest"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -43,19 +41,9 @@ type reqOutcome struct {
 // serveOutcome sends one request with the given headers through h (next answers
 // 200). Unlike serve it never calls t.Fatal, so goroutines may use it.
 func serveOutcome(h *Handler, hdr map[string]string) reqOutcome {
-	r := httptest.NewRequest(http.MethodGet, "http://example.com/api", nil)
-	for k, v := range hdr {
-		r.Header.Set(k, v)
-	}
-	w := httptest.NewRecorder()
-	repl := caddy.NewReplacer()
-	r = caddyhttp.PrepareRequest(r, repl, w, nil)
-	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) error {
-		w.WriteHeader(http.StatusOK)
-		return nil
-	})
+	w, r, repl := newRequest(hdr)
 	start := time.Now()
-	err := h.ServeHTTP(w, r, next)
+	err := h.ServeHTTP(w, r, nextOK)
 	o := reqOutcome{code: w.Code, header: w.Header(), repl: repl, took: time.Since(start), err: err}
 	o.source, _ = repl.GetString(phSource)
 	return o
