@@ -141,35 +141,16 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("window must be at least 1ms, got '%s'", v)
 			}
 			h.Window = caddy.Duration(dur)
-		case "fail":
+		case "fail", "clock", "headers", "on_limit":
 			v, err := oneArg(d)
 			if err != nil {
 				return err
 			}
-			if v != "open" && v != "closed" && v != "local" {
-				return d.Errf("fail must be open, closed or local, got '%s'", v)
+			field, allowed := h.enum(sub)
+			if err := oneOf(sub, v, allowed...); err != nil {
+				return d.Err(err.Error())
 			}
-			h.Fail = v
-		case "clock":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if v != "redis" && v != "app" {
-				return d.Errf("clock must be redis or app, got '%s'", v)
-			}
-			h.Clock = v
-		case "headers":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			switch v {
-			case "both", "ietf", "legacy", "off":
-			default:
-				return d.Errf("headers must be both, ietf, legacy or off, got '%s'", v)
-			}
-			h.Headers = v
+			*field = v
 		case "burst":
 			v, err := oneArg(d)
 			if err != nil {
@@ -203,15 +184,6 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			} else {
 				h.DryRun = true
 			}
-		case "on_limit":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if v != "respond" && v != "error" {
-				return d.Errf("on_limit must be respond or error, got '%s'", v)
-			}
-			h.OnLimit = v
 		case "deny_cache":
 			v, err := oneArg(d)
 			if err != nil {

@@ -70,18 +70,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.costTooHigh(w, repl, region, cost, limit, globalLimit)
 	}
 
-	req := limiter.Request{
-		Algorithm: h.alg,
-		Window:    time.Duration(h.Window),
-		Cost:      cost,
-		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, withRegion, region), Limit: limit, Burst: h.Burst},
-	}
-	if h.hasGlobal {
-		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: globalLimit}
-	}
-	if h.clockApp {
-		req.Now = h.now()
-	}
+	req := h.request(identity, region, limit, globalLimit, cost)
 	began := time.Now()
 	res, err := h.check(r.Context(), &req)
 	h.metrics.checkTime.Observe(time.Since(began).Seconds())
@@ -150,6 +139,24 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return caddyhttp.Error(http.StatusTooManyRequests, ErrRateLimited)
 	}
 	return h.deny(w, &res, withRegion, region)
+}
+
+// request builds the store request for identity in region (region is
+// ignored without a region template; global without a global ceiling).
+func (h *Handler) request(identity, region string, limit, global, cost int64) limiter.Request {
+	req := limiter.Request{
+		Algorithm: h.alg,
+		Window:    time.Duration(h.Window),
+		Cost:      cost,
+		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, h.Region != "", region), Limit: limit, Burst: h.Burst},
+	}
+	if h.hasGlobal {
+		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: global}
+	}
+	if h.clockApp {
+		req.Now = h.now()
+	}
+	return req
 }
 
 // check asks the store, with the Redis timeout when there is one.
@@ -428,18 +435,7 @@ func (h *Handler) peek(identity, region string, limit int64) (limiter.Result, er
 	if limit <= 0 {
 		limit = max(h.limit.static, 1)
 	}
-	req := limiter.Request{
-		Algorithm: h.alg,
-		Window:    time.Duration(h.Window),
-		Cost:      1,
-		Bucket:    limiter.Bucket{Key: h.keys.Bucket(identity, h.Region != "", region), Limit: limit, Burst: h.Burst},
-	}
-	if h.hasGlobal {
-		req.Global = limiter.Bucket{Key: h.keys.Global(identity), Limit: max(h.global.static, 1)}
-	}
-	if h.clockApp {
-		req.Now = h.now()
-	}
+	req := h.request(identity, region, limit, max(h.global.static, 1), 1)
 	ctx := context.Background()
 	if h.timeout > 0 {
 		var cancel context.CancelFunc

@@ -124,7 +124,10 @@ func (m *limiterMetrics) storeError(err error) {
 	metrics.storeErrs.WithLabelValues(m.name, errorKind(err)).Inc()
 }
 
-// errorKind sorts a store error into a fixed vocabulary.
+// errorKind sorts a store error into a fixed vocabulary. "connection" is
+// what limiter.IsUnavailable counts as an outage (the breaker's view);
+// "script" is an error about one call (a reply Redis gave it, or a reply
+// the engine could not read).
 func errorKind(err error) string {
 	var ne net.Error
 	msg := err.Error()
@@ -135,13 +138,10 @@ func errorKind(err error) string {
 		return "timeout"
 	case strings.HasPrefix(msg, "WRONGPASS"), strings.HasPrefix(msg, "NOAUTH"), strings.HasPrefix(msg, "NOPERM"):
 		return "auth"
-	case errors.Is(err, limiter.ErrBadReply), strings.HasPrefix(msg, "ERR Error running script"),
-		strings.HasPrefix(msg, "NOSCRIPT"), strings.Contains(msg, "script"):
-		return "script"
-	case errors.As(err, new(*net.OpError)), strings.Contains(msg, "connection refused"), strings.Contains(msg, "EOF"),
-		strings.Contains(msg, "x509:"), strings.Contains(msg, "tls:"), strings.HasPrefix(msg, "LOADING"),
-		strings.HasPrefix(msg, "READONLY"), strings.HasPrefix(msg, "MASTERDOWN"), strings.HasPrefix(msg, "CLUSTERDOWN"):
+	case errors.Is(err, limiter.ErrInvalidRequest):
+		return "other"
+	case limiter.IsUnavailable(err):
 		return "connection"
 	}
-	return "other"
+	return "script"
 }

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -439,6 +440,24 @@ func (h *Handler) Cleanup() error {
 	return errors.Join(errs...)
 }
 
+// The values of the enumerated subdirectives.
+var (
+	failModes   = []string{"open", "closed", "local"}
+	clocks      = []string{"redis", "app"}
+	headerModes = []string{"both", "ietf", "legacy", "off"}
+	onLimits    = []string{"respond", "error"}
+)
+
+// oneOf checks that v is one of allowed: "fail must be open, closed or
+// local, got 'x'" otherwise.
+func oneOf(what, v string, allowed ...string) error {
+	if slices.Contains(allowed, v) {
+		return nil
+	}
+	list := strings.Join(allowed[:len(allowed)-1], ", ") + " or " + allowed[len(allowed)-1]
+	return fmt.Errorf("%s must be %s, got '%s'", what, list, v)
+}
+
 // checkAmounts checks limit, global_limit and cost together.
 func (h *Handler) checkAmounts() error {
 	if h.Limit == "" {
@@ -470,24 +489,30 @@ func (h *Handler) checkAmounts() error {
 	return nil
 }
 
+// enum returns the field of an enumerated subdirective and its values.
+func (h *Handler) enum(name string) (*string, []string) {
+	switch name {
+	case "fail":
+		return &h.Fail, failModes
+	case "clock":
+		return &h.Clock, clocks
+	case "headers":
+		return &h.Headers, headerModes
+	case "on_limit":
+		return &h.OnLimit, onLimits
+	}
+	panic("sliding_ratelimit: no enumerated subdirective " + name)
+}
+
 func (h *Handler) checkEnums() error {
-	switch h.Fail {
-	case "", "open", "closed", "local":
-	default:
-		return fmt.Errorf("sliding_ratelimit: fail must be open, closed or local, got '%s'", h.Fail)
-	}
-	if h.Clock != "" && h.Clock != "redis" && h.Clock != "app" {
-		return fmt.Errorf("sliding_ratelimit: clock must be redis or app, got '%s'", h.Clock)
-	}
-	switch h.Headers {
-	case "", "both", "ietf", "legacy", "off":
-	default:
-		return fmt.Errorf("sliding_ratelimit: headers must be both, ietf, legacy or off, got '%s'", h.Headers)
-	}
-	switch h.OnLimit {
-	case "", "respond", "error":
-	default:
-		return fmt.Errorf("sliding_ratelimit: on_limit must be respond or error, got '%s'", h.OnLimit)
+	for _, name := range []string{"fail", "clock", "headers", "on_limit"} {
+		field, allowed := h.enum(name)
+		if *field == "" {
+			continue
+		}
+		if err := oneOf(name, *field, allowed...); err != nil {
+			return fmt.Errorf("sliding_ratelimit: %w", err)
+		}
 	}
 	if h.WarnAt > 1 {
 		return fmt.Errorf("sliding_ratelimit: warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)

@@ -2,7 +2,10 @@ package slidingratelimit
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -14,6 +17,8 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
 const opsGlobal = `{
@@ -315,5 +320,33 @@ http://localhost:9080 {
 	}
 	if resp.Header.Get("Retry-After") != "60" {
 		t.Errorf("Retry-After %q, want 60", resp.Header.Get("Retry-After"))
+	}
+}
+
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (e replyErr) RedisError()   {}
+
+func TestErrorKind(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{limiter.ErrCircuitOpen, "circuit_open"},
+		{context.DeadlineExceeded, "timeout"},
+		{replyErr("WRONGPASS invalid username-password pair"), "auth"},
+		{replyErr("NOPERM no permissions"), "auth"},
+		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "connection"},
+		{replyErr("READONLY You can't write against a read only replica."), "connection"},
+		{replyErr("OOM command not allowed"), "connection"},
+		{replyErr("WRONGTYPE Operation against a key holding the wrong kind of value"), "script"},
+		{fmt.Errorf("x: %w", limiter.ErrBadReply), "script"},
+		{fmt.Errorf("x: %w", limiter.ErrInvalidRequest), "other"},
+	} {
+		if got := errorKind(c.err); got != c.want {
+			t.Errorf("errorKind(%v) = %s, want %s", c.err, got, c.want)
+		}
 	}
 }
