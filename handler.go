@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -75,7 +76,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	res, err := h.check(r.Context(), &req)
 	h.metrics.checkTime.Observe(time.Since(began).Seconds())
 	if h.breaker != nil {
-		h.metrics.circuit.Set(float64(h.breaker.State()))
+		// Write the gauge only when the state moved: a read of a shared
+		// word per request, not a write.
+		if st := int32(h.breaker.State()); atomic.LoadInt32(&h.circuitSeen) != st {
+			atomic.StoreInt32(&h.circuitSeen, st)
+			h.metrics.circuit.Set(float64(st))
+		}
 	}
 	source := h.source
 	if err != nil {

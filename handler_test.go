@@ -17,7 +17,10 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
 // testClock is an injectable clock for `clock app`.
@@ -324,6 +327,9 @@ func TestRedisDown(t *testing.T) {
 			errs := logs.FilterLevelExact(zapcore.ErrorLevel).All()
 			if len(errs) != 1 {
 				t.Fatalf("%d error lines for one burst of 20 failures, want 1", len(errs))
+			}
+			if got := testutil.ToFloat64(metrics.circuit.WithLabelValues(h.Name)); got != float64(limiter.Open) {
+				t.Errorf("circuit_state gauge %v after 20 failures, want %d (open)", got, limiter.Open)
 			}
 			if errs[0].ContextMap()["fail"] != mode {
 				t.Errorf("log line %v does not name the fail mode", errs[0].ContextMap())

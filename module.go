@@ -154,24 +154,27 @@ type Handler struct {
 	source     string // "redis" or "memory"
 	failOpen   bool
 	breaker    *limiter.Breaker
-	denyCache  *limiter.DenyCache
-	metrics    *limiterMetrics
-	warnLog    *burstLogger
-	dryLog     *burstLogger
-	eventGate  *burstLogger
-	events     *caddyevents.App
-	ctx        caddy.Context
-	local      limiter.Store // fail local: the in-process store
-	localKey   string
-	clockApp   bool
-	legacyHdr  bool
-	ietfHdr    bool
-	policy     string      // RateLimit-Policy, when the limits are static
-	limitVal   headerValue // X-RateLimit-Limit of the bucket, when static
-	now        func() time.Time
-	logger     *zap.Logger
-	errLog     *burstLogger // store errors
-	cfgLog     *burstLogger // placeholders that did not resolve
+	// circuitSeen is the breaker state last written to the circuit gauge
+	// (atomic).
+	circuitSeen int32
+	denyCache   *limiter.DenyCache
+	metrics     *limiterMetrics
+	warnLog     *burstLogger
+	dryLog      *burstLogger
+	eventGate   *burstLogger
+	events      *caddyevents.App
+	ctx         caddy.Context
+	local       limiter.Store // fail local: the in-process store
+	localKey    string
+	clockApp    bool
+	legacyHdr   bool
+	ietfHdr     bool
+	policy      string      // RateLimit-Policy, when the limits are static
+	limitVal    headerValue // X-RateLimit-Limit of the bucket, when static
+	now         func() time.Time
+	logger      *zap.Logger
+	errLog      *burstLogger // store errors
+	cfgLog      *burstLogger // placeholders that did not resolve
 }
 
 // RedisConfig is the Redis the limiter keeps its state in.
