@@ -18,8 +18,9 @@ const memoryShards = 64
 // Memory is bounded by expiry: every state has the same expiry as its Redis
 // key (sliding log: window + 1 s after its last write; sliding counter: two
 // windows + 1 s; fixed window: the window's end + 1 s; token bucket: the time
-// it is full again + 1 s), measured on the requests' own clock, and a janitor
-// drops expired states every second. Like the scripts' state, a state carries
+// it is full again + 1 s). A request sees that expiry on its own clock; a
+// janitor drops states whose time to live has passed on the wall clock,
+// every second. Like the scripts' state, a state carries
 // its own timestamps: expiry only reclaims memory, it never changes an answer.
 // The sliding log holds one entry per unit in the window; the other
 // algorithms hold a few integers per key.
