@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 	"sync"
@@ -21,17 +22,33 @@ func init() {
 }
 
 // registry lists the provisioned handlers by limiter name, for the admin
-// API. During a reload a name briefly has the old and the new handler; the
-// newest is listed last.
+// API and the metrics read at scrape time. During a reload a name briefly
+// has the old and the new handler; the newest is listed last.
 var registry = struct {
 	sync.Mutex
 	byName map[string][]*Handler
 }{byName: map[string][]*Handler{}}
 
-func register(h *Handler) {
+// register adds h, refusing a second block of one config under the same
+// name unless it is the same limiter (same settings, given a name on
+// purpose): two blocks left at the default name, or with different
+// settings, would share keys and corrupt each other's counts.
+func register(h *Handler) error {
 	registry.Lock()
+	defer registry.Unlock()
+	for _, x := range registry.byName[h.Name] {
+		if x.configID != h.configID {
+			continue
+		}
+		if h.Name == DefaultName {
+			return cfgErr("name", "two sliding_ratelimit blocks are left at the default name %q: give each its own name (name <string>), or they would share one budget", DefaultName)
+		}
+		if x.fingerprt != h.fingerprt {
+			return cfgErr("name", "two sliding_ratelimit blocks are named %q with different settings: give each its own name (the same name means the same limiter and one budget)", h.Name)
+		}
+	}
 	registry.byName[h.Name] = append(registry.byName[h.Name], h)
-	registry.Unlock()
+	return nil
 }
 
 func unregister(h *Handler) {
@@ -58,15 +75,29 @@ func handlersNamed(name string) []*Handler {
 	return append([]*Handler(nil), registry.byName[name]...)
 }
 
+// liveHandlers returns the newest handler of every limiter.
+func liveHandlers() []*Handler {
+	registry.Lock()
+	defer registry.Unlock()
+	out := make([]*Handler, 0, len(registry.byName))
+	for _, hs := range registry.byName {
+		out = append(out, hs[len(hs)-1])
+	}
+	return out
+}
+
 // AdminAPI is the admin endpoint of sliding_ratelimit, on Caddy's admin
 // listener:
 //
-//	GET    /sliding_ratelimit/                      the limiters
-//	GET    /sliding_ratelimit/<name>?key=K&region=R[&limit=N] usage of a key, nothing consumed
-//	DELETE /sliding_ratelimit/<name>?key=K&region=R reset the key (and its global ceiling)
+//	GET    /sliding_ratelimit/                       the limiters
+//	GET    /sliding_ratelimit/<name>?key=K[&region=R] what K's next request would get, nothing consumed
+//	DELETE /sliding_ratelimit/<name>?key=K[&region=R] reset K (its windows, global ceiling and ban), on every node
 //
 // key is the identity as the limiter's key template resolves for the
-// client (e.g. the API key); region as its region template resolves.
+// client (e.g. the API key); region as its region template resolves. A
+// limiter whose limit, cost or max_concurrent is a placeholder needs the
+// client's values in GET (&limit=, &global_limit=, &cost=,
+// &max_concurrent=; several limits: &limit=10,1000 in order).
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -87,40 +118,52 @@ func (a *AdminAPI) Routes() []caddy.AdminRoute {
 
 // limiterInfo is one limiter in the listing.
 type limiterInfo struct {
-	Name        string `json:"name"`
-	Algorithm   string `json:"algorithm"`
-	Limit       Amount `json:"limit"`
-	GlobalLimit Amount `json:"global_limit,omitempty"`
-	Window      string `json:"window"`
-	Key         string `json:"key"`
-	Region      string `json:"region,omitempty"`
-	Store       string `json:"store"`
-	Fail        string `json:"fail"`
-	DryRun      bool   `json:"dry_run,omitempty"`
-	Instances   int    `json:"instances"`
+	Name      string       `json:"name"`
+	Algorithm string       `json:"algorithm"`
+	Windows   []windowInfo `json:"windows"`
+	Key       string       `json:"key"`
+	Region    string       `json:"region,omitempty"`
+	Store     string       `json:"store"`
+	Fail      string       `json:"fail"`
+	Ban       *BanConfig   `json:"ban,omitempty"`
+	DryRun    bool         `json:"dry_run,omitempty"`
+	Instances int          `json:"instances"`
 }
 
-// usageInfo is a key's usage.
+// windowInfo is one window: its limit (a number, or the placeholder that
+// gives it) and its length.
+type windowInfo struct {
+	Policy string `json:"policy"`
+	Limit  Amount `json:"limit"`
+	Window string `json:"window"`
+	Global bool   `json:"global,omitempty"`
+}
+
+// usageInfo is what a key's next request would get.
 type usageInfo struct {
-	Limiter    string      `json:"limiter"`
-	Key        string      `json:"key"`
-	Region     string      `json:"region,omitempty"`
-	Allowed    bool        `json:"allowed"`
-	Count      int64       `json:"count"`
-	Limit      int64       `json:"limit"`
-	Remaining  int64       `json:"remaining"`
-	RetryAfter int64       `json:"retry_after"`
-	Global     *usageGlobe `json:"global,omitempty"`
+	Limiter    string        `json:"limiter"`
+	Key        string        `json:"key"`
+	Region     string        `json:"region,omitempty"`
+	Allowed    bool          `json:"allowed"`
+	Outcome    string        `json:"outcome"`
+	RetryAfter int64         `json:"retry_after"`
+	Banned     bool          `json:"banned,omitempty"`
+	BanLeft    int64         `json:"ban_left,omitempty"`
+	InFlight   *int64        `json:"in_flight,omitempty"`
+	Windows    []windowUsage `json:"windows"`
 }
 
-type usageGlobe struct {
-	Count     int64 `json:"count"`
-	Limit     int64 `json:"limit"`
-	Remaining int64 `json:"remaining"`
+type windowUsage struct {
+	Policy    string `json:"policy"`
+	Global    bool   `json:"global,omitempty"`
+	Count     int64  `json:"count"`
+	Limit     int64  `json:"limit"`
+	Remaining int64  `json:"remaining"`
+	Reset     int64  `json:"reset"`
 }
 
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	name := strings.TrimPrefix(r.URL.Path, "/sliding_ratelimit/")
+	name := strings.Trim(strings.TrimPrefix(r.URL.Path, "/sliding_ratelimit/"), "/")
 	if name == "" {
 		if r.Method != http.MethodGet {
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET only")}
@@ -142,52 +185,88 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 
 	switch r.Method {
 	case http.MethodGet:
-		var limit int64
-		if q.Has("limit") {
-			n, err := parsePositive(q.Get("limit"))
-			if err != nil {
-				return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("limit must be a positive integer")}
-			}
-			limit = n
+		in, err := h.adminInput(q)
+		if err != nil {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		res, err := h.peek(key, region, limit)
+		d, err := h.lim.Peek(ctx, in)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 		}
 		u := usageInfo{
-			Limiter: name, Key: key, Region: region, Allowed: res.Allowed,
-			Count: res.Bucket.Count, Limit: res.Bucket.Limit, Remaining: res.Bucket.Remaining,
-			RetryAfter: retryAfterSeconds(&res),
+			Limiter: name, Key: key, Region: d.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
+			Outcome: d.Outcome.String(), RetryAfter: retryAfterSeconds(&d), Banned: d.Banned, BanLeft: ceilSeconds(d.BanLeft),
 		}
-		if h.hasGlobal {
-			u.Global = &usageGlobe{Count: res.Global.Count, Limit: res.Global.Limit, Remaining: res.Global.Remaining}
+		if d.InFlight >= 0 {
+			u.InFlight = &d.InFlight
+		}
+		for _, w := range d.Windows {
+			u.Windows = append(u.Windows, windowUsage{Policy: w.Policy, Global: w.Global, Count: w.Count,
+				Limit: w.Limit, Remaining: w.Remaining, Reset: ceilSeconds(w.Reset)})
 		}
 		return writeJSON(w, u)
 	case http.MethodDelete:
-		keys := []string{h.keys.Bucket(key, h.Region != "", region)}
-		if h.hasGlobal {
-			keys = append(keys, h.keys.Global(key))
-		}
-		// Every live instance of the limiter forgets its cached denials
-		// and fail-local state; the store is reset once.
-		for _, x := range hs {
-			if x.denyCache != nil {
-				x.denyCache.Forget(keys...)
+		// Every live instance of the limiter on this node; the store once;
+		// the other nodes through the store's notices.
+		var notified bool
+		for i, x := range hs {
+			n, err := x.lim.Reset(ctx, key, region)
+			if err != nil {
+				return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 			}
-			if x.local != nil {
-				_ = x.local.Reset(ctx, keys...)
+			if i == len(hs)-1 {
+				notified = n
 			}
 		}
-		var store limiter.Store = h.store
-		if h.breaker != nil {
-			store = h.breaker.Store() // an operator's reset bypasses an open circuit
-		}
-		if err := store.Reset(ctx, keys...); err != nil {
-			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
-		}
-		return writeJSON(w, map[string]any{"limiter": name, "key": key, "region": region, "reset": true})
+		return writeJSON(w, map[string]any{"limiter": name, "key": key, "region": region, "reset": true, "other_nodes_notified": notified})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET or DELETE")}
+}
+
+// adminInput is the Input of a key as the admin GET asks about it: static
+// values from the configuration, placeholders from the query, and a 400
+// that names every placeholder value the query lacks.
+func (h *Handler) adminInput(q url.Values) (*limiter.Input, error) {
+	in := &limiter.Input{Identity: q.Get("key"), Region: q.Get("region")}
+	var missing []string
+	take := func(param string, as []amount) []int64 {
+		var vals []string
+		if q.Has(param) {
+			vals = strings.Split(q.Get(param), ",")
+		}
+		var out []int64
+		dyn := 0
+		for _, a := range as {
+			if a.tmpl == "" {
+				out = append(out, a.static)
+				continue
+			}
+			if dyn >= len(vals) {
+				missing = append(missing, fmt.Sprintf("%s (%s)", param, a.tmpl))
+				out = append(out, 1)
+				continue
+			}
+			n, err := parsePositive(vals[dyn])
+			if err != nil {
+				missing = append(missing, fmt.Sprintf("%s (%s, got '%s')", param, a.tmpl, vals[dyn]))
+			}
+			out = append(out, n)
+			dyn++
+		}
+		return out
+	}
+	in.Limits = take("limit", h.limits)
+	in.GlobalLimits = take("global_limit", h.globals)
+	if c := take("cost", []amount{h.cost}); len(c) == 1 {
+		in.Cost = c[0]
+	}
+	if h.MaxConcurrent != "" {
+		in.MaxConcurrent = take("max_concurrent", []amount{h.concurrent})[0]
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("this limiter's values come from placeholders; give the client's: %s", strings.Join(missing, ", "))
+	}
+	return in, nil
 }
 
 func listLimiters() []limiterInfo {
@@ -196,14 +275,30 @@ func listLimiters() []limiterInfo {
 	out := make([]limiterInfo, 0, len(registry.byName))
 	for name, hs := range registry.byName {
 		h := hs[len(hs)-1]
-		out = append(out, limiterInfo{
-			Name: name, Algorithm: h.Algorithm, Limit: h.Limit, GlobalLimit: h.GlobalLimit,
-			Window: time.Duration(h.Window).String(), Key: h.Key, Region: h.Region,
-			Store: h.source, Fail: h.Fail, DryRun: h.DryRun, Instances: len(hs),
-		})
+		info := limiterInfo{
+			Name: name, Algorithm: h.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
+			Store: h.storeName(), Fail: h.Fail, Ban: h.Ban, DryRun: h.DryRun, Instances: len(hs),
+		}
+		if ws, err := h.lim.Windows(staticInput(h)); err == nil {
+			_, as, _ := h.windows(false)
+			_, gs, _ := h.windows(true)
+			all := append(as, gs...)
+			for i, w := range ws {
+				info.Windows = append(info.Windows, windowInfo{Policy: w.Policy, Limit: all[i], Window: w.Window.Label(), Global: w.Global})
+			}
+		}
+		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
+}
+
+// storeName is "redis" or "memory".
+func (h *Handler) storeName() string {
+	if h.Redis != nil {
+		return "redis"
+	}
+	return "memory"
 }
 
 func writeJSON(w http.ResponseWriter, v any) error {

@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
 // Amount is a positive integer given either as a number or as a template
@@ -47,12 +49,13 @@ func (a *Amount) UnmarshalJSON(b []byte) error {
 func (a Amount) isDynamic() bool { return strings.ContainsRune(string(a), '{') }
 
 // errNotPositive is wrapped by every "not a positive integer" error.
-var errNotPositive = errors.New("not a positive integer")
+var errNotPositive = errors.New("not a positive integer up to 2^50")
 
-// parsePositive parses a positive integer.
+// parsePositive parses a positive integer, at most limiter.MaxValue (the
+// scripts compute in doubles: larger values would not be exact).
 func parsePositive(s string) (int64, error) {
 	n, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-	if err != nil || n <= 0 {
+	if err != nil || n <= 0 || n > limiter.MaxValue {
 		return 0, errNotPositive
 	}
 	return n, nil
@@ -65,7 +68,7 @@ func (a Amount) checkStatic(what string) error {
 		return nil
 	}
 	if _, err := parsePositive(string(a)); err != nil {
-		return fmt.Errorf("%s must be a positive integer or a placeholder, got '%s'", what, string(a))
+		return fmt.Errorf("%s must be a positive integer (at most 2^50) or a placeholder, got '%s'", what, string(a))
 	}
 	return nil
 }

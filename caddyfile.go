@@ -1,14 +1,14 @@
 package slidingratelimit
 
 import (
+	"errors"
 	"strconv"
-	"time"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -33,11 +33,18 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		algorithm     sliding_log | sliding_counter | fixed_window | token_bucket
 //		key           <template>
 //		region        <template>
-//		limit         <n | placeholder>
-//		global_limit  <n | placeholder>
-//		cost          <n | placeholder>
+//		limit         <n | placeholder> [<window> | hour | day | week | month]
 //		window        <duration>
+//		global_limit  <n | placeholder> [<window> | hour | day | week | month]
+//		timezone      <IANA name>
+//		cost          <n | placeholder>
 //		burst         <n>
+//		ban           <duration> after <n> within <duration>
+//		max_concurrent <n | placeholder>
+//		lease_timeout <duration>
+//		count_only    status <code | class>...
+//		queue         <max_wait> [<max_waiters>]
+//		jitter        <duration | percent>
 //		fail          open | closed | local
 //		clock         redis | app
 //		headers       both | ietf | legacy | off
@@ -71,173 +78,244 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 //		}
 //	}
 //
-// limit and window are required. Every value is checked here, so a bad
-// Caddyfile fails to load with a message naming the subdirective.
+// A limit is required: `limit <n>` with `window`, or `limit <n> <window>`,
+// as many as there are windows. The parser checks syntax; the values are
+// checked by the same code Validate runs, and a bad one fails the load with
+// the line of the subdirective to fix.
 func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // consume directive name
+	start := d.Token()
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	pos := map[string]caddyfile.Token{}
 	for d.NextBlock(0) {
 		sub := d.Val()
-		switch sub {
-		case "name":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if err := limiter.ValidName(v); err != nil {
-				return d.Errf("name: %v", err)
-			}
-			h.Name = v
-		case "algorithm":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if _, err := limiter.ParseAlgorithm(v); err != nil {
-				return d.Errf("algorithm: %v", err)
-			}
-			h.Algorithm = v
-		case "key":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			h.Key = v
-		case "region":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			h.Region = v
-		case "limit", "global_limit", "cost":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			a := Amount(v)
-			if err := a.checkStatic(sub); err != nil {
-				return d.Err(err.Error())
-			}
-			switch sub {
-			case "limit":
-				h.Limit = a
-			case "global_limit":
-				h.GlobalLimit = a
-			default:
-				h.Cost = a
-			}
-		case "window":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil {
-				return d.Errf("window: bad duration '%s': %v", v, err)
-			}
-			if dur < time.Millisecond {
-				return d.Errf("window must be at least 1ms, got '%s'", v)
-			}
-			h.Window = caddy.Duration(dur)
-		case "fail", "clock", "headers", "on_limit":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			field, allowed := h.enum(sub)
-			if err := oneOf(sub, v, allowed...); err != nil {
-				return d.Err(err.Error())
-			}
-			*field = v
-		case "burst":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			n, err := parsePositive(v)
-			if err != nil {
-				return d.Errf("burst must be a positive integer, got '%s'", v)
-			}
-			h.Burst = n
-		case "warn_at":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if v == "off" {
-				h.WarnAt = -1
-				continue
-			}
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f <= 0 || f > 1 {
-				return d.Errf("warn_at must be a share of the limit in (0, 1], or off, got '%s'", v)
-			}
-			h.WarnAt = f
-		case "log_key", "dry_run":
-			if d.NextArg() {
-				return d.Errf("%s takes no value, got '%s'", sub, d.Val())
-			}
-			if sub == "log_key" {
-				h.LogKey = true
-			} else {
-				h.DryRun = true
-			}
-		case "deny_cache":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			switch v {
-			case "off":
-				h.DenyCacheSize = -1
-			case "on":
-				h.DenyCacheSize = 0
-			default:
-				n, err := strconv.Atoi(v)
-				if err != nil || n <= 0 {
-					return d.Errf("deny_cache must be on, off or a number of keys, got '%s'", v)
-				}
-				h.DenyCacheSize = n
-			}
-		case "redis":
-			if h.Redis != nil {
-				return d.Err("redis given twice")
-			}
-			h.Redis = new(RedisConfig)
-			if err := h.Redis.unmarshalCaddyfile(d); err != nil {
-				return err
-			}
-		default:
-			return d.Errf("unrecognized sliding_ratelimit subdirective '%s'", sub)
+		if _, seen := pos[sub]; seen && !repeatable(sub) {
+			return d.Errf("%s given twice (the second would silently replace the first)", sub)
+		}
+		pos[sub] = d.Token()
+		if err := h.subdirective(d, sub, pos); err != nil {
+			return err
 		}
 	}
-	if h.Limit == "" {
-		return d.Err("sliding_ratelimit: limit is required")
-	}
-	if h.Window == 0 {
-		return d.Err("sliding_ratelimit: window is required")
-	}
-	if err := h.checkAmounts(); err != nil {
-		return d.Err(err.Error())
+	return h.checkParsed(start, pos)
+}
+
+// repeatable are the subdirectives that may appear more than once: limits
+// with their own window.
+func repeatable(sub string) bool { return sub == "limit" || sub == "global_limit" }
+
+func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[string]caddyfile.Token) error {
+	switch sub {
+	case "name", "algorithm", "key", "region", "timezone", "jitter", "cost", "max_concurrent":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		switch sub {
+		case "name":
+			h.Name = v
+		case "algorithm":
+			h.Algorithm = v
+		case "key":
+			h.Key = v
+		case "region":
+			h.Region = v
+		case "timezone":
+			h.Timezone = v
+		case "jitter":
+			h.Jitter = v
+		case "cost":
+			h.Cost = Amount(v)
+		case "max_concurrent":
+			h.MaxConcurrent = Amount(v)
+		}
+	case "limit", "global_limit":
+		args := d.RemainingArgs()
+		if len(args) == 0 || len(args) > 2 {
+			return d.Errf("%s takes a limit and an optional window (%s 100 1m), got %d values", sub, sub, len(args))
+		}
+		a := Amount(args[0])
+		if len(args) == 1 {
+			first := &h.Limit
+			if sub == "global_limit" {
+				first = &h.GlobalLimit
+			}
+			if *first != "" {
+				return d.Errf("%s %s given twice without a window (give each window: %s %s 1m)", sub, args[0], sub, args[0])
+			}
+			*first = a
+			break
+		}
+		lc := LimitConfig{Limit: a}
+		if _, ok := limiter.ParsePeriod(args[1]); ok {
+			lc.Period = args[1]
+		} else {
+			dur, err := caddy.ParseDuration(args[1])
+			if err != nil {
+				return d.Errf("%s: bad window '%s': want a duration (1m) or hour, day, week, month", sub, args[1])
+			}
+			lc.Window = caddy.Duration(dur)
+		}
+		if sub == "limit" {
+			h.Limits = append(h.Limits, lc)
+		} else {
+			h.GlobalLimits = append(h.GlobalLimits, lc)
+		}
+	case "window", "lease_timeout":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		dur, err := caddy.ParseDuration(v)
+		if err != nil {
+			return d.Errf("%s: bad duration '%s': %v", sub, v, err)
+		}
+		if sub == "window" {
+			h.Window = caddy.Duration(dur)
+		} else {
+			h.LeaseTimeout = caddy.Duration(dur)
+		}
+	case "fail", "clock", "headers", "on_limit":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		field, _ := h.enum(sub)
+		*field = v
+	case "burst":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		n, err := parsePositive(v)
+		if err != nil {
+			return d.Errf("burst must be a positive integer, got '%s'", v)
+		}
+		h.Burst = n
+	case "ban":
+		// ban <duration> after <n> within <duration>
+		args := d.RemainingArgs()
+		if len(args) != 5 || args[1] != "after" || args[3] != "within" {
+			return d.Errf("ban takes: ban <duration> after <n> within <duration> (ban 1h after 20 within 10s), got '%s'", strings.Join(args, " "))
+		}
+		dur, err1 := caddy.ParseDuration(args[0])
+		n, err2 := parsePositive(args[2])
+		within, err3 := caddy.ParseDuration(args[4])
+		if err := errors.Join(err1, err2, err3); err != nil {
+			return d.Errf("ban %s: %v", strings.Join(args, " "), err)
+		}
+		h.Ban = &BanConfig{For: caddy.Duration(dur), After: n, Within: caddy.Duration(within)}
+	case "count_only":
+		args := d.RemainingArgs()
+		if len(args) < 2 || args[0] != "status" {
+			return d.Err("count_only takes: count_only status <code | class>... (count_only status 401 403, count_only status 5xx)")
+		}
+		h.CountOnly = args[1:]
+	case "queue":
+		args := d.RemainingArgs()
+		if len(args) == 0 || len(args) > 2 {
+			return d.Err("queue takes: queue <max_wait> [<max_waiters>]")
+		}
+		dur, err := caddy.ParseDuration(args[0])
+		if err != nil {
+			return d.Errf("queue: bad duration '%s': %v", args[0], err)
+		}
+		h.Queue = &QueueConfig{MaxWait: caddy.Duration(dur)}
+		if len(args) == 2 {
+			n, err := strconv.Atoi(args[1])
+			if err != nil || n <= 0 {
+				return d.Errf("queue: max_waiters must be a positive integer, got '%s'", args[1])
+			}
+			h.Queue.MaxWaiters = n
+		}
+	case "warn_at":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		if v == "off" {
+			h.WarnAt = -1
+			return nil
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f <= 0 || f > 1 {
+			return d.Errf("warn_at must be a share of the limit in (0, 1], or off, got '%s'", v)
+		}
+		h.WarnAt = f
+	case "log_key", "dry_run":
+		if d.NextArg() {
+			return d.Errf("%s takes no value, got '%s'", sub, d.Val())
+		}
+		if sub == "log_key" {
+			h.LogKey = true
+		} else {
+			h.DryRun = true
+		}
+	case "deny_cache":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		switch v {
+		case "off":
+			h.DenyCacheSize = -1
+		case "on":
+			h.DenyCacheSize = 0
+		default:
+			n, err := strconv.Atoi(v)
+			if err != nil || n <= 0 {
+				return d.Errf("deny_cache must be on, off or a number of keys, got '%s'", v)
+			}
+			h.DenyCacheSize = n
+		}
+	case "redis":
+		h.Redis = new(RedisConfig)
+		return h.Redis.unmarshalCaddyfile(d, pos)
+	default:
+		return d.Errf("unrecognized sliding_ratelimit subdirective '%s'", sub)
 	}
 	return nil
 }
 
+// checkParsed runs the configuration checks (the ones Validate runs) and
+// points a failure at the line of the subdirective to fix, or at the
+// directive when the fault is a missing one.
+func (h *Handler) checkParsed(start caddyfile.Token, pos map[string]caddyfile.Token) error {
+	err := h.Validate()
+	if err == nil {
+		return nil
+	}
+	tok := start
+	var ce *configError
+	if errors.As(err, &ce) {
+		if t, ok := pos[ce.field]; ok {
+			tok = t
+		} else if t, ok := pos[strings.SplitN(ce.field, ".", 2)[0]]; ok {
+			tok = t
+		}
+	}
+	at := caddyfile.NewDispenser([]caddyfile.Token{tok})
+	at.Next()
+	return at.WrapErr(err)
+}
+
 // unmarshalCaddyfile reads `redis <url>` or a `redis { ... }` block.
-func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, pos map[string]caddyfile.Token) error {
 	if d.NextArg() {
 		c.URL = d.Val()
-		if _, err := redis.ParseURL(c.URL); err != nil {
-			return d.Errf("redis: bad URL '%s': %v", c.URL, err)
-		}
+		pos["redis.url"] = d.Token()
 		if d.NextArg() {
 			return d.ArgErr()
 		}
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
+		if _, seen := pos["redis."+sub]; seen && sub != "address" {
+			return d.Errf("redis %s given twice", sub)
+		}
+		pos["redis."+sub] = d.Token()
 		switch sub {
 		case "address":
 			if !d.NextArg() {
@@ -250,58 +328,32 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			c.Cluster = true
-		case "sentinel":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			c.Sentinel = v
-		case "sentinel_password":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			c.SentinelPassword = v
 		case "tls":
-			if c.TLS != nil {
-				return d.Err("redis tls given twice")
-			}
 			c.TLS = new(RedisTLS)
 			if err := c.TLS.unmarshalCaddyfile(d); err != nil {
 				return err
 			}
-		case "username":
+		case "sentinel", "sentinel_password", "username", "password", "key_prefix":
 			v, err := oneArg(d)
 			if err != nil {
 				return err
 			}
-			c.Username = v
-		case "password":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			c.Password = v
-		case "db":
+			*map[string]*string{"sentinel": &c.Sentinel, "sentinel_password": &c.SentinelPassword,
+				"username": &c.Username, "password": &c.Password, "key_prefix": &c.KeyPrefix}[sub] = v
+		case "db", "pool_size":
 			v, err := oneArg(d)
 			if err != nil {
 				return err
 			}
 			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return d.Errf("redis db must be a non-negative integer, got '%s'", v)
+			if err != nil || n < 0 || sub == "pool_size" && n == 0 {
+				return d.Errf("redis %s must be a %s integer, got '%s'", sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)
 			}
-			c.DB = n
-		case "pool_size":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
+			if sub == "db" {
+				c.DB = n
+			} else {
+				c.PoolSize = n
 			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("redis pool_size must be a positive integer, got '%s'", v)
-			}
-			c.PoolSize = n
 		case "dial_timeout", "timeout":
 			v, err := oneArg(d)
 			if err != nil {
@@ -330,18 +382,9 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.Errf("redis pipeline must be off or 1 to 64, got '%s'", v)
 			}
 			c.Pipeline = n
-		case "key_prefix":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			c.KeyPrefix = v
 		default:
 			return d.Errf("unrecognized sliding_ratelimit redis subdirective '%s'", sub)
 		}
-	}
-	if err := c.validate(); err != nil {
-		return d.Errf("redis: %v", err)
 	}
 	return nil
 }
@@ -377,9 +420,6 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		default:
 			return d.Errf("unrecognized sliding_ratelimit redis tls subdirective '%s'", sub)
 		}
-	}
-	if (t.Cert == "") != (t.Key == "") {
-		return d.Err("redis tls: cert and key go together")
 	}
 	return nil
 }

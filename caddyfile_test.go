@@ -95,18 +95,19 @@ func TestBadCaddyfiles(t *testing.T) {
 		name, body, want string
 	}{
 		{"unknown subdirective", "limit 5\nwindow 1m\nburstiness 3", "unrecognized sliding_ratelimit subdirective 'burstiness'"},
-		{"limit 0", "limit 0\nwindow 1m", "limit must be a positive integer or a placeholder, got '0'"},
-		{"negative limit", "limit -3\nwindow 1m", "limit must be a positive integer or a placeholder, got '-3'"},
-		{"limit not a number", "limit lots\nwindow 1m", "limit must be a positive integer or a placeholder, got 'lots'"},
+		{"limit 0", "limit 0\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got '0'"},
+		{"negative limit", "limit -3\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got '-3'"},
+		{"limit not a number", "limit lots\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got 'lots'"},
+		{"limit above 2^50", "limit 9007199254740993\nwindow 1m", "limit must be a positive integer (at most 2^50)"},
 		{"missing limit", "window 1m", "limit is required"},
-		{"missing window", "limit 5", "window is required"},
+		{"missing window", "limit 5", "limit 5 has no window: set window, or give it one (limit 5 1m)"},
 		{"bad duration", "limit 5\nwindow soon", "window: bad duration 'soon'"},
-		{"window below 1ms", "limit 5\nwindow 100us", "window must be at least 1ms, got '100us'"},
+		{"window below 1ms", "limit 5\nwindow 100us", "window must be at least 1ms, got 100µs"},
 		{"unknown fail mode", "limit 5\nwindow 1m\nfail sideways", "fail must be open, closed or local, got 'sideways'"},
 		{"unknown clock", "limit 5\nwindow 1m\nclock ntp", "clock must be redis or app, got 'ntp'"},
 		{"unknown headers", "limit 5\nwindow 1m\nheaders some", "headers must be both, ietf, legacy or off, got 'some'"},
 		{"unknown algorithm", "limit 5\nwindow 1m\nalgorithm leaky_bucket", "unknown algorithm 'leaky_bucket'"},
-		{"bad name", "name a:b\nlimit 5\nwindow 1m", "name: limiter name \"a:b\" may hold only"},
+		{"bad name", "name a:b\nlimit 5\nwindow 1m", "limiter name \"a:b\" may hold only"},
 		{"bad redis URL", "limit 5\nwindow 1m\nredis http://localhost:6379", "redis: bad URL 'http://localhost:6379'"},
 		{"redis URL and address", "limit 5\nwindow 1m\nredis redis://localhost:6379 {\naddress localhost:6380\n}", "either a URL or addresses"},
 		{"redis without address", "limit 5\nwindow 1m\nredis {\ntimeout 1s\n}", "redis: needs a URL or an address"},
@@ -115,7 +116,8 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nreplicas 2\n}", "unrecognized sliding_ratelimit redis subdirective 'replicas'"},
 		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nkey_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
 		{"redis bad pipeline", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\npipeline 0\n}", "redis pipeline must be off or 1 to 64, got '0'"},
-		{"limit with two values", "limit 5 6\nwindow 1m", "limit takes one value"},
+		{"limit with a bad window", "limit 5 6\nwindow 1m", "limit: bad window '6'"},
+		{"limit with three values", "limit 5 1m 6", "limit takes a limit and an optional window"},
 		{"key without value", "key\nlimit 5\nwindow 1m", "key needs a value"},
 	}
 	for _, tc := range cases {
@@ -148,7 +150,7 @@ func TestBadJSON(t *testing.T) {
 		{"limit 0", Handler{Limit: "0", Window: caddy.Duration(time.Minute)}, "limit must be a positive integer"},
 		{"global without region", Handler{Limit: "5", GlobalLimit: "7", Window: caddy.Duration(time.Minute)}, "global_limit needs region"},
 		{"cost above limit", Handler{Limit: "5", Cost: "6", Window: caddy.Duration(time.Minute)}, "cost 6 is above limit 5"},
-		{"no window", Handler{Limit: "3"}, "window must be at least 1ms"},
+		{"no window", Handler{Limit: "3"}, "limit 3 has no window"},
 		{"fail", Handler{Limit: "3", Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open, closed or local"},
 	}
 	for _, tc := range cases {

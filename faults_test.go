@@ -164,7 +164,7 @@ func faultClientsClosed(t *testing.T) {
 	l := startFaultLoad(t, targets, 0)
 	time.Sleep(100 * time.Millisecond)
 	l.halt()
-	key := targets[0].h.poolKey
+	key := targets[0].h.storeKey
 	if n, ok := stores.References(key); !ok || n != 2 {
 		t.Fatalf("store references with two handlers: %d (loaded %v), want 2", n, ok)
 	}
@@ -239,10 +239,11 @@ func faultKillRestart(t *testing.T, tm faultTiming) {
 	l.halt()
 	l.check(t, faultWindow{fault: "kill", begin: begin, from: from, to: to})
 
-	// Decisions come from Redis again: exactly the limit, recorded there.
+	// Decisions come from Redis again: exactly the limit, recorded there
+	// (one member per request, and the log's two bookkeeping members).
 	faultBurst(t, targets[2].h, "burst-up", 5, faultRedis)
-	if n := srv.CLI(t, "ZCARD", targets[2].h.keys.Bucket("burst-up", false, "")); n != "5" {
-		t.Errorf("after recovery: ZCARD of the burst key = %s, want 5 (decided by Redis)", n)
+	if n := srv.CLI(t, "ZCOUNT", targets[2].h.lim.Keys().Key("log", "burst-up", false, ""), "0", "+inf"); n != "5" {
+		t.Errorf("after recovery: %s requests recorded in Redis for the burst key, want 5 (decided by Redis)", n)
 	}
 }
 

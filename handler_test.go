@@ -17,8 +17,6 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
-
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -50,8 +48,10 @@ func (c *testClock) Advance(d time.Duration) {
 func provision(t *testing.T, h *Handler, clock *testClock) *observer.ObservedLogs {
 	t.Helper()
 	if clock != nil {
-		h.now = clock.Now
-		h.Clock = "app"
+		h.nowFn = clock.Now
+		if h.Redis != nil {
+			h.Clock = "app"
+		}
 	}
 	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
 	t.Cleanup(func() {
@@ -258,7 +258,7 @@ func TestConcurrencyIsExact(t *testing.T) {
 			provision(t, h, nil)
 			hs = append(hs, h)
 		}
-		if hs[0].store == hs[1].store {
+		if hs[0].storeKey == hs[1].storeKey {
 			t.Fatal("handlers share a client; the test needs one per instance")
 		}
 		run(t, hs)
@@ -328,7 +328,7 @@ func TestRedisDown(t *testing.T) {
 			if len(errs) != 1 {
 				t.Fatalf("%d error lines for one burst of 20 failures, want 1", len(errs))
 			}
-			if got := testutil.ToFloat64(metrics.circuit.WithLabelValues(h.Name)); got != float64(limiter.Open) {
+			if got := circuitGauge(t, h.Name); got != float64(limiter.Open) {
 				t.Errorf("circuit_state gauge %v after 20 failures, want %d (open)", got, limiter.Open)
 			}
 			if errs[0].ContextMap()["fail"] != mode {

@@ -1,29 +1,26 @@
 // Package slidingratelimit is a Caddy v2 HTTP handler that rate limits
-// requests with an exact sliding-window log, on Redis (shared by every Caddy
-// node) or on an in-process store (one Caddy, no Redis).
+// requests with an exact sliding-window log (and three other algorithms),
+// on Redis (shared by every Caddy node) or on an in-process store (one
+// Caddy, no Redis).
 //
-// This package is the Caddy adapter: configuration, Caddyfile, placeholders
-// and responses. Decisions come from the Caddy-free engine in ./limiter.
+// This package is the Caddy adapter: configuration, Caddyfile, placeholders,
+// responses, metrics and the admin API. Per request it resolves the
+// placeholders, asks the Caddy-free engine in ./limiter once, and renders
+// the Decision it returns.
 package slidingratelimit
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -39,55 +36,103 @@ const (
 	DefaultKey         = "{http.vars.client_ip}"
 	DefaultTimeout     = 100 * time.Millisecond
 	DefaultDialTimeout = 250 * time.Millisecond
-	DefaultPoolSize    = 0 // go-redis default: 10 per CPU
 	DefaultWarnAt      = 0.85
 )
 
 // Handler rate limits requests: it builds a key from placeholders, asks the
-// store whether one more request fits the limit, and either passes the
+// engine whether one more request fits every limit, and either passes the
 // request on or answers 429 with a precise Retry-After.
 type Handler struct {
 	// Name names the limiter: it is part of every key, the policy name in
-	// the RateLimit headers and the label of its metrics. Letters, digits,
-	// '_', '-' and '.'. Default: "default".
+	// the RateLimit headers, the label of its metrics and its path in the
+	// admin API. Letters, digits, '_', '-' and '.'. Default: "default",
+	// which two blocks of one config may not share.
 	Name string `json:"name,omitempty"`
 
-	// Algorithm is the counting scheme: "sliding_log" (exact sliding
-	// window log). Default: "sliding_log".
+	// Algorithm counts the duration windows: "sliding_log" (exact),
+	// "sliding_counter" (two counters, approximate), "fixed_window" or
+	// "token_bucket". Calendar periods are always counted per period.
+	// Default: "sliding_log".
 	Algorithm string `json:"algorithm,omitempty"`
 
 	// Key is the identity a budget belongs to, a template in which
-	// placeholders are replaced per request, e.g. "{http.request.header.X-API-Key}".
-	// A value that is long or holds '{', '}', ':', '*' or control bytes is
-	// hashed before it is put in a store key. A key that expands to nothing
-	// is a bucket of its own. Default: "{http.vars.client_ip}".
+	// placeholders are replaced per request, e.g.
+	// "{http.request.header.X-API-Key}". A value that is long or holds '{',
+	// '}', ':', '*' or control bytes is hashed before it is put in a store
+	// key. A key that expands to nothing is a bucket of its own.
+	// Default: "{http.vars.client_ip}".
 	Key string `json:"key,omitempty"`
 
 	// Region, when set, is a template (placeholders allowed) naming the
 	// request's region: each (key, region) pair then has its own budget.
 	Region string `json:"region,omitempty"`
 
-	// Limit is the number of requests (units of cost) admitted per window,
-	// per key and region. Required: a positive integer, or a placeholder
-	// resolved per request (e.g. a tier set by Caddy's map handler); a
-	// placeholder that does not resolve to a positive integer fails the
-	// request with 500 and an error log, never "unlimited".
+	// Limit is the number of requests (units of cost) admitted per Window,
+	// per key and region: a positive integer, or a placeholder resolved per
+	// request (e.g. a tier set by Caddy's map handler); a placeholder that
+	// does not resolve to a positive integer fails the request with 500 and
+	// an error log, never "unlimited". Limit or Limits is required.
 	Limit Amount `json:"limit,omitempty"`
 
-	// GlobalLimit is an optional ceiling per key across all regions,
-	// checked and recorded in the same atomic step as the region's budget:
-	// a request must fit both. Requires Region. A positive integer or a
-	// placeholder, as Limit.
+	// Window is the length of the sliding window of Limit (and of
+	// GlobalLimit), >= 1ms.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	// Limits are more windows, each with its own limit: a request must fit
+	// every one (and Limit), and one denied by any is recorded in none.
+	Limits []LimitConfig `json:"limits,omitempty"`
+
+	// GlobalLimit is an optional ceiling per key across all regions, over
+	// Window, checked and recorded in the same atomic step as the region's
+	// budget: a request must fit both. Requires Region. A positive integer
+	// or a placeholder, as Limit.
 	GlobalLimit Amount `json:"global_limit,omitempty"`
+
+	// GlobalLimits are more windows of the global ceiling.
+	GlobalLimits []LimitConfig `json:"global_limits,omitempty"`
+
+	// Timezone is the IANA time zone of calendar periods (day, month...).
+	// Default: UTC.
+	Timezone string `json:"timezone,omitempty"`
 
 	// Cost is the number of units one request consumes, for endpoints that
 	// weigh more than one (a bulk call). A positive integer or a
-	// placeholder, as Limit. Default 1. A request whose cost is above the
-	// limit can never pass and is answered 413.
+	// placeholder, as Limit. Default 1. A request whose cost is above a
+	// window's capacity can never pass and is answered 413.
 	Cost Amount `json:"cost,omitempty"`
 
-	// Window is the length of the sliding window. Required, >= 1ms.
-	Window caddy.Duration `json:"window,omitempty"`
+	// Burst is, for token_bucket with one duration window, the most units
+	// admitted at once (the bucket's capacity); the steady rate stays limit
+	// per window. Default: the limit.
+	Burst int64 `json:"burst,omitempty"`
+
+	// Ban puts a key denied After times within Within in a penalty box for
+	// For: every request of the key is denied until then.
+	Ban *BanConfig `json:"ban,omitempty"`
+
+	// MaxConcurrent bounds the requests of a key (and region) in flight at
+	// once, across every Caddy node sharing the store. A positive integer
+	// or a placeholder, as Limit.
+	MaxConcurrent Amount `json:"max_concurrent,omitempty"`
+
+	// LeaseTimeout is how long a request in flight holds its place at most
+	// (a node that dies holding places loses them after it). Default 1m.
+	LeaseTimeout caddy.Duration `json:"lease_timeout,omitempty"`
+
+	// CountOnly records a request's units only after its response, when
+	// the status matches: codes ("401") or classes ("5xx"). The check before
+	// the request denies a key already at its limit.
+	CountOnly []string `json:"count_only,omitempty"`
+
+	// Queue makes a request that would be denied wait for its turn, when
+	// its Retry-After is at most MaxWait; at most MaxWaiters requests per
+	// limiter and node wait at once.
+	Queue *QueueConfig `json:"queue,omitempty"`
+
+	// Jitter adds a random delay to the Retry-After of denials (and to the
+	// RateLimit header's t): a duration ("2s") or a share of the retry time
+	// ("10%").
+	Jitter string `json:"jitter,omitempty"`
 
 	// Fail is what happens when Redis cannot answer within its timeout (or
 	// while the circuit breaker is open): "open" passes the request,
@@ -95,21 +140,16 @@ type Handler struct {
 	// Caddy instance, until Redis answers again. Default: "open".
 	Fail string `json:"fail,omitempty"`
 
-	// Clock chooses the clock of the decision: "redis" makes the script read
-	// Redis TIME, so every Caddy node shares one clock; "app" uses this
-	// process's clock. With the in-process store both mean this process's
-	// clock. Default: "redis".
+	// Clock chooses the clock of the decision: "redis" makes the script
+	// read Redis TIME, so every Caddy node shares one clock; "app" uses
+	// this process's clock. With the in-process store both mean this
+	// process's clock. Default: "redis".
 	Clock string `json:"clock,omitempty"`
 
 	// Headers chooses the rate limit headers sent: "both", "ietf"
 	// (RateLimit and RateLimit-Policy), "legacy" (X-RateLimit-Limit and
 	// X-RateLimit-Remaining) or "off". Default: "both".
 	Headers string `json:"headers,omitempty"`
-
-	// Burst is, for token_bucket, the most requests admitted at once (the
-	// bucket's capacity); the steady rate stays limit per window.
-	// Default: limit.
-	Burst int64 `json:"burst,omitempty"`
 
 	// WarnAt is the share of a limit (0 < warn_at <= 1) at which a request
 	// counts as near the limit: {http.sliding_ratelimit.near_limit} is true,
@@ -126,161 +166,73 @@ type Handler struct {
 	// {http.sliding_ratelimit.dry_run}; no rate limit headers are sent.
 	DryRun bool `json:"dry_run,omitempty"`
 
-	// OnLimit chooses the denial: "respond" writes the JSON 429; "error"
-	// returns a Caddy HTTP error (status 429, Retry-After set) for
+	// OnLimit chooses how a refusal (429, 413, 503) is answered: "respond"
+	// writes the JSON body (or a gRPC status); "error" returns a Caddy HTTP
+	// error with the status, Retry-After and rate limit headers set, for
 	// handle_errors to render. Default: "respond".
 	OnLimit string `json:"on_limit,omitempty"`
 
 	// DenyCacheSize bounds the over-limit cache in front of Redis: a key
-	// denied with retry-after R is denied locally, without a Redis call,
-	// until R has passed. 0 means the default (65536 keys); -1 turns it off.
+	// denied until R is denied locally, without a Redis call, until R has
+	// passed. 0 means the default (65536 keys); -1 turns it off.
 	DenyCacheSize int `json:"deny_cache_size,omitempty"`
 
 	// Redis configures the Redis store. Without it, the in-process store
 	// is used: exact for this Caddy process, shared by nothing else.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
-	alg        limiter.Algorithm
-	limit      amount
-	global     amount
+	lim        *limiter.Limiter
+	limits     []amount // Limit and Limits, in the policy's order
+	globals    []amount // GlobalLimit and GlobalLimits
 	cost       amount
-	hasGlobal  bool
+	concurrent amount
 	keyTmpl    template
 	regionTmpl template
-	keys       limiter.KeyBuilder
-	store      limiter.Store
-	poolKey    string // the store's entry in its pool, released in Cleanup
-	timeout    time.Duration
-	source     string // "redis" or "memory"
-	failOpen   bool
+	headers    headerPlan
+	metrics    *limiterMetrics
+	logs       logGates
+	events     *caddyevents.App
+	ctx        caddy.Context
+	logger     *zap.Logger
+	storeKey   string // the store's entry in the pool, released in Cleanup
+	localKey   string
 	breaker    *limiter.Breaker
-	// circuitSeen is the breaker state last written to the circuit gauge
-	// (atomic).
-	circuitSeen int32
-	denyCache   *limiter.DenyCache
-	metrics     *limiterMetrics
-	warnLog     *burstLogger
-	dryLog      *burstLogger
-	eventGate   *burstLogger
-	events      *caddyevents.App
-	ctx         caddy.Context
-	local       limiter.Store // fail local: the in-process store
-	localKey    string
-	clockApp    bool
-	legacyHdr   bool
-	ietfHdr     bool
-	policy      string      // RateLimit-Policy, when the limits are static
-	limitVal    headerValue // X-RateLimit-Limit of the bucket, when static
-	now         func() time.Time
-	logger      *zap.Logger
-	errLog      *burstLogger // store errors
-	cfgLog      *burstLogger // placeholders that did not resolve
+	memory     *limiter.MemoryStore
+	configID   any    // what tells this config from another in the registry
+	fingerprt  string // the block's settings, for same-name checks
+	statusIn   func(int) bool
+	nowFn      func() time.Time // tests inject a clock
 }
 
-// RedisConfig is the Redis the limiter keeps its state in.
-type RedisConfig struct {
-	// URL is a redis:// or rediss:// URL (user, password, host, port and
-	// db). Either URL or Addresses.
-	URL string `json:"url,omitempty"`
-
-	// Addresses lists host:port of the Redis server. Several addresses make
-	// a Redis Cluster client (any reachable nodes of the cluster; the rest
-	// are discovered). With Sentinel, they are the Sentinels. Either URL or
-	// Addresses.
-	Addresses []string `json:"addresses,omitempty"`
-
-	// Cluster makes a Redis Cluster client even with one address (a
-	// cluster's configuration endpoint). Several addresses imply it.
-	Cluster bool `json:"cluster,omitempty"`
-
-	// Sentinel, when set, is the master name monitored by the Sentinels at
-	// Addresses: the client follows failovers.
-	Sentinel string `json:"sentinel,omitempty"`
-
-	// SentinelPassword authenticates to the Sentinels, if they need it.
-	SentinelPassword string `json:"sentinel_password,omitempty"`
-
-	// Username is the ACL user, if any.
-	Username string `json:"username,omitempty"`
-
-	// Password authenticates the connection. Caddyfile {$ENV} placeholders
-	// work as anywhere in a Caddyfile.
-	Password string `json:"password,omitempty"`
-
-	// DB is the database number (not on a cluster). Default 0.
-	DB int `json:"db,omitempty"`
-
-	// TLS, when present, connects with TLS (rediss:// URLs do too).
-	TLS *RedisTLS `json:"tls,omitempty"`
-
-	// DialTimeout bounds connecting to Redis. Default 250ms.
-	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
-
-	// Timeout bounds one decision: the whole call to Redis, including
-	// waiting for a pooled connection. When it passes, the fail mode
-	// applies. Default 100ms.
-	Timeout caddy.Duration `json:"timeout,omitempty"`
-
-	// PoolSize is the maximum number of connections. Default: go-redis's
-	// default of 10 per CPU.
-	PoolSize int `json:"pool_size,omitempty"`
-
-	// Pipeline is the number of concurrent pipelines that carry the checks
-	// of concurrent requests to Redis in batches (each check still its own
-	// atomic script): far fewer round trips and system calls under load, at
-	// the cost of waiting for the batch in flight. -1 sends every check on
-	// its own. Default 2.
-	Pipeline int `json:"pipeline,omitempty"`
-
-	// KeyPrefix starts every key the limiter writes. It must not contain
-	// '{' or '}'. Default "ratelimit:".
-	KeyPrefix string `json:"key_prefix,omitempty"`
+// LimitConfig is one window of a limiter and its limit.
+type LimitConfig struct {
+	// Limit is the units admitted per window: a positive integer or a
+	// placeholder.
+	Limit Amount `json:"limit"`
+	// Window is the window's length (>= 1ms), or
+	Window caddy.Duration `json:"window,omitempty"`
+	// Period is a calendar period: "hour", "day", "week" or "month" in
+	// Timezone; the count starts again at each period's start.
+	Period string `json:"period,omitempty"`
 }
 
-// RedisTLS configures TLS to Redis. An empty block uses the system roots.
-type RedisTLS struct {
-	// CA is a PEM file of the certificate authorities to trust instead of
-	// the system roots.
-	CA string `json:"ca,omitempty"`
-	// Cert and Key are PEM files of a client certificate, for Redis
-	// servers that require one (tls-auth-clients).
-	Cert string `json:"cert,omitempty"`
-	Key  string `json:"key,omitempty"`
-	// ServerName overrides the name checked in the server's certificate.
-	ServerName string `json:"server_name,omitempty"`
-	// InsecureSkipVerify accepts any server certificate. For tests only.
-	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+// BanConfig is a penalty box.
+type BanConfig struct {
+	// For is how long a banned key stays banned.
+	For caddy.Duration `json:"for"`
+	// After is how many denials within Within ban a key.
+	After int64 `json:"after"`
+	// Within is the span the denials are counted over.
+	Within caddy.Duration `json:"within"`
 }
 
-// tlsConfig loads the files into a *tls.Config.
-func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
-	cfg := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         t.ServerName,
-		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // an explicit, documented option
-	}
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca: no PEM certificate in %s", t.CA)
-		}
-		cfg.RootCAs = pool
-	}
-	if (t.Cert == "") != (t.Key == "") {
-		return nil, errors.New("tls: cert and key go together")
-	}
-	if t.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-		if err != nil {
-			return nil, fmt.Errorf("tls cert/key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
+// QueueConfig lets denied requests wait for their turn.
+type QueueConfig struct {
+	// MaxWait is the longest a request waits in all.
+	MaxWait caddy.Duration `json:"max_wait"`
+	// MaxWaiters bounds the requests waiting at once per limiter and node
+	// (the rest are refused at once). Default 1024.
+	MaxWaiters int `json:"max_waiters,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -291,29 +243,14 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 	}
 }
 
-// Provision fills in defaults and opens (or shares) the store.
+// Provision fills in defaults, builds the engine and opens (or shares) its
+// store.
 func (h *Handler) Provision(ctx caddy.Context) (err error) {
-	h.logger = ctx.Logger()
 	h.ctx = ctx
-	h.errLog = &burstLogger{every: 10 * time.Second}
-	h.cfgLog = &burstLogger{every: 10 * time.Second}
-	h.warnLog = &burstLogger{every: 10 * time.Second}
-	h.dryLog = &burstLogger{every: 10 * time.Second}
-	h.eventGate = &burstLogger{every: 10 * time.Second}
-	if h.WarnAt == 0 {
-		h.WarnAt = DefaultWarnAt
-	}
-	if h.OnLimit == "" {
-		h.OnLimit = "respond"
-	}
-	if h.now == nil {
-		h.now = time.Now
-	}
+	h.logger = ctx.Logger()
+	h.logs = newLogGates()
 	if h.Name == "" {
 		h.Name = DefaultName
-	}
-	if h.Algorithm == "" {
-		h.Algorithm = limiter.SlidingLog.String()
 	}
 	if h.Key == "" {
 		h.Key = DefaultKey
@@ -327,42 +264,26 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.Headers == "" {
 		h.Headers = "both"
 	}
-	if err := h.checkEnums(); err != nil {
+	if h.OnLimit == "" {
+		h.OnLimit = "respond"
+	}
+	if h.WarnAt == 0 {
+		h.WarnAt = DefaultWarnAt
+	}
+	if h.nowFn == nil {
+		h.nowFn = time.Now
+	}
+	if h.Redis != nil {
+		h.Redis.provision()
+	}
+	p, err := h.policy()
+	if err != nil {
 		return err
 	}
-	var alg limiter.Algorithm
-	alg, err = limiter.ParseAlgorithm(h.Algorithm)
-	if err != nil {
-		return fmt.Errorf("sliding_ratelimit: algorithm: %w", err)
+	if err := h.checkStatic(&p); err != nil {
+		return err
 	}
-	h.alg = alg
-	prefix := limiter.DefaultKeyPrefix
-	if h.Redis != nil && h.Redis.KeyPrefix != "" {
-		prefix = h.Redis.KeyPrefix
-	}
-	if h.keys, err = limiter.NewKeyBuilder(prefix, h.Name, alg); err != nil {
-		return fmt.Errorf("sliding_ratelimit: %w", err)
-	}
-	h.failOpen = h.Fail == "open"
-	h.clockApp = h.Clock == "app"
-	h.legacyHdr = h.Headers == "both" || h.Headers == "legacy"
-	h.ietfHdr = h.Headers == "both" || h.Headers == "ietf"
-	h.limit = compileAmount(h.Limit, 0)
-	h.global = compileAmount(h.GlobalLimit, 0)
-	h.cost = compileAmount(h.Cost, 1)
-	h.hasGlobal = h.GlobalLimit != ""
-	h.keyTmpl = compileTemplate(h.Key)
-	h.regionTmpl = compileTemplate(h.Region)
-	if h.limit.tmpl == "" && h.global.tmpl == "" {
-		h.policy = h.policyHeader(h.limit.static, h.global.static)
-	}
-	if h.limit.tmpl == "" {
-		capacity := h.limit.static
-		if alg == limiter.TokenBucket && h.Burst > 0 {
-			capacity = h.Burst
-		}
-		h.limitVal = headerValue{n: capacity, s: strconv.FormatInt(capacity, 10)}
-	}
+	h.compile()
 
 	storeLabel := "memory"
 	if h.Redis != nil {
@@ -372,67 +293,57 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
 	}
-	// Events go out only when an events app is configured (with subscribers).
+	// Events go out only when an events app is configured.
 	if ev, err := ctx.AppIfConfigured("events"); err == nil {
 		h.events, _ = ev.(*caddyevents.App)
 	}
-	defer func() {
-		if err == nil {
-			register(h)
-		}
-	}()
 
-	if h.Redis == nil {
-		h.store, h.poolKey, err = acquireMemoryStore()
-		h.source = "memory"
+	b, err := h.backend()
+	if err != nil {
 		return err
 	}
-	h.timeout = DefaultTimeout
-	if h.Redis.Timeout > 0 {
-		h.timeout = time.Duration(h.Redis.Timeout)
+	if h.lim, err = limiter.New(p, b); err != nil {
+		h.release()
+		return h.policyError(err)
 	}
-	h.breaker, h.poolKey, err = acquireRedisStore(h.Redis)
-	h.source = "redis"
-	if err != nil {
-		return fmt.Errorf("sliding_ratelimit: redis: %w", err)
-	}
-	h.store = h.breaker
-	if h.DenyCacheSize >= 0 {
-		h.denyCache = limiter.NewDenyCache(h.breaker, h.DenyCacheSize, nil)
-		h.store = h.denyCache
-	}
-	if h.Fail == "local" {
-		if h.local, h.localKey, err = acquireMemoryStore(); err != nil {
-			return err
-		}
+	h.headers = planHeaders(h, &p)
+	h.configID = ctx.GetMetricsRegistry()
+	cfg, _ := json.Marshal(h)
+	h.fingerprt = string(cfg)
+	if err := register(h); err != nil {
+		h.lim.Close()
+		h.release()
+		return err
 	}
 	return nil
 }
 
-// Validate checks the configuration's ranges.
+// Validate checks the configuration (every value, whichever way it came:
+// JSON or the Caddyfile).
 func (h *Handler) Validate() error {
-	if err := h.checkAmounts(); err != nil {
+	p, err := h.policy()
+	if err != nil {
 		return err
 	}
-	if time.Duration(h.Window) < time.Millisecond {
-		return fmt.Errorf("sliding_ratelimit: window must be at least 1ms, got %s", time.Duration(h.Window))
+	if err := p.Check(); err != nil {
+		return h.policyError(err)
 	}
-	if err := h.checkEnums(); err != nil {
-		return err
-	}
-	if h.Redis != nil {
-		if err := h.Redis.validate(); err != nil {
-			return fmt.Errorf("sliding_ratelimit: redis: %w", err)
-		}
-	}
-	return nil
+	return h.checkStatic(&p)
 }
 
 // Cleanup releases this handler's use of its stores.
 func (h *Handler) Cleanup() error {
 	unregister(h)
+	if h.lim != nil {
+		h.lim.Close()
+	}
+	return h.release()
+}
+
+// release gives back the stores taken in Provision.
+func (h *Handler) release() error {
 	var errs []error
-	for _, k := range []*string{&h.poolKey, &h.localKey} {
+	for _, k := range []*string{&h.storeKey, &h.localKey} {
 		if *k != "" {
 			if _, err := stores.Delete(*k); err != nil {
 				errs = append(errs, err)
@@ -461,37 +372,6 @@ func oneOf(what, v string, allowed ...string) error {
 	return fmt.Errorf("%s must be %s, got '%s'", what, list, v)
 }
 
-// checkAmounts checks limit, global_limit and cost together.
-func (h *Handler) checkAmounts() error {
-	if h.Limit == "" {
-		return errors.New("sliding_ratelimit: limit is required")
-	}
-	for _, a := range []struct {
-		what string
-		v    Amount
-	}{{"limit", h.Limit}, {"global_limit", h.GlobalLimit}, {"cost", h.Cost}} {
-		if err := a.v.checkStatic(a.what); err != nil {
-			return fmt.Errorf("sliding_ratelimit: %w", err)
-		}
-	}
-	if h.GlobalLimit != "" && h.Region == "" {
-		return errors.New("sliding_ratelimit: global_limit needs region (it is the ceiling across regions)")
-	}
-	c := compileAmount(h.Cost, 1)
-	for _, lim := range []struct {
-		what string
-		v    Amount
-	}{{"limit", h.Limit}, {"global_limit", h.GlobalLimit}} {
-		if lim.v == "" || lim.v.isDynamic() || c.tmpl != "" {
-			continue
-		}
-		if l := compileAmount(lim.v, 0).static; c.static > l {
-			return fmt.Errorf("sliding_ratelimit: cost %d is above %s %d: no request could ever pass", c.static, lim.what, l)
-		}
-	}
-	return nil
-}
-
 // enum returns the field of an enumerated subdirective and its values.
 func (h *Handler) enum(name string) (*string, []string) {
 	switch name {
@@ -507,168 +387,275 @@ func (h *Handler) enum(name string) (*string, []string) {
 	panic("sliding_ratelimit: no enumerated subdirective " + name)
 }
 
-func (h *Handler) checkEnums() error {
-	for _, name := range []string{"fail", "clock", "headers", "on_limit"} {
-		field, allowed := h.enum(name)
-		if *field == "" {
+// configError is a configuration error that names the subdirective at
+// fault, so the Caddyfile parser can point at its line.
+type configError struct {
+	field string
+	err   error
+}
+
+func (e *configError) Error() string { return "sliding_ratelimit: " + e.err.Error() }
+func (e *configError) Unwrap() error { return e.err }
+
+func cfgErr(field, format string, args ...any) error {
+	return &configError{field: field, err: fmt.Errorf(format, args...)}
+}
+
+// policyError names the subdirective of an engine policy error.
+func (h *Handler) policyError(err error) error {
+	var pe *limiter.PolicyError
+	if errors.As(err, &pe) {
+		return &configError{field: pe.Field, err: pe.Err}
+	}
+	return fmt.Errorf("sliding_ratelimit: %w", err)
+}
+
+// windows lists the limiter's windows with their amounts (bucket or
+// global).
+func (h *Handler) windows(global bool) ([]limiter.Window, []Amount, error) {
+	first, extra := h.Limit, h.Limits
+	field := "limit"
+	if global {
+		first, extra, field = h.GlobalLimit, h.GlobalLimits, "global_limit"
+	}
+	var ws []limiter.Window
+	var as []Amount
+	if first != "" {
+		ws, as = append(ws, limiter.Window{Duration: time.Duration(h.Window)}), append(as, first)
+		if h.Window == 0 {
+			return nil, nil, cfgErr(field, "%s %s has no window: set window, or give it one (%s %s 1m)", field, first, field, first)
+		}
+	}
+	for _, l := range extra {
+		w := limiter.Window{Duration: time.Duration(l.Window)}
+		if l.Period != "" {
+			p, ok := limiter.ParsePeriod(l.Period)
+			if !ok || l.Window != 0 {
+				return nil, nil, cfgErr(field, "%s %s: a window is a duration or one of hour, day, week, month, got '%s'", field, l.Limit, l.Period)
+			}
+			w = limiter.Window{Period: p}
+		}
+		ws, as = append(ws, w), append(as, l.Limit)
+	}
+	for _, a := range as {
+		if err := a.checkStatic(field); err != nil {
+			return nil, nil, &configError{field: field, err: err}
+		}
+	}
+	return ws, as, nil
+}
+
+// policy builds the engine's policy from the configuration; Validate
+// checks it, Provision runs it.
+func (h *Handler) policy() (limiter.Policy, error) {
+	var p limiter.Policy
+	p.Name = h.Name
+	if p.Name == "" {
+		p.Name = DefaultName
+	}
+	for _, e := range []struct{ name, v string }{{"fail", h.Fail}, {"clock", h.Clock}, {"headers", h.Headers}, {"on_limit", h.OnLimit}} {
+		if e.v == "" {
 			continue
 		}
-		if err := oneOf(name, *field, allowed...); err != nil {
-			return fmt.Errorf("sliding_ratelimit: %w", err)
+		_, allowed := h.enum(e.name)
+		if err := oneOf(e.name, e.v, allowed...); err != nil {
+			return p, &configError{field: e.name, err: err}
 		}
+	}
+	var err error
+	if h.Algorithm != "" {
+		if p.Algorithm, err = limiter.ParseAlgorithm(h.Algorithm); err != nil {
+			return p, &configError{field: "algorithm", err: err}
+		}
+	}
+	if h.Limit == "" && len(h.Limits) == 0 {
+		return p, cfgErr("limit", "limit is required")
+	}
+	if p.Windows, _, err = h.windows(false); err != nil {
+		return p, err
+	}
+	if p.GlobalWindows, _, err = h.windows(true); err != nil {
+		return p, err
+	}
+	if h.Algorithm != "" && p.Algorithm != limiter.FixedWindow && !hasDuration(p.Windows) {
+		return p, cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
+	}
+	p.Burst = h.Burst
+	p.Regions = h.Region != ""
+	if h.Timezone != "" {
+		if p.Location, err = time.LoadLocation(h.Timezone); err != nil {
+			return p, cfgErr("timezone", "unknown time zone '%s': %v", h.Timezone, err)
+		}
+	} else if hasPeriod(p.Windows) || hasPeriod(p.GlobalWindows) {
+		p.Location = time.UTC
+	}
+	if h.Timezone != "" && !hasPeriod(p.Windows) && !hasPeriod(p.GlobalWindows) {
+		return p, cfgErr("timezone", "timezone applies to calendar periods (limit <n> day), and this limiter has none")
+	}
+	if h.Ban != nil {
+		p.Ban = &limiter.Ban{After: h.Ban.After, Within: time.Duration(h.Ban.Within), For: time.Duration(h.Ban.For)}
+	}
+	p.Concurrency = h.MaxConcurrent != ""
+	if err := h.MaxConcurrent.checkStatic("max_concurrent"); err != nil {
+		return p, &configError{field: "max_concurrent", err: err}
+	}
+	if h.LeaseTimeout != 0 && !p.Concurrency {
+		return p, cfgErr("lease_timeout", "lease_timeout applies to max_concurrent, and this limiter has none")
+	}
+	p.LeaseTimeout = time.Duration(h.LeaseTimeout)
+	if len(h.CountOnly) > 0 {
+		match, err := statusMatcher(h.CountOnly)
+		if err != nil {
+			return p, &configError{field: "count_only", err: err}
+		}
+		p.CountOnly = match
+	}
+	if q := h.Queue; q != nil {
+		if q.MaxWait <= 0 || q.MaxWaiters < 0 {
+			return p, cfgErr("queue", "queue needs a positive max wait and a positive number of waiters, got %s and %d", time.Duration(q.MaxWait), q.MaxWaiters)
+		}
+		p.Queue = limiter.Queue{MaxWait: time.Duration(q.MaxWait), MaxWaiters: q.MaxWaiters}
+	}
+	if h.Jitter != "" {
+		if p.Jitter, err = parseJitter(h.Jitter); err != nil {
+			return p, &configError{field: "jitter", err: err}
+		}
+	}
+	if err := h.Cost.checkStatic("cost"); err != nil {
+		return p, &configError{field: "cost", err: err}
 	}
 	if h.WarnAt > 1 {
-		return fmt.Errorf("sliding_ratelimit: warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
-	}
-	if h.Burst < 0 {
-		return fmt.Errorf("sliding_ratelimit: burst must be positive, got %d", h.Burst)
+		return p, cfgErr("warn_at", "warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
 	}
 	if h.DenyCacheSize < -1 {
-		return fmt.Errorf("sliding_ratelimit: deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
+		return p, cfgErr("deny_cache", "deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
+	}
+	if h.DenyCacheSize != 0 && h.Redis == nil {
+		return p, cfgErr("deny_cache", "deny_cache applies to a Redis store (the in-process store needs no cache)")
+	}
+	if h.Redis != nil {
+		if err := h.Redis.validate(); err != nil {
+			return p, err
+		}
+		p.KeyPrefix = h.Redis.KeyPrefix
+		p.Timeout = h.Redis.timeout()
+	}
+	if fail, _ := limiter.ParseFailMode(h.Fail); h.Fail != "" {
+		p.Fail = fail
+	}
+	if (h.Fail == "closed" || h.Fail == "local") && h.Redis == nil {
+		return p, cfgErr("fail", "fail %s applies to a Redis store (the in-process store does not fail)", h.Fail)
+	}
+	if h.Clock == "app" && h.Redis == nil {
+		return p, cfgErr("clock", "clock app applies to a Redis store (the in-process store always uses Caddy's clock)")
+	}
+	p.DryRun = h.DryRun
+	p.AppClock = h.Clock == "app"
+	p.Now = h.nowFn
+	return p, nil
+}
+
+func hasPeriod(ws []limiter.Window) bool {
+	for _, w := range ws {
+		if w.Period != limiter.PeriodNone {
+			return true
+		}
+	}
+	return false
+}
+
+func hasDuration(ws []limiter.Window) bool {
+	for _, w := range ws {
+		if w.Period == limiter.PeriodNone {
+			return true
+		}
+	}
+	return false
+}
+
+// checkStatic refuses, at load, a static cost that can never fit a static
+// limit (the engine answers 413 for dynamic ones per request).
+func (h *Handler) checkStatic(p *limiter.Policy) error {
+	cost := compileAmount(h.Cost, 1)
+	if cost.tmpl != "" {
+		return nil
+	}
+	_, as, _ := h.windows(false)
+	_, gs, _ := h.windows(true)
+	for i, a := range append(as, gs...) {
+		c := compileAmount(a, 0)
+		if c.tmpl != "" {
+			continue
+		}
+		w := p.Windows
+		field := "limit"
+		if i >= len(as) {
+			w, field = p.GlobalWindows, "global_limit"
+			i -= len(as)
+		}
+		capacity := p.Capacity(w[i], c.static)
+		if cost.static > capacity {
+			what := fmt.Sprintf("%s %d", field, c.static)
+			if capacity != c.static {
+				what = fmt.Sprintf("burst %d", capacity)
+			}
+			return cfgErr("cost", "cost %d is above %s: no request could ever pass", cost.static, what)
+		}
 	}
 	return nil
 }
 
-// validate checks a Redis configuration without connecting.
-func (c *RedisConfig) validate() error {
-	if c.URL != "" && len(c.Addresses) > 0 {
-		return errors.New("give either a URL or addresses, not both")
+// compile readies the templates and amounts for the hot path.
+func (h *Handler) compile() {
+	_, as, _ := h.windows(false)
+	_, gs, _ := h.windows(true)
+	h.limits, h.globals = nil, nil
+	for _, a := range as {
+		h.limits = append(h.limits, compileAmount(a, 0))
 	}
-	if c.URL == "" && len(c.Addresses) == 0 {
-		return errors.New("needs a URL or an address")
+	for _, a := range gs {
+		h.globals = append(h.globals, compileAmount(a, 0))
 	}
-	if c.URL != "" {
-		if _, err := redis.ParseURL(c.URL); err != nil {
-			return fmt.Errorf("bad URL '%s': %w", c.URL, err)
-		}
-	}
-	if c.Sentinel != "" && c.URL != "" {
-		return errors.New("sentinel needs the Sentinels' addresses, not a URL")
-	}
-	if (len(c.Addresses) > 1 || c.Cluster) && c.Sentinel == "" && c.DB != 0 {
-		return errors.New("a Redis Cluster has only db 0")
-	}
-	for _, a := range c.Addresses {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return fmt.Errorf("bad address '%s': want host:port", a)
-		}
-	}
-	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		return fmt.Errorf("key_prefix '%s' must not contain '{' or '}'", c.KeyPrefix)
-	}
-	if c.DB < 0 || c.PoolSize < 0 || c.Timeout < 0 || c.DialTimeout < 0 {
-		return errors.New("db, pool_size and timeouts must not be negative")
-	}
-	if c.Pipeline < -1 || c.Pipeline > 64 {
-		return fmt.Errorf("pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
-	}
-	return nil
+	h.cost = compileAmount(h.Cost, 1)
+	h.concurrent = compileAmount(h.MaxConcurrent, 0)
+	h.keyTmpl = compileTemplate(h.Key)
+	h.regionTmpl = compileTemplate(h.Region)
 }
 
-// options turns the configuration into go-redis options with short,
-// bounded timeouts and no retries: a dead Redis must cost at most Timeout.
-func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
-	if err := c.validate(); err != nil {
-		return nil, err
-	}
-	o := &redis.UniversalOptions{
-		Addrs:            c.Addresses,
-		Username:         c.Username,
-		Password:         c.Password,
-		DB:               c.DB,
-		MasterName:       c.Sentinel,
-		IsClusterMode:    c.Cluster && c.Sentinel == "",
-		SentinelPassword: c.SentinelPassword,
-	}
-	if c.TLS != nil {
-		tc, err := c.TLS.tlsConfig()
-		if err != nil {
-			return nil, err
+// statusMatcher compiles count_only's codes (401) and classes (5xx).
+func statusMatcher(list []string) (func(int) bool, error) {
+	var codes []int
+	var classes []int
+	for _, s := range list {
+		if len(s) == 3 && s[1:] == "xx" && s[0] >= '1' && s[0] <= '5' {
+			classes = append(classes, int(s[0]-'0'))
+			continue
 		}
-		o.TLSConfig = tc
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 100 || n > 599 {
+			return nil, fmt.Errorf("count_only status takes codes (401) or classes (5xx), got '%s'", s)
+		}
+		codes = append(codes, n)
 	}
-	if c.URL != "" {
-		u, err := redis.ParseURL(c.URL)
-		if err != nil {
-			return nil, err
-		}
-		o.Addrs = []string{u.Addr}
-		if o.TLSConfig == nil {
-			o.TLSConfig = u.TLSConfig
-		}
-		if o.Username == "" {
-			o.Username = u.Username
-		}
-		if o.Password == "" {
-			o.Password = u.Password
-		}
-		if o.DB == 0 {
-			o.DB = u.DB
-		}
-	}
-	timeout := DefaultTimeout
-	if c.Timeout > 0 {
-		timeout = time.Duration(c.Timeout)
-	}
-	dial := DefaultDialTimeout
-	if c.DialTimeout > 0 {
-		dial = time.Duration(c.DialTimeout)
-	}
-	o.DialTimeout = dial
-	o.DialerRetries = 1 // one dial attempt per call: the timeout bounds an outage, not a backoff loop
-	o.ReadTimeout = timeout
-	o.WriteTimeout = timeout
-	o.PoolTimeout = timeout
-	o.ContextTimeoutEnabled = true
-	o.MaxRetries = -1 // no retries: the fail mode decides, not a retry loop
-	o.PoolSize = c.PoolSize
-	o.DisableIdentity = true // no CLIENT SETINFO: one round trip less, and ACL users need no CLIENT
-	o.Protocol = 2
-	return o, nil
+	return func(status int) bool {
+		return slices.Contains(codes, status) || slices.Contains(classes, status/100)
+	}, nil
 }
 
-// DefaultPipelines is the default number of concurrent batch pipelines.
-const DefaultPipelines = 2
-
-// maxBatch bounds the checks sent in one pipeline.
-const maxBatch = 64
-
-// pipelines returns the number of batch pipelines, 0 for none.
-func (c *RedisConfig) pipelines() int {
-	switch {
-	case c.Pipeline < 0:
-		return 0
-	case c.Pipeline == 0:
-		return DefaultPipelines
+// parseJitter reads "2s" (up to 2 s) or "10%" (up to 10% of the retry).
+func parseJitter(s string) (limiter.Jitter, error) {
+	if pct, ok := strings.CutSuffix(s, "%"); ok {
+		f, err := strconv.ParseFloat(pct, 64)
+		if err != nil || f <= 0 || f > 1000 {
+			return limiter.Jitter{}, fmt.Errorf("jitter must be a duration or a percentage in (0, 1000], got '%s'", s)
+		}
+		return limiter.Jitter{Share: f / 100}, nil
 	}
-	return c.Pipeline
-}
-
-// poolKey identifies a Redis configuration: handlers with the same one share
-// a client and its connection pool, across config reloads too.
-func (c *RedisConfig) poolKey() string {
-	cp := *c
-	cp.KeyPrefix = ""
-	b, _ := json.Marshal(cp)
-	return "redis:" + string(b)
-}
-
-// burstLogger logs an error at most once per period, counting the rest.
-type burstLogger struct {
-	every      time.Duration
-	last       atomic.Int64 // unix ns of the last line
-	suppressed atomic.Int64
-}
-
-// allow reports whether a line may be written now, and how many were
-// suppressed since the last one.
-func (b *burstLogger) allow(now time.Time) (bool, int64) {
-	last := b.last.Load()
-	if now.UnixNano()-last < int64(b.every) || !b.last.CompareAndSwap(last, now.UnixNano()) {
-		b.suppressed.Add(1)
-		return false, 0
+	d, err := caddy.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return limiter.Jitter{}, fmt.Errorf("jitter must be a duration or a percentage, got '%s'", s)
 	}
-	return true, b.suppressed.Swap(0)
+	return limiter.Jitter{Max: d}, nil
 }
 
 // Interface guards.

@@ -2,10 +2,7 @@ package slidingratelimit
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -17,8 +14,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-
-	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
 const opsGlobal = `{
@@ -253,14 +248,14 @@ http://localhost:9080 {
 	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
 	}
-	if u.Count != 5 || u.Remaining != 0 || u.Limit != 5 || u.RetryAfter < 1 || u.Allowed {
+	if w := u.Windows[0]; w.Count != 5 || w.Remaining != 0 || w.Limit != 5 || u.RetryAfter < 1 || u.Allowed {
 		t.Fatalf("usage %+v, want count 5, remaining 0, a retry time", u)
 	}
 	// GET consumed nothing.
 	resp = get(t, tester, url, nil)
 	json.NewDecoder(resp.Body).Decode(&u)
-	if u.Count != 5 {
-		t.Fatalf("second GET: count %d", u.Count)
+	if u.Windows[0].Count != 5 {
+		t.Fatalf("second GET: count %d", u.Windows[0].Count)
 	}
 
 	req, _ := http.NewRequest(http.MethodDelete, url, nil)
@@ -281,7 +276,7 @@ http://localhost:9080 {
 	}
 	found := false
 	for _, l := range list {
-		found = found || (l.Name == name && l.Limit == "5" && l.Store == "memory")
+		found = found || (l.Name == name && len(l.Windows) == 1 && l.Windows[0].Limit == "5" && l.Store == "memory")
 	}
 	if !found {
 		t.Errorf("limiter list %+v does not show %s", list, name)
@@ -320,33 +315,5 @@ http://localhost:9080 {
 	}
 	if resp.Header.Get("Retry-After") != "60" {
 		t.Errorf("Retry-After %q, want 60", resp.Header.Get("Retry-After"))
-	}
-}
-
-type replyErr string
-
-func (e replyErr) Error() string { return string(e) }
-func (e replyErr) RedisError()   {}
-
-func TestErrorKind(t *testing.T) {
-	t.Parallel()
-	for _, c := range []struct {
-		err  error
-		want string
-	}{
-		{limiter.ErrCircuitOpen, "circuit_open"},
-		{context.DeadlineExceeded, "timeout"},
-		{replyErr("WRONGPASS invalid username-password pair"), "auth"},
-		{replyErr("NOPERM no permissions"), "auth"},
-		{&net.OpError{Op: "dial", Err: errors.New("connection refused")}, "connection"},
-		{replyErr("READONLY You can't write against a read only replica."), "connection"},
-		{replyErr("OOM command not allowed"), "connection"},
-		{replyErr("WRONGTYPE Operation against a key holding the wrong kind of value"), "script"},
-		{fmt.Errorf("x: %w", limiter.ErrBadReply), "script"},
-		{fmt.Errorf("x: %w", limiter.ErrInvalidRequest), "other"},
-	} {
-		if got := errorKind(c.err); got != c.want {
-			t.Errorf("errorKind(%v) = %s, want %s", c.err, got, c.want)
-		}
 	}
 }

@@ -10,16 +10,22 @@ import (
 
 // phPrefix starts every placeholder this handler sets:
 //
-//	{http.sliding_ratelimit.allowed}          true / false
-//	{http.sliding_ratelimit.count}            units counted after the request ("" if the store failed)
-//	{http.sliding_ratelimit.limit}            the limit applied
-//	{http.sliding_ratelimit.remaining}        units left ("" if the store failed)
+//	{http.sliding_ratelimit.name}             the limiter that decided
+//	{http.sliding_ratelimit.allowed}          true when the request passes (fail open too); in a dry run, what would have been decided
+//	{http.sliding_ratelimit.count}            units counted in the tightest window ("" when unknown)
+//	{http.sliding_ratelimit.limit}            the tightest window's limit (a token bucket's capacity)
+//	{http.sliding_ratelimit.remaining}        units left in it ("" when unknown; 0 on a denial)
 //	{http.sliding_ratelimit.retry_after}      seconds until admitted (0 when allowed)
 //	{http.sliding_ratelimit.region}           the region counted in
 //	{http.sliding_ratelimit.source}           redis, memory, deny_cache, local, fail_open, fail_closed
+//	{http.sliding_ratelimit.outcome}          allowed, limited, banned, concurrency, too_large, unavailable
 //	{http.sliding_ratelimit.near_limit}       true at or above warn_at
-//	{http.sliding_ratelimit.dry_run}          true when a dry run let a denial through
-//	{http.sliding_ratelimit.global_count}     the global ceiling's count (and _limit, _remaining)
+//	{http.sliding_ratelimit.dry_run}          true when a dry run let a refusal through
+//	{http.sliding_ratelimit.banned}           true while the key is in the penalty box
+//	{http.sliding_ratelimit.in_flight}        the key's requests in flight, with max_concurrent
+//	{http.sliding_ratelimit.global_count}     the tightest global window's count (and _limit, _remaining)
+//	{http.sliding_ratelimit.window.<w>.count} every window by its label (1s, 1h, day), with .limit,
+//	                                          .remaining and .reset; global windows under global.<w>
 const phPrefix = "http.sliding_ratelimit."
 
 // phStateKey holds the request's placeholder state in the replacer, so the
@@ -27,14 +33,13 @@ const phPrefix = "http.sliding_ratelimit."
 // placeholders show.
 const phStateKey = phPrefix + "_state"
 
-// phState is what the placeholders show. Values are formatted only when a
-// placeholder is used (a log line, handle_errors), so a request pays a few
-// field writes, not a dozen map insertions.
+// phState is what the placeholders show: the decision, formatted only when
+// a placeholder is used (a log line, handle_errors), so a request pays a
+// few field writes, not a dozen map insertions.
 type phState struct {
-	allowed, near, dryRun, known, hasGlobal bool
-	count, limit, remaining, retryAfter     int64
-	gCount, gLimit, gRemaining              int64
-	region, source                          string
+	h    *Handler
+	d    limiter.Decision
+	near bool
 }
 
 // placeholders returns the request's state, registering it on first use.
@@ -50,88 +55,111 @@ func placeholders(repl *caddy.Replacer) *phState {
 	return s
 }
 
-// fromResult fills the state from a decision.
-func (s *phState) fromResult(res *limiter.Result, region, source string) {
-	*s = phState{
-		allowed: res.Allowed, known: true,
-		count: res.Bucket.Count, limit: res.Bucket.Limit, remaining: res.Bucket.Remaining,
-		retryAfter: retryAfterSeconds(res), region: region, source: source,
-	}
-}
-
-// withGlobal adds the global ceiling's usage.
-func (s *phState) withGlobal(u *limiter.Usage) {
-	s.hasGlobal = true
-	s.gCount, s.gLimit, s.gRemaining = u.Count, u.Limit, u.Remaining
-}
-
-// undecided fills the state for a request no store decided.
-func (s *phState) undecided(allowed bool, limit int64, region, source string) {
-	*s = phState{allowed: allowed, limit: limit, region: region, source: source}
+// set shows a decision of h.
+func (s *phState) set(h *Handler, d *limiter.Decision) {
+	s.h, s.d, s.near = h, *d, false
 }
 
 // get answers the placeholders.
 func (s *phState) get(key string) (any, bool) {
-	if !strings.HasPrefix(key, phPrefix) {
+	name, ok := strings.CutPrefix(key, phPrefix)
+	if !ok || s.h == nil {
 		return nil, false
 	}
-	switch key {
-	case phAllowed:
-		return s.allowed, true
-	case phCount:
-		return s.ifKnown(s.count), true
-	case phLimit:
-		return s.limit, true
-	case phRemaining:
-		return s.ifKnown(s.remaining), true
-	case phRetryAfter:
-		return s.retryAfter, true
-	case phRegion:
-		return s.region, true
-	case phSource:
-		return s.source, true
-	case phNearLimit:
+	d := &s.d
+	switch name {
+	case "name":
+		return s.h.Name, true
+	case "allowed":
+		return d.Pass && !d.DryRun, true
+	case "count", "limit", "remaining":
+		return windowValue(shown(d), name), true
+	case "retry_after":
+		return retryAfterSeconds(d), true
+	case "region":
+		return d.Region, true
+	case "source":
+		return string(d.Source), true
+	case "outcome":
+		return d.Outcome.String(), true
+	case "near_limit":
 		return s.near, true
-	case phDryRun:
-		return s.dryRun, true
-	case phGlobalCount:
-		return s.ifGlobal(s.gCount), true
-	case phGlobalLimit:
-		return s.ifGlobal(s.gLimit), true
-	case phGlobalRemaining:
-		return s.ifGlobal(s.gRemaining), true
+	case "dry_run":
+		return d.DryRun, true
+	case "banned":
+		return d.Banned, true
+	case "in_flight":
+		if d.InFlight < 0 {
+			return "", true
+		}
+		return d.InFlight, true
+	case "global_count", "global_limit", "global_remaining":
+		return windowValue(tightestGlobal(d), strings.TrimPrefix(name, "global_")), true
+	}
+	scope, rest, ok := strings.Cut(name, ".")
+	if !ok || scope != "window" && scope != "global" {
+		return nil, false
+	}
+	label, field, ok := strings.Cut(rest, ".")
+	if !ok {
+		return nil, false
+	}
+	for i := range d.Windows {
+		w := &d.Windows[i]
+		if w.Global == (scope == "global") && w.Window.Label() == label {
+			return windowValue(w, field), true
+		}
 	}
 	return nil, false
 }
 
-// ifKnown is v, or "" when no store decided the request.
-func (s *phState) ifKnown(v int64) any {
-	if !s.known {
+// windowValue is one field of a window: count, limit, remaining or reset
+// (seconds); "" when the window or its usage is unknown.
+func windowValue(w *limiter.WindowUsage, field string) any {
+	if w == nil {
 		return ""
 	}
-	return v
-}
-
-// ifGlobal is v, or "" when the limiter has no global ceiling.
-func (s *phState) ifGlobal(v int64) any {
-	if !s.hasGlobal {
+	switch field {
+	case "limit":
+		return w.Limit
+	case "reset":
+		return ceilSeconds(w.Reset)
+	case "remaining":
+		if w.Denied {
+			return int64(0)
+		}
+	}
+	if !w.Known {
 		return ""
 	}
-	return v
+	switch field {
+	case "count":
+		return w.Count
+	case "remaining":
+		return w.Remaining
+	}
+	return ""
 }
 
-// The placeholders' full names.
-const (
-	phAllowed         = phPrefix + "allowed"
-	phCount           = phPrefix + "count"
-	phLimit           = phPrefix + "limit"
-	phRemaining       = phPrefix + "remaining"
-	phRetryAfter      = phPrefix + "retry_after"
-	phRegion          = phPrefix + "region"
-	phSource          = phPrefix + "source"
-	phNearLimit       = phPrefix + "near_limit"
-	phDryRun          = phPrefix + "dry_run"
-	phGlobalCount     = phPrefix + "global_count"
-	phGlobalLimit     = phPrefix + "global_limit"
-	phGlobalRemaining = phPrefix + "global_remaining"
-)
+// shown is the window count, limit and remaining show: the tightest, or,
+// when no usage is known (the store failed), the first (its limit).
+func shown(d *limiter.Decision) *limiter.WindowUsage {
+	if t := d.Tightest(); t != nil {
+		return t
+	}
+	if len(d.Windows) > 0 {
+		return &d.Windows[0]
+	}
+	return nil
+}
+
+// tightestGlobal is the global window with the least left.
+func tightestGlobal(d *limiter.Decision) *limiter.WindowUsage {
+	g := limiter.Decision{Windows: nil}
+	for i := range d.Windows {
+		if d.Windows[i].Global {
+			g.Windows = append(g.Windows, d.Windows[i])
+		}
+	}
+	return g.Tightest()
+}

@@ -398,14 +398,15 @@ func TestTLS(t *testing.T) {
 var redisCallRE = regexp.MustCompile(`redis\.p?call\(\s*["']([A-Za-z]+)["']`)
 
 // limiterACLCommands is the least a limiter's ACL user needs: the script
-// commands, PING, and every command the scripts call, read from the
+// commands, PING, DEL (the admin API's reset), PUBLISH and SUBSCRIBE (reset
+// notices between nodes), and every command the scripts call, read from the
 // scripts themselves (Redis checks a script's calls against the caller's
 // ACL too, so EVALSHA/EVAL/SCRIPT alone cannot work).
 func limiterACLCommands(t *testing.T) []string {
 	t.Helper()
-	cmds := []string{"+evalsha", "+eval", "+script|load", "+ping"}
+	cmds := []string{"+evalsha", "+eval", "+script|load", "+ping", "+del", "+publish", "+subscribe"}
 	seen := map[string]bool{}
-	for _, src := range []string{lua.SlidingLog, lua.SlidingCounter, lua.FixedWindow, lua.TokenBucket} {
+	for _, src := range lua.Files {
 		for _, m := range redisCallRE.FindAllStringSubmatch(src, -1) {
 			if c := strings.ToLower(m[1]); !seen[c] {
 				seen[c] = true
@@ -424,7 +425,8 @@ func limiterACLCommands(t *testing.T) []string {
 func createLimiterACLUser(t *testing.T, srv *redistest.Server) {
 	t.Helper()
 	cmds := limiterACLCommands(t)
-	args := append([]string{"ACL", "SETUSER", "limiter", "reset", "on", ">s3cret", "~" + limiter.DefaultKeyPrefix + "*", "-@all"}, cmds...)
+	args := append([]string{"ACL", "SETUSER", "limiter", "reset", "on", ">s3cret", "~" + limiter.DefaultKeyPrefix + "*",
+		"resetchannels", "&" + limiter.DefaultKeyPrefix + "*", "-@all"}, cmds...)
 	if got := srv.CLI(t, args...); got != "OK" {
 		t.Fatalf("ACL SETUSER: %s", got)
 	}
@@ -566,18 +568,6 @@ func runOutageUnderLoad(t *testing.T, mode string, hang bool) {
 		Fail: mode, Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(timeout)}}
 	logs := provision(t, h, newTestClock()) // frozen: the hot key's window never ends
 	breaker := redisBreaker(t, h)
-	if mode == "local" {
-		// The fallback gets a store of its own. The process-wide one is
-		// shared with every other test, and its janitor judges expiry by
-		// the latest request time any of them sent (their clocks differ):
-		// it would sweep this frozen-clock state once a second.
-		if h.local == nil {
-			t.Fatal("fail local: handler has no local store")
-		}
-		local := limiter.NewMemoryStore()
-		t.Cleanup(func() { _ = local.Close() })
-		h.local = local
-	}
 
 	type key struct {
 		phase  int32 // 0 up, 1 down, 2 restarted

@@ -1,9 +1,11 @@
 package slidingratelimit
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -103,11 +105,15 @@ func TestGlobalCeiling(t *testing.T) {
 // usage peeks at a bucket's count without recording anything.
 func (h *Handler) usage(t *testing.T, identity, region string) int64 {
 	t.Helper()
-	res, err := h.peek(identity, region, 0)
+	in, err := h.adminInput(url.Values{"key": {identity}, "region": {region}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return res.Bucket.Count
+	d, err := h.lim.Peek(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d.Windows[0].Count
 }
 
 func TestCost(t *testing.T) {
@@ -130,8 +136,13 @@ func TestCost(t *testing.T) {
 	if got := w.Header().Get("Retry-After"); got != "40" {
 		t.Errorf("Retry-After %q, want 40", got)
 	}
-	if got := w.Header().Get("X-RateLimit-Remaining"); got != "2" {
-		t.Errorf("X-RateLimit-Remaining %q, want 2", got)
+	// 2 units are left, fewer than the cost: a denial says 0 remaining,
+	// in every header and placeholder.
+	if got := w.Header().Get("X-RateLimit-Remaining"); got != "0" {
+		t.Errorf("X-RateLimit-Remaining %q, want 0 on a denial", got)
+	}
+	if got := w.Header().Get("RateLimit"); !strings.Contains(got, ";r=0;t=40") {
+		t.Errorf("RateLimit %q, want r=0 and t=40", got)
 	}
 }
 

@@ -1,51 +1,63 @@
 package limiter
 
-import "math"
+import (
+	"math"
+	"sort"
+)
 
-// The in-process twins of lua/sliding_counter.lua, lua/fixed_window.lua and
-// lua/token_bucket.lua. Redis runs Lua with IEEE doubles, so these functions
-// compute in float64 and repeat the scripts' arithmetic operation by
-// operation, in the same order, with the same floor/ceil: the two stores give
-// bit-identical answers. Products are wrapped in explicit float64 conversions
-// so the compiler cannot fuse them into an FMA (Lua rounds every operation).
-// Read them side by side with the scripts; the comments there explain why.
+// The in-process twins of lua/*.lua. Redis runs Lua with IEEE doubles, so
+// the hash kinds compute in float64 and repeat the scripts' arithmetic
+// operation by operation, in the same order, with the same floor/ceil: the
+// two stores give bit-identical answers (TestDifferential holds them to it).
+// Products are wrapped in explicit float64 conversions so the compiler cannot
+// fuse them into an FMA (Lua rounds every operation). Read them side by side
+// with the scripts; the comments there explain the why.
 
-// counterKey is one sliding_counter key rolled to the request's window:
-// window idx holds cur units, window idx-1 prev units; base is the time the
-// estimate is taken at (now, or the start of a stored window that is ahead
-// of now).
-type counterKey struct {
-	window, idx, base, cur, prev, est float64
+// winState is the stored state of one window of a hash kind, as its fields:
+//
+//	counter:  a = index, b = units in it, c = units in the one before
+//	fixed:    a = index, b = units
+//	token:    a = tat, b = interval, c = burst
+//	calendar: a = start, b = end, c = units
+type winState struct {
+	name    string
+	a, b, c int64
 }
 
-// estimateAt is estimate_at in sliding_counter.lua.
-func (c *counterKey) estimateAt(t float64) float64 {
-	w := c.window
+// winEval is one window's check, with what recording it needs (the
+// scripts' s1..s4).
+type winEval struct {
+	count, retry, reset int64
+	s1, s2, s3, s4      float64
+}
+
+// ---- sliding_counter ----------------------------------------------------
+
+// ctrEst is ctr_est.
+func ctrEst(w, t, idx, cur, prev float64) float64 {
 	k := math.Floor(t / w)
-	if k == c.idx {
-		return float64(c.prev*(w-(t-float64(c.idx*w))))/w + c.cur
+	if k == idx {
+		return float64(prev*(w-(t-float64(idx*w))))/w + cur
 	}
-	if k == c.idx+1 {
-		return float64(c.cur*(w-(t-float64(k*w)))) / w
+	if k == idx+1 {
+		return float64(cur*(w-(t-float64(k*w)))) / w
 	}
 	return 0
 }
 
-// timeUntil is time_until in sliding_counter.lua: the smallest whole d >= 0
-// (µs) with estimateAt(base + d) <= target.
-func (c *counterKey) timeUntil(target float64) float64 {
-	if c.estimateAt(c.base) <= target {
+// ctrUntil is ctr_until.
+func ctrUntil(w, target, base, idx, cur, prev float64) float64 {
+	if ctrEst(w, base, idx, cur, prev) <= target {
 		return 0
 	}
-	w := c.window
-	e := c.base - float64(c.idx*w)
+	e := base - float64(idx*w)
 	var d float64
-	if target >= c.cur && c.prev > 0 {
-		d = math.Ceil(w - float64((target-c.cur)*w)/c.prev - e)
+	if target >= cur && prev > 0 {
+		d = math.Ceil(w - float64((target-cur)*w)/prev - e)
 	} else {
 		x := 0.0
-		if c.cur > 0 {
-			x = w - float64(target*w)/c.cur
+		if cur > 0 {
+			x = w - float64(target*w)/cur
 			if x < 0 {
 				x = 0
 			}
@@ -55,106 +67,261 @@ func (c *counterKey) timeUntil(target float64) float64 {
 	if d < 1 {
 		d = 1
 	}
-	for n := 0; n < 4 && c.estimateAt(c.base+d) > target; n++ {
+	for n := 0; n < 4 && ctrEst(w, base+d, idx, cur, prev) > target; n++ {
 		d = d + 1
 	}
-	for n := 0; n < 4 && d > 1 && c.estimateAt(c.base+d-1) <= target; n++ {
+	for n := 0; n < 4 && d > 1 && ctrEst(w, base+d-1, idx, cur, prev) <= target; n++ {
 		d = d - 1
 	}
 	return d
 }
 
-func checkCounter(st *memState, now, window, cost, limit int64) keyEval {
-	fnow, w, fcost, flimit := float64(now), float64(window), float64(cost), float64(limit)
-	c := counterKey{window: w, idx: math.Floor(fnow / w), base: fnow}
-	if st != nil {
-		sw := float64(st.win)
-		switch {
-		case sw == c.idx:
-			c.cur, c.prev = float64(st.cur), float64(st.prev)
-		case sw == c.idx-1:
-			c.prev = float64(st.cur)
-		case sw > c.idx:
-			c.idx, c.base = sw, float64(sw*w)
-			c.cur, c.prev = float64(st.cur), float64(st.prev)
+// stateOf is the stored state of window name, or nil.
+func stateOf(states []winState, name string) *winState {
+	for i := range states {
+		if states[i].name == name {
+			return &states[i]
 		}
 	}
-	c.est = c.estimateAt(c.base)
-	count := math.Ceil(c.est)
-	if count > c.cur+c.prev {
-		count = c.cur + c.prev
-	}
-	if count < 0 {
-		count = 0
-	}
-	retry := 0.0
-	if fcost > flimit {
-		retry = w
-	} else if c.est > flimit-fcost {
-		retry = c.timeUntil(flimit-fcost) + (c.base - fnow)
-	}
-	return keyEval{rawUsage: rawUsage{count: int64(count), retry: int64(retry)}, counter: c}
+	return nil
 }
 
-func recordCounter(st *memState, ev *keyEval, now, window, cost int64) {
-	c := &ev.counter
-	c.cur = c.cur + float64(cost)
-	ev.count += cost
-	c.est = c.estimateAt(c.base)
-	st.win, st.cur, st.prev = int64(c.idx), int64(c.cur), int64(c.prev)
-	st.expires = now + int64(math.Ceil(2*float64(window)/1000)+1000)*1000
-}
-
-// counterReset fills reset_us, which the script computes after any write.
-func (ev *keyEval) counterReset(now int64) {
-	c := &ev.counter
-	if c.est > 0 {
-		target := c.est - 1
-		if target < 0 {
-			target = 0
-		}
-		ev.reset = int64(c.timeUntil(target) + (c.base - float64(now)))
-	}
-}
-
-func checkFixed(st *memState, now, window, cost, limit int64) keyEval {
-	fnow, w := float64(now), float64(window)
-	idx := math.Floor(fnow / w)
-	count := 0.0
-	if st != nil {
-		sw := float64(st.win)
-		if sw == idx {
-			count = float64(st.cur)
-		} else if sw > idx {
-			idx, count = sw, float64(st.cur)
+// isWindow is is_window.
+func isWindow(name string, wins []Win) bool {
+	for i := range wins {
+		if wins[i].Name == name {
+			return true
 		}
 	}
-	wend := float64((idx + 1) * w)
-	var u rawUsage
-	u.count = int64(count)
-	if count > 0 {
-		u.reset = int64(wend - fnow)
+	return false
+}
+
+// ctrCarry is ctr_carry.
+func ctrCarry(states []winState, wins []Win, now float64) float64 {
+	most := 0.0
+	for i := range states {
+		st := &states[i]
+		if isWindow(st.name, wins) {
+			continue
+		}
+		l, idx, cur, prev := parseLen(st.name), float64(st.a), float64(st.b), float64(st.c)
+		if l <= 0 {
+			continue
+		}
+		t := now
+		if float64(idx*l) > t {
+			t = float64(idx * l)
+		}
+		if est := math.Ceil(ctrEst(l, t, idx, cur, prev)); est > most {
+			most = est
+		}
 	}
-	if count+float64(cost) > float64(limit) {
-		if cost > limit {
-			u.retry = window
+	return most
+}
+
+func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
+	fits := true
+	carried, haveCarry := 0.0, false
+	for j := range wins {
+		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
+		idx := math.Floor(now / w)
+		base, cur, prev := now, 0.0, 0.0
+		if st := stateOf(states, wins[j].Name); st != nil {
+			sw := float64(st.a)
+			switch {
+			case sw == idx:
+				cur, prev = float64(st.b), float64(st.c)
+			case sw == idx-1:
+				prev = float64(st.b)
+			case sw > idx:
+				idx, base = sw, float64(sw*w)
+				cur, prev = float64(st.b), float64(st.c)
+			}
 		} else {
-			u.retry = int64(wend - fnow)
+			if !haveCarry {
+				carried, haveCarry = ctrCarry(states, wins, now), true
+			}
+			cur = carried
+		}
+		est := ctrEst(w, base, idx, cur, prev)
+		count := math.Ceil(est)
+		if count > cur+prev {
+			count = cur + prev
+		}
+		if count < 0 {
+			count = 0
+		}
+		retry := 0.0
+		if cost > limit {
+			retry = w
+		} else if est > limit-cost {
+			retry = ctrUntil(w, limit-cost, base, idx, cur, prev) + (base - now)
+		}
+		if retry > 0 {
+			fits = false
+		}
+		evs[j] = winEval{count: int64(count), retry: int64(retry), s1: idx, s2: base, s3: cur, s4: prev}
+	}
+	return fits
+}
+
+// ctrRecord is ctr_record: the new states and the TTL in ms.
+func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winState, int64) {
+	ttl := 0.0
+	for j := range wins {
+		ev := &evs[j]
+		ev.s3 = ev.s3 + cost
+		ev.count += int64(cost)
+		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), b: int64(ev.s3), c: int64(ev.s4)})
+		if t := math.Ceil(2*float64(wins[j].Len)/1000) + 1000; t > ttl {
+			ttl = t
 		}
 	}
-	return keyEval{rawUsage: u, win: idx, end: wend}
+	return out, int64(ttl)
 }
 
-func recordFixed(st *memState, ev *keyEval, now, cost int64) {
-	fnow := float64(now)
-	ev.count += cost
-	ev.reset = int64(ev.end - fnow)
-	st.win, st.cur = int64(ev.win), ev.count
-	st.expires = now + int64(math.Ceil((ev.end-fnow)/1000)+1000)*1000
+// ctrReset is ctr_reset.
+func ctrReset(wins []Win, evs []winEval, now float64) {
+	for j := range wins {
+		ev := &evs[j]
+		w := float64(wins[j].Len)
+		est := ctrEst(w, ev.s2, ev.s1, ev.s3, ev.s4)
+		reset := 0.0
+		if est > 0 {
+			target := est - 1
+			if target < 0 {
+				target = 0
+			}
+			reset = ctrUntil(w, target, ev.s2, ev.s1, ev.s3, ev.s4) + (ev.s2 - now)
+		}
+		ev.reset = int64(reset)
+	}
 }
 
-// tokensInUse is in_use in token_bucket.lua.
-func tokensInUse(d, burst, interval float64) float64 {
+// ---- fixed_window and calendar periods -----------------------------------
+
+// fixCarry is fix_carry.
+func fixCarry(states []winState, wins []Win, now float64) float64 {
+	most := 0.0
+	for i := range states {
+		st := &states[i]
+		if isWindow(st.name, wins) {
+			continue
+		}
+		l, idx, n := parseLen(st.name), float64(st.a), float64(st.b)
+		if l > 0 && float64((idx+1)*l) > now && n > most {
+			most = n
+		}
+	}
+	return most
+}
+
+func fixCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
+	fits := true
+	carried, haveCarry := 0.0, false
+	for j := range wins {
+		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
+		idx := math.Floor(now / w)
+		count := 0.0
+		if st := stateOf(states, wins[j].Name); st != nil {
+			sw := float64(st.a)
+			if sw == idx {
+				count = float64(st.b)
+			} else if sw > idx {
+				idx, count = sw, float64(st.b)
+			}
+		} else {
+			if !haveCarry {
+				carried, haveCarry = fixCarry(states, wins, now), true
+			}
+			count = carried
+		}
+		wend := float64((idx + 1) * w)
+		var ev winEval
+		if count > 0 {
+			ev.reset = int64(wend - now)
+		}
+		if count+cost > limit {
+			fits = false
+			if cost > limit {
+				ev.retry = int64(w)
+			} else {
+				ev.retry = int64(wend - now)
+			}
+		}
+		ev.count, ev.s1, ev.s2 = int64(count), idx, wend
+		evs[j] = ev
+	}
+	return fits
+}
+
+func fixRecord(wins []Win, evs []winEval, now, cost float64, out []winState) ([]winState, int64) {
+	ttl := 0.0
+	for j := range wins {
+		ev := &evs[j]
+		ev.count += int64(cost)
+		ev.reset = int64(ev.s2 - now)
+		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), b: ev.count})
+		if t := math.Ceil((ev.s2-now)/1000) + 1000; t > ttl {
+			ttl = t
+		}
+	}
+	return out, int64(ttl)
+}
+
+func calCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
+	fits := true
+	for j := range wins {
+		b, limit := &wins[j].Bounds, float64(wins[j].Limit)
+		s, e := float64(b[1]), float64(b[2])
+		if now < float64(b[1]) {
+			s, e = float64(b[0]), float64(b[1])
+		} else if now >= float64(b[2]) {
+			s, e = float64(b[2]), float64(b[3])
+		}
+		count := 0.0
+		if st := stateOf(states, wins[j].Name); st != nil {
+			ss, se := float64(st.a), float64(st.b)
+			if ss == s || (ss <= now && now < se) {
+				count = float64(st.c)
+			}
+		}
+		var ev winEval
+		if count > 0 {
+			ev.reset = int64(e - now)
+		}
+		if count+cost > limit {
+			fits = false
+			if cost > limit {
+				ev.retry = int64(e - s)
+			} else {
+				ev.retry = int64(e - now)
+			}
+		}
+		ev.count, ev.s1, ev.s2 = int64(count), s, e
+		evs[j] = ev
+	}
+	return fits
+}
+
+func calRecord(wins []Win, evs []winEval, now, cost float64, out []winState) ([]winState, int64) {
+	ttl := 0.0
+	for j := range wins {
+		ev := &evs[j]
+		ev.count += int64(cost)
+		ev.reset = int64(ev.s2 - now)
+		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), b: int64(ev.s2), c: ev.count})
+		if t := math.Ceil((ev.s2-now)/1000) + 1000; t > ttl {
+			ttl = t
+		}
+	}
+	return out, int64(ttl)
+}
+
+// ---- token_bucket ----------------------------------------------------------
+
+// tbInUse is tb_in_use.
+func tbInUse(d, burst, interval float64) float64 {
 	remaining := math.Floor((float64(burst*interval) - d) / interval)
 	if remaining < 0 {
 		remaining = 0
@@ -164,42 +331,179 @@ func tokensInUse(d, burst, interval float64) float64 {
 	return burst - remaining
 }
 
-func checkToken(st *memState, now, window, cost, limit, burstArg int64) keyEval {
-	fnow, w, fcost, flimit := float64(now), float64(window), float64(cost), float64(limit)
-	burst := float64(burstArg)
-	if burst <= 0 {
-		burst = flimit
+// tbDue is tb_due; wi and wb are the stored interval and burst (NaN when
+// the state has none).
+func tbDue(tat, wi, wb, now, burst, interval float64) float64 {
+	d := tat - now
+	if d < 0 {
+		d = 0
 	}
-	interval := math.Floor(w/flimit + 0.5)
-	if interval < 1 {
-		interval = 1
-	}
-	d := 0.0
-	if st != nil {
-		d = float64(st.tat) - fnow
-		if d < 0 {
-			d = 0
+	if wi != interval || wb != burst {
+		if wi > 0 {
+			d = math.Ceil(float64(d*interval) / wi)
+		}
+		if d > float64(burst*interval) {
+			d = float64(burst * interval)
 		}
 	}
-	retry := 0.0
-	if fcost > burst {
-		retry = w
-	} else {
-		allowAt := d + float64(interval*fcost) - float64(burst*interval)
-		if allowAt > 0 {
+	return d
+}
+
+func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
+	fits := true
+	for j := range wins {
+		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
+		burst := float64(wins[j].Burst)
+		if burst <= 0 {
+			burst = limit
+		}
+		interval := math.Floor(w/limit + 0.5)
+		if interval < 1 {
+			interval = 1
+		}
+		d := 0.0
+		if st := stateOf(states, wins[j].Name); st != nil {
+			d = tbDue(float64(st.a), float64(st.b), float64(st.c), now, burst, interval)
+		} else {
+			for i := range states {
+				if st := &states[i]; !isWindow(st.name, wins) {
+					if od := tbDue(float64(st.a), float64(st.b), math.NaN(), now, burst, interval); od > d {
+						d = od
+					}
+				}
+			}
+		}
+		retry := 0.0
+		if cost > burst {
+			retry = w
+		} else if allowAt := d + float64(interval*cost) - float64(burst*interval); allowAt > 0 {
 			retry = allowAt
 		}
+		if retry > 0 {
+			fits = false
+		}
+		evs[j] = winEval{count: int64(tbInUse(d, burst, interval)), retry: int64(retry), reset: int64(d), s1: burst, s2: interval, s3: d}
 	}
-	return keyEval{
-		rawUsage: rawUsage{count: int64(tokensInUse(d, burst, interval)), retry: int64(retry), reset: int64(d)},
-		burst:    burst, interval: interval, d: d,
+	return fits
+}
+
+func tbRecord(wins []Win, evs []winEval, now, cost float64, out []winState) ([]winState, int64) {
+	ttl := 0.0
+	for j := range wins {
+		ev := &evs[j]
+		d := ev.s3 + float64(ev.s2*cost)
+		ev.count = int64(tbInUse(d, ev.s1, ev.s2))
+		ev.reset = int64(d)
+		out = append(out, winState{name: wins[j].Name, a: int64(now + d), b: int64(ev.s2), c: int64(ev.s1)})
+		if t := math.Ceil(d/1000) + 1000; t > ttl {
+			ttl = t
+		}
+	}
+	return out, int64(ttl)
+}
+
+// parseLen is tonumber of a window's name (0 when it is not a number).
+func parseLen(name string) float64 {
+	var n float64
+	if name == "" {
+		return 0
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + float64(c-'0')
+	}
+	return n
+}
+
+// ---- sliding_log ------------------------------------------------------------
+
+// logEntry is one admitted request: its time and the units before it (B).
+type logEntry struct{ t, b int64 }
+
+// logState is sliding_log.lua's sorted set: the entries from head on, T
+// and the newest time.
+type logState struct {
+	entries []logEntry
+	head    int
+	total   int64
+	newest  int64
+	hasNew  bool
+}
+
+func (l *logState) live() []logEntry { return l.entries[l.head:] }
+
+// prune drops the entries at or before cut, as ZREMRANGEBYSCORE 0 cut.
+func (l *logState) prune(cut int64) {
+	e := l.live()
+	n := sort.Search(len(e), func(i int) bool { return e[i].t > cut })
+	l.head += n
+	if l.head == len(l.entries) {
+		l.entries, l.head = l.entries[:0], 0
+	} else if l.head > 32 && l.head > len(l.entries)/2 {
+		l.entries = append(l.entries[:0], l.entries[l.head:]...)
+		l.head = 0
 	}
 }
 
-func recordToken(st *memState, ev *keyEval, now, cost int64) {
-	d := ev.d + float64(ev.interval*float64(cost))
-	ev.count = int64(tokensInUse(d, ev.burst, ev.interval))
-	ev.reset = int64(d)
-	st.tat = int64(float64(now) + d)
-	st.expires = now + int64(math.Ceil(d/1000)+1000)*1000
+// logCheck is log_check.
+func logCheck(l *logState, wins []Win, evs []winEval, now, cost int64, peek bool) bool {
+	var maxw int64
+	for j := range wins {
+		maxw = max(maxw, wins[j].Len)
+	}
+	if !peek {
+		l.prune(now - maxw)
+	}
+	e := l.live()
+	fits := true
+	for j := range wins {
+		w, limit := wins[j].Len, wins[j].Limit
+		first := 0
+		if len(e) > 0 && e[0].t <= now-w {
+			first = sort.Search(len(e), func(i int) bool { return e[i].t > now-w })
+		}
+		var ev winEval
+		if first < len(e) {
+			ev.count = l.total - e[first].b
+			ev.reset = e[first].t + w - now
+		}
+		if ev.count+cost > limit {
+			fits = false
+			if cost > limit {
+				ev.retry = w
+			} else {
+				x := l.total + cost - limit
+				// The last entry with B < x leaves first.
+				p := first + sort.Search(len(e)-first, func(i int) bool { return e[first+i].b >= x }) - 1
+				ev.retry = e[p].t + w - now
+			}
+		}
+		evs[j] = ev
+	}
+	return fits
+}
+
+// logRecord is log_record.
+func logRecord(l *logState, wins []Win, evs []winEval, now, cost int64) int64 {
+	at := now
+	if l.hasNew && l.newest > at {
+		at = l.newest
+	}
+	var maxw int64
+	for j := range wins {
+		maxw = max(maxw, wins[j].Len)
+	}
+	l.entries = append(l.entries, logEntry{t: at, b: l.total})
+	l.total += cost
+	l.newest, l.hasNew = at, true
+	for j := range wins {
+		if evs[j].count == 0 {
+			evs[j].reset = at + wins[j].Len - now
+		}
+		evs[j].count += cost
+	}
+	return (maxw+999)/1000 + 1000
 }

@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -12,14 +13,15 @@ import (
 // errBatcherClosed answers calls queued when the store closes.
 var errBatcherClosed = errors.New("redis store closed")
 
-// batcher sends the script calls of concurrent requests to Redis together,
-// as one pipeline per batch: one write and one read for the batch instead
-// of one round trip per request, for Redis and for this process. Each call
-// is still its own atomic script; only the transport is shared. A call
-// waits at most for the batch in flight on its worker, and never longer
-// than its own deadline.
+// batcher sends the checks of concurrent requests to Redis together: the
+// checks of one hash slot (all of them, off a cluster) go in one call of
+// decide.lua, which decides them in order, each atomic over its own keys,
+// each with its own reply; the calls of one batch go in one pipeline. One
+// write and one read per batch instead of per request, and one script call
+// per slot instead of per request. A call waits at most for the batch in
+// flight on its worker, and never past its own deadline.
 type batcher struct {
-	pipe    func() redis.Pipeliner
+	store   *RedisStore
 	queue   chan *batchOp
 	max     int
 	stop    chan struct{}
@@ -27,23 +29,21 @@ type batcher struct {
 	once    sync.Once
 }
 
-// batchOp is one script call waiting for its batch.
+// batchOp is one check waiting for its batch.
 type batchOp struct {
-	ctx    context.Context
-	script *redis.Script
-	keys   []string
-	args   []any
-	vals   []int64
-	err    error
-	done   chan struct{}
+	ctx  context.Context
+	c    check
+	slot int
+	raw  any
+	err  error
+	done chan struct{}
 }
 
 var opPool = sync.Pool{New: func() any { return &batchOp{done: make(chan struct{}, 1)} }}
 
-// newBatcher starts workers that each run one pipeline at a time.
-func newBatcher(newPipe func() redis.Pipeliner, workers, maxBatch int) *batcher {
+func newBatcher(s *RedisStore, workers, maxBatch int) *batcher {
 	b := &batcher{
-		pipe:  newPipe,
+		store: s,
 		queue: make(chan *batchOp, 4*maxBatch*workers),
 		max:   maxBatch,
 		stop:  make(chan struct{}),
@@ -72,10 +72,13 @@ func (b *batcher) close() {
 	})
 }
 
-// do runs one script call through a batch.
-func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, args []any) ([]int64, error) {
+// do runs one check through a batch and returns its raw reply.
+func (b *batcher) do(ctx context.Context, c check) (any, error) {
 	op := opPool.Get().(*batchOp)
-	op.ctx, op.script, op.keys, op.args, op.vals, op.err = ctx, script, keys, args, nil, nil
+	op.ctx, op.c, op.raw, op.err, op.slot = ctx, c, nil, nil, 0
+	if b.store.cluster {
+		op.slot = Slot(c.keys[0])
+	}
 	select {
 	case b.queue <- op:
 	case <-ctx.Done():
@@ -87,10 +90,10 @@ func (b *batcher) do(ctx context.Context, script *redis.Script, keys []string, a
 	}
 	select {
 	case <-op.done:
-		vals, err := op.vals, op.err
-		op.ctx, op.keys, op.args, op.vals = nil, nil, nil, nil
+		raw, err := op.raw, op.err
+		op.ctx, op.c, op.raw = nil, check{}, nil
 		opPool.Put(op)
-		return vals, err
+		return raw, err
 	case <-ctx.Done():
 		// The worker still owns op and will answer into its buffered
 		// channel; op is not reused, the garbage collector takes it.
@@ -122,21 +125,34 @@ func (b *batcher) work() {
 	}
 }
 
-// run sends one batch as a pipeline, retrying NOSCRIPT answers with EVAL
-// (which also loads the script for the next batches).
+// group is the checks of one slot: one script call.
+type group struct {
+	ops  []*batchOp
+	keys []string
+	args []any
+	cmd  *redis.Cmd
+}
+
+// run sends one batch: a script call per slot, all in one pipeline,
+// retrying NOSCRIPT answers with EVAL (which loads the script for the next
+// batches).
 func (b *batcher) run(batch []*batchOp) {
 	live := batch[:0:0]
 	var deadline time.Time
+	unbounded := false
 	for _, op := range batch {
 		if err := op.ctx.Err(); err != nil {
 			op.err = err
 			op.done <- struct{}{}
 			continue
 		}
-		// The batch runs until the latest deadline: an op whose own
-		// deadline passes first is abandoned by its caller (see do), and
-		// must not cut the batch short for the others.
-		if d, ok := op.ctx.Deadline(); ok && d.After(deadline) {
+		// The batch runs until the latest deadline of its checks, and
+		// without one when a check has none: a check is never cut short
+		// by a neighbour's deadline (its own caller stops waiting at its
+		// own; see do).
+		if d, ok := op.ctx.Deadline(); !ok {
+			unbounded = true
+		} else if d.After(deadline) {
 			deadline = d
 		}
 		live = append(live, op)
@@ -144,56 +160,116 @@ func (b *batcher) run(batch []*batchOp) {
 	if len(live) == 0 {
 		return
 	}
+	groups := groupBySlot(live)
 	ctx := context.Background()
-	if !deadline.IsZero() {
+	if !unbounded {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, deadline)
 		defer cancel()
 	}
-	cmds, errs := b.exec(ctx, live, false)
-	var retry []*batchOp
-	var retryIdx []int
-	for i := range cmds {
+	errs := b.exec(ctx, groups, false)
+	var retry []*group
+	for i, g := range groups {
 		if errs[i] != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
-			retry = append(retry, live[i])
-			retryIdx = append(retryIdx, i)
+			retry = append(retry, g)
 		}
 	}
 	if len(retry) > 0 {
-		again, againErrs := b.exec(ctx, retry, true)
-		for j, i := range retryIdx {
-			cmds[i], errs[i] = again[j], againErrs[j]
+		again := b.exec(ctx, retry, true)
+		k := 0
+		for i, g := range groups {
+			if k < len(retry) && retry[k] == g {
+				errs[i] = again[k]
+				k++
+			}
 		}
 	}
-	for i, op := range live {
-		if errs[i] != nil {
-			op.err = errs[i]
-		} else {
-			op.vals, op.err = cmds[i].Int64Slice()
+	for i, g := range groups {
+		var replies []any
+		err := errs[i]
+		if err == nil {
+			var out any
+			out, err = g.cmd.Result()
+			if l, ok := out.([]any); ok && len(l) == len(g.ops) {
+				replies = l
+			} else if err == nil {
+				err = fmt.Errorf("%w: %d replies for %d checks", ErrBadReply, len(l), len(g.ops))
+			}
 		}
-		op.done <- struct{}{}
+		for j, op := range g.ops {
+			if err != nil {
+				op.err = err
+			} else {
+				op.raw = replies[j]
+			}
+			op.done <- struct{}{}
+		}
 	}
 }
 
-// exec sends ops as one pipeline. A command's error is its own, or, when
-// the pipeline failed before the command got an answer (a dial or AUTH
-// error), the pipeline's.
-func (b *batcher) exec(ctx context.Context, ops []*batchOp, eval bool) ([]*redis.Cmd, []error) {
-	p := b.pipe()
-	cmds := make([]*redis.Cmd, len(ops))
-	for i, op := range ops {
+// groupBySlot puts the checks of each slot in one group, in arrival order.
+func groupBySlot(ops []*batchOp) []*group {
+	var groups []*group
+	for _, op := range ops {
+		var g *group
+		for _, x := range groups {
+			if x.ops[0].slot == op.slot {
+				g = x
+				break
+			}
+		}
+		if g == nil {
+			g = &group{args: []any{0}}
+			groups = append(groups, g)
+		}
+		g.ops = append(g.ops, op)
+		g.keys = append(g.keys, op.c.keys...)
+		g.args = append(g.args, op.c.args...)
+	}
+	for _, g := range groups {
+		g.args[0] = len(g.ops)
+	}
+	return groups
+}
+
+// exec sends one script call per group as one pipeline. A call's error is
+// its own, or, when the pipeline failed before the call got an answer (a
+// dial or AUTH error), the pipeline's.
+func (b *batcher) exec(ctx context.Context, groups []*group, eval bool) []error {
+	p := b.store.client.Pipeline()
+	for _, g := range groups {
 		if eval {
-			cmds[i] = op.script.Eval(ctx, p, op.keys, op.args...)
+			g.cmd = script.Eval(ctx, p, g.keys, g.args...)
 		} else {
-			cmds[i] = op.script.EvalSha(ctx, p, op.keys, op.args...)
+			g.cmd = script.EvalSha(ctx, p, g.keys, g.args...)
 		}
 	}
 	_, execErr := p.Exec(ctx)
-	errs := make([]error, len(ops))
-	for i, cmd := range cmds {
-		if errs[i] = cmd.Err(); errs[i] == nil && execErr != nil && cmd.Val() == nil {
+	errs := make([]error, len(groups))
+	for i, g := range groups {
+		if errs[i] = g.cmd.Err(); errs[i] == nil && execErr != nil && g.cmd.Val() == nil {
 			errs[i] = execErr
 		}
 	}
-	return cmds, errs
+	return errs
+}
+
+// Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
+// tag, or of the whole key without one, modulo 16384.
+func Slot(key string) int {
+	if tag := HashTag(key); tag != "" {
+		key = tag
+	}
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for j := 0; j < 8; j++ {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % 16384
 }

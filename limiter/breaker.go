@@ -100,14 +100,22 @@ func (b *Breaker) State() BreakerState { return BreakerState(b.state.Load()) }
 // Store returns the wrapped store.
 func (b *Breaker) Store() Store { return b.store }
 
-// Allow implements Store.
-func (b *Breaker) Allow(ctx context.Context, req *Request) (Result, error) {
-	return b.call(ctx, func() (Result, error) { return b.store.Allow(ctx, req) })
-}
-
-// Peek implements Store.
-func (b *Breaker) Peek(ctx context.Context, req *Request) (Result, error) {
-	return b.call(ctx, func() (Result, error) { return b.store.Peek(ctx, req) })
+// Do implements Store.
+func (b *Breaker) Do(ctx context.Context, op *Op) (Reply, error) {
+	probe := false
+	if BreakerState(b.state.Load()) != Closed {
+		ok, p, halfOpened := b.admit()
+		if halfOpened {
+			b.notify(Open, HalfOpen, nil)
+		}
+		if !ok {
+			return Reply{}, ErrCircuitOpen
+		}
+		probe = p
+	}
+	res, err := b.store.Do(ctx, op)
+	b.done(ctx, probe, err)
+	return res, err
 }
 
 // Reset implements Store; it is not guarded (an operator's reset should
@@ -116,19 +124,8 @@ func (b *Breaker) Reset(ctx context.Context, keys ...string) error {
 	return b.store.Reset(ctx, keys...)
 }
 
-func (b *Breaker) call(ctx context.Context, f func() (Result, error)) (Result, error) {
-	probe := false
-	if BreakerState(b.state.Load()) != Closed {
-		ok, p, halfOpened := b.admit()
-		if halfOpened {
-			b.notify(Open, HalfOpen, nil)
-		}
-		if !ok {
-			return Result{}, ErrCircuitOpen
-		}
-		probe = p
-	}
-	res, err := f()
+// done records the outcome of a call.
+func (b *Breaker) done(ctx context.Context, probe bool, err error) {
 	switch {
 	case err == nil:
 		if probe || b.failures.Load() != 0 {
@@ -144,7 +141,6 @@ func (b *Breaker) call(ctx context.Context, f func() (Result, error)) (Result, e
 	default:
 		b.failed(probe, err)
 	}
-	return res, err
 }
 
 // admit decides whether a call may go through an open or half-open

@@ -21,16 +21,12 @@ type flakyStore struct {
 
 var errDown = errors.New("connection refused")
 
-func (f *flakyStore) Allow(context.Context, *limiter.Request) (limiter.Result, error) {
+func (f *flakyStore) Do(context.Context, *limiter.Op) (limiter.Reply, error) {
 	f.calls.Add(1)
 	if f.down.Load() {
-		return limiter.Result{}, errDown
+		return limiter.Reply{}, errDown
 	}
-	return limiter.Result{Allowed: true}, nil
-}
-
-func (f *flakyStore) Peek(ctx context.Context, r *limiter.Request) (limiter.Result, error) {
-	return f.Allow(ctx, r)
+	return limiter.Reply{Status: limiter.StatusAllowed}, nil
 }
 
 func (f *flakyStore) Reset(context.Context, ...string) error { return nil }
@@ -62,8 +58,8 @@ func TestBreaker(t *testing.T) {
 		},
 	})
 	ctx := context.Background()
-	req := &limiter.Request{}
-	call := func() error { _, err := b.Allow(ctx, req); return err }
+	req := &limiter.Op{}
+	call := func() error { _, err := b.Do(ctx, req); return err }
 
 	if err := call(); err != nil {
 		t.Fatal(err)
@@ -108,7 +104,7 @@ func TestBreaker(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
 	for i := 0; i < 10; i++ {
-		b.Allow(cctx, req)
+		b.Do(cctx, req)
 	}
 	if b.State() != limiter.Closed {
 		t.Fatalf("canceled calls opened the circuit")
@@ -135,7 +131,7 @@ func TestBreakerOneProbe(t *testing.T) {
 	clock := &fakeClock{t: t0}
 	b := limiter.NewBreaker(store, limiter.BreakerConfig{Threshold: 1, MinCooldown: time.Second, Now: clock.Now})
 	store.fail.Store(true)
-	b.Allow(context.Background(), &limiter.Request{})
+	b.Do(context.Background(), &limiter.Op{})
 	clock.Advance(time.Second)
 	store.fail.Store(false)
 	var wg sync.WaitGroup
@@ -144,7 +140,7 @@ func TestBreakerOneProbe(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := b.Allow(context.Background(), &limiter.Request{}); errors.Is(err, limiter.ErrCircuitOpen) {
+			if _, err := b.Do(context.Background(), &limiter.Op{}); errors.Is(err, limiter.ErrCircuitOpen) {
 				open.Add(1)
 			}
 		}()
@@ -167,13 +163,13 @@ type blockingStore struct {
 	release chan struct{}
 }
 
-func (s *blockingStore) Allow(context.Context, *limiter.Request) (limiter.Result, error) {
+func (s *blockingStore) Do(context.Context, *limiter.Op) (limiter.Reply, error) {
 	s.calls.Add(1)
 	if s.fail.Load() {
-		return limiter.Result{}, errDown
+		return limiter.Reply{}, errDown
 	}
 	<-s.release
-	return limiter.Result{Allowed: true}, nil
+	return limiter.Reply{Status: limiter.StatusAllowed}, nil
 }
 
 func TestIsUnavailable(t *testing.T) {
@@ -194,11 +190,32 @@ func TestIsUnavailable(t *testing.T) {
 		{proto("WRONGTYPE Operation against a key holding the wrong kind of value"), false},
 		{proto("ERR Error running script"), false},
 		{limiter.ErrBadReply, false},
-		{limiter.ErrInvalidRequest, false},
+		{limiter.ErrInvalidOp, false},
+		{limiter.ErrLate, true},
 	}
 	for _, c := range cases {
 		if got := limiter.IsUnavailable(c.err); got != c.want {
 			t.Errorf("IsUnavailable(%v) = %v, want %v", c.err, got, c.want)
+		}
+	}
+	kinds := []struct {
+		err  error
+		want limiter.ErrKind
+	}{
+		{context.DeadlineExceeded, limiter.ErrKindTimeout},
+		{limiter.ErrLate, limiter.ErrKindTimeout},
+		{limiter.ErrCircuitOpen, limiter.ErrKindCircuitOpen},
+		{errDown, limiter.ErrKindConnection},
+		{proto("READONLY You can't write against a read only replica."), limiter.ErrKindConnection},
+		{proto("WRONGPASS invalid username-password pair"), limiter.ErrKindAuth},
+		{proto("NOPERM this user has no permissions to run the 'evalsha' command"), limiter.ErrKindAuth},
+		{proto("WRONGTYPE Operation against a key holding the wrong kind of value"), limiter.ErrKindScript},
+		{limiter.ErrBadReply, limiter.ErrKindScript},
+		{limiter.ErrInvalidOp, limiter.ErrKindOther},
+	}
+	for _, c := range kinds {
+		if got := limiter.KindOf(c.err); got != c.want {
+			t.Errorf("KindOf(%v) = %q, want %q", c.err, got, c.want)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -31,11 +32,13 @@ type step struct {
 	n      int // repeat the step n times (0 means 1); expectations apply to the last
 
 	allowed   bool
-	count     int64 // bucket count after the request; -1 skips the check
+	banned    bool
+	count     int64   // the first window's count after the request; -1 skips the check
+	counts    []int64 // every bucket window's count, when set
 	retry     time.Duration
 	global    int64 // global count after the request, when the case has one; -1 skips
 	globalDen bool
-	reset     time.Duration // bucket's ResetAfter, checked when chkReset
+	reset     time.Duration // the first window's reset, checked when chkReset
 	chkReset  bool
 }
 
@@ -45,8 +48,11 @@ type confCase struct {
 	limit       int64
 	burst       int64 // token_bucket capacity; 0 means limit
 	window      time.Duration
+	windows     []limiter.Window // several windows (limits in limits), instead of limit and window
+	limits      []int64
 	region      bool
 	globalLimit int64
+	ban         *limiter.Ban
 	steps       []step
 }
 
@@ -93,7 +99,30 @@ var conformance = []confCase{
 			{at: 2 * time.Second, cost: 4, allowed: false, count: 8, retry: 8 * time.Second},
 			{at: 2 * time.Second, cost: 2, allowed: true, count: 10},
 			{at: 10 * time.Second, cost: 4, allowed: true, count: 10},
-			{at: 10 * time.Second, cost: 11, allowed: false, count: 10, retry: 10 * time.Second},
+		},
+	},
+	{
+		// One member per request carries its cost: room for a cost comes
+		// when enough units (not entries) have left.
+		name: "sliding_log/mixed costs leave by request", alg: limiter.SlidingLog, limit: 10, window: 10 * time.Second,
+		steps: []step{
+			{at: 0, cost: 4, allowed: true, count: 4, reset: 10 * time.Second, chkReset: true},
+			{at: time.Second, cost: 1, allowed: true, count: 5},
+			{at: 2 * time.Second, cost: 3, allowed: true, count: 8},
+			// 2 units must leave: the request of 4 at t0 does, at 10 s.
+			{at: 3 * time.Second, cost: 4, allowed: false, count: 8, retry: 7 * time.Second},
+			{at: 3 * time.Second, cost: 2, allowed: true, count: 10},
+			{at: 10 * time.Second, cost: 4, allowed: true, count: 10, reset: time.Second, chkReset: true},
+			// 1 unit must leave: the request of 1 at 1 s.
+			{at: 10 * time.Second, cost: 1, allowed: false, count: 10, retry: time.Second},
+		},
+	},
+	{
+		name: "sliding_log/a cost of a million", alg: limiter.SlidingLog, limit: 3_000_000, window: time.Minute,
+		steps: []step{
+			{at: 0, cost: 1_000_000, n: 3, allowed: true, count: 3_000_000},
+			{at: time.Second, cost: 1, allowed: false, count: 3_000_000, retry: 59 * time.Second},
+			{at: time.Minute, cost: 2_000_000, allowed: true, count: 2_000_000},
 		},
 	},
 	{
@@ -115,8 +144,8 @@ var conformance = []confCase{
 		},
 	},
 	{
-		// Issue 4's case: region limit 5, global 7. The global denial leaves
-		// gb's bucket untouched, the region denial leaves the global alone.
+		// Region limit 5, global 7. The global denial leaves gb's bucket
+		// untouched, the region denial leaves the global alone.
 		name: "sliding_log/global ceiling", alg: limiter.SlidingLog, limit: 5, window: 10 * time.Second, region: true, globalLimit: 7,
 		steps: []step{
 			{at: 0, region: "us", n: 5, allowed: true, count: 5, global: 5},
@@ -128,6 +157,37 @@ var conformance = []confCase{
 			{at: 11 * time.Second, region: "us", n: 4, allowed: true, count: 4, global: 5},
 		},
 	},
+	{
+		// 2 per second and 3 per 10 s on one log: a request must fit both,
+		// and one denied by either is recorded in neither.
+		name: "sliding_log/several windows", alg: limiter.SlidingLog,
+		windows: []limiter.Window{{Duration: time.Second}, {Duration: 10 * time.Second}}, limits: []int64{2, 3},
+		steps: []step{
+			{at: 0, n: 2, allowed: true, counts: []int64{2, 2}, count: -1},
+			{at: 0, allowed: false, counts: []int64{2, 2}, count: -1, retry: time.Second},
+			{at: time.Second, allowed: true, counts: []int64{1, 3}, count: -1},
+			// The 10 s window is full; t0's first entry leaves it at 10 s.
+			{at: 1500 * time.Millisecond, allowed: false, counts: []int64{1, 3}, count: -1, retry: 8500 * time.Millisecond},
+			{at: 10 * time.Second, allowed: true, counts: []int64{1, 2}, count: -1},
+		},
+	},
+	{
+		// Three denials within 5 s ban the key for 20 s: every request is
+		// then denied with the ban's time left (or the window's, when
+		// longer), and requests made while banned do not lengthen it.
+		name: "sliding_log/penalty box", alg: limiter.SlidingLog, limit: 2, window: 10 * time.Second,
+		ban: &limiter.Ban{After: 3, Within: 5 * time.Second, For: 20 * time.Second},
+		steps: []step{
+			{at: 0, n: 2, allowed: true, count: 2},
+			{at: time.Second, allowed: false, count: 2, retry: 9 * time.Second},
+			{at: 2 * time.Second, allowed: false, count: 2, retry: 8 * time.Second},
+			{at: 3 * time.Second, allowed: false, banned: true, count: 2, retry: 20 * time.Second},
+			{at: 4 * time.Second, n: 30, allowed: false, banned: true, count: 2, retry: 19 * time.Second},
+			{at: 10 * time.Second, allowed: false, banned: true, count: 0, retry: 13 * time.Second},
+			{at: 23 * time.Second, allowed: true, count: 1},
+		},
+	},
+
 	// ---- sliding_counter ------------------------------------------------
 	// b0 = t0 + 1s starts a window of every length used below (t0 is 9 s
 	// into a 10 s window and 59 s into a minute); e is the time elapsed in
@@ -175,7 +235,6 @@ var conformance = []confCase{
 			{at: b0 + 5*time.Second, cost: 2, n: 10, allowed: false, count: 3, retry: 8333334 * time.Microsecond},
 			{at: b0 + 5*time.Second, allowed: true, count: 4},
 			{at: b0 + 5*time.Second, peek: true, allowed: false, count: 4, retry: 7500 * time.Millisecond},
-			{at: b0 + 5*time.Second, cost: 5, allowed: false, count: 4, retry: 10 * time.Second},
 			{at: b0 + 12500*time.Millisecond, allowed: true, count: 4}, // 4*0.75 + 1
 		},
 	},
@@ -232,7 +291,6 @@ var conformance = []confCase{
 			{at: b0 + 2*time.Second, cost: 3, n: 20, allowed: false, count: 3, retry: 8 * time.Second},
 			{at: b0 + 2*time.Second, cost: 2, allowed: true, count: 5, reset: 8 * time.Second, chkReset: true},
 			{at: b0 + 10*time.Second - time.Microsecond, peek: true, allowed: false, count: 5, retry: time.Microsecond},
-			{at: b0 + 10*time.Second, cost: 6, allowed: false, count: 0, retry: 10 * time.Second},
 			{at: b0 + 10*time.Second, cost: 5, allowed: true, count: 5},
 		},
 	},
@@ -255,6 +313,17 @@ var conformance = []confCase{
 			{at: b0 + 10*time.Second, region: "gb", allowed: true, count: 1, global: 1},
 			{at: b0 + 11*time.Second, region: "us", n: 5, allowed: true, count: 5, global: 6},
 			{at: b0 + 11*time.Second, region: "gb", allowed: true, count: 2, global: 7},
+		},
+	},
+	{
+		name: "fixed_window/several windows", alg: limiter.FixedWindow,
+		windows: []limiter.Window{{Duration: time.Second}, {Duration: 10 * time.Second}}, limits: []int64{2, 3},
+		steps: []step{
+			{at: b0, n: 2, allowed: true, counts: []int64{2, 2}, count: -1},
+			{at: b0, allowed: false, counts: []int64{2, 2}, count: -1, retry: time.Second},
+			{at: b0 + time.Second, allowed: true, counts: []int64{1, 3}, count: -1},
+			{at: b0 + 1500*time.Millisecond, allowed: false, counts: []int64{1, 3}, count: -1, retry: 8500 * time.Millisecond},
+			{at: b0 + 10*time.Second, allowed: true, counts: []int64{1, 1}, count: -1},
 		},
 	},
 
@@ -283,8 +352,17 @@ var conformance = []confCase{
 			{at: 0, allowed: false, count: 3, retry: time.Second},
 			{at: time.Second, allowed: true, count: 3},
 			{at: 5 * time.Second, cost: 3, allowed: true, count: 3},
-			{at: 5 * time.Second, cost: 4, allowed: false, count: 3, retry: 10 * time.Second}, // cost > burst
 			{at: 8 * time.Second, cost: 3, allowed: true, count: 3},
+		},
+	},
+	{
+		// Limit 10 per 10 s, burst 20: a cost of 15 is above the limit but
+		// within the capacity, so it fits a full bucket.
+		name: "token_bucket/burst above the limit", alg: limiter.TokenBucket, limit: 10, burst: 20, window: 10 * time.Second,
+		steps: []step{
+			{at: 0, cost: 15, allowed: true, count: 15, reset: 15 * time.Second, chkReset: true},
+			{at: 0, cost: 6, allowed: false, count: 15, retry: time.Second},
+			{at: 0, cost: 5, allowed: true, count: 20},
 		},
 	},
 	{
@@ -327,41 +405,60 @@ var conformance = []confCase{
 			{at: b0 + 11*time.Second, region: "us", allowed: false, count: 5, global: 6, retry: 2 * time.Second},
 		},
 	},
+	{
+		// 2 per second (T = 500 ms) and 3 per 10 s (T = 3333333 µs).
+		name: "token_bucket/several windows", alg: limiter.TokenBucket,
+		windows: []limiter.Window{{Duration: time.Second}, {Duration: 10 * time.Second}}, limits: []int64{2, 3},
+		steps: []step{
+			{at: 0, n: 2, allowed: true, counts: []int64{2, 2}, count: -1},
+			{at: 0, allowed: false, counts: []int64{2, 2}, count: -1, retry: 500 * time.Millisecond},
+			{at: 500 * time.Millisecond, allowed: true, counts: []int64{2, 3}, count: -1},
+			// The 10 s bucket is empty: 9499999 + 3333333 - 9999999 µs.
+			{at: 500 * time.Millisecond, allowed: false, counts: []int64{2, 3}, count: -1, retry: 2833333 * time.Microsecond},
+		},
+	},
 }
 
-// storeFactory opens a store for one test.
-type storeFactory struct {
+// backend opens a store stack for one test.
+type backend struct {
 	name string
-	open func(t *testing.T) limiter.Store
+	open func(t *testing.T) limiter.Backend
 }
 
-// storeFactories lists every store the conformance table runs against. The
+// backends lists every store stack the conformance table runs against. The
 // real redis-server is started once for the calling test (t), and every case
 // uses its own random identity on it.
-func storeFactories(t *testing.T) []storeFactory {
+func backends(t *testing.T) []backend {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	return []storeFactory{
-		{"memory", func(t *testing.T) limiter.Store {
+	return []backend{
+		{"memory", func(t *testing.T) limiter.Backend {
 			s := limiter.NewMemoryStore()
 			t.Cleanup(func() { s.Close() })
-			return s
+			return limiter.Backend{Store: s, Source: limiter.SourceMemory}
 		}},
-		{"miniredis", func(t *testing.T) limiter.Store {
+		{"miniredis", func(t *testing.T) limiter.Backend {
 			m := miniredis.RunT(t)
 			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { c.Close() })
-			return limiter.NewRedisStore(c)
+			return limiter.Backend{Store: limiter.NewRedisStore(c), Source: limiter.SourceRedis}
 		}},
-		{"redis-server", func(t *testing.T) limiter.Store {
-			return limiter.NewRedisStore(client)
+		{"redis-server", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client), Source: limiter.SourceRedis}
 		}},
-		{"redis-server, batched", func(t *testing.T) limiter.Store {
-			s := limiter.NewRedisStore(client, limiter.WithBatching(2, 8))
-			t.Cleanup(func() { s.Close() })
-			return s
+		{"production stack: deny cache, breaker, batched redis-server", func(t *testing.T) limiter.Backend {
+			return productionStack(t, client)
 		}},
 	}
+}
+
+// productionStack is what a Caddy limiter on Redis runs: a deny cache in
+// front of a breaker in front of the batched Redis store, with notices.
+func productionStack(t *testing.T, client limiter.Scripter) limiter.Backend {
+	s := limiter.NewRedisStore(client, limiter.WithBatching(2, 16))
+	t.Cleanup(func() { s.Close() })
+	br := limiter.NewBreaker(s, limiter.BreakerConfig{IsFailure: limiter.IsUnavailable})
+	return limiter.Backend{Store: br, Base: s, Source: limiter.SourceRedis, Remote: true, Notifier: s}
 }
 
 func randomID(t testing.TB) string {
@@ -374,88 +471,149 @@ func randomID(t testing.TB) string {
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	for _, sf := range storeFactories(t) {
-		t.Run(sf.name, func(t *testing.T) {
+	for _, be := range backends(t) {
+		t.Run(be.name, func(t *testing.T) {
 			t.Parallel()
-			store := sf.open(t)
+			b := be.open(t)
 			for _, cc := range conformance {
 				t.Run(cc.name, func(t *testing.T) {
 					t.Parallel()
-					runCase(t, store, cc)
+					runCase(t, b, cc)
 				})
 			}
 		})
 	}
 }
 
-func runCase(t *testing.T, store limiter.Store, cc confCase) {
-	kb, err := limiter.NewKeyBuilder("test:", "conf", cc.alg)
+// testClock is an injected clock.
+type testClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
+// caseLimiter builds the limiter of a conformance case, on clock, under
+// prefix.
+func caseLimiter(t *testing.T, b limiter.Backend, cc confCase, clock *testClock, prefix string) (*limiter.Limiter, limiter.Input) {
+	p := limiter.Policy{
+		Name: "conf", KeyPrefix: prefix, Algorithm: cc.alg, Burst: cc.burst, Regions: cc.region,
+		Ban: cc.ban, AppClock: true, Now: clock.Now, Timeout: 5 * time.Second,
+	}
+	in := limiter.Input{Identity: randomID(t)}
+	if cc.windows != nil {
+		p.Windows, in.Limits = cc.windows, cc.limits
+	} else {
+		p.Windows, in.Limits = []limiter.Window{{Duration: cc.window}}, []int64{cc.limit}
+	}
+	if cc.globalLimit > 0 {
+		p.GlobalWindows, in.GlobalLimits = []limiter.Window{{Duration: cc.window}}, []int64{cc.globalLimit}
+	}
+	l, err := limiter.New(p, b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := randomID(t)
+	t.Cleanup(l.Close)
+	return l, in
+}
+
+func runCase(t *testing.T, b limiter.Backend, cc confCase) {
+	clock := &testClock{t: t0}
+	l, in := caseLimiter(t, b, cc, clock, "test:")
 	ctx := context.Background()
 	for i, st := range cc.steps {
-		req := &limiter.Request{
-			Algorithm: cc.alg,
-			Window:    cc.window,
-			Cost:      st.cost,
-			Now:       t0.Add(st.at),
-			Bucket:    limiter.Bucket{Key: kb.Bucket(id, cc.region, st.region), Limit: cc.limit, Burst: cc.burst},
-		}
-		if cc.globalLimit > 0 {
-			req.Global = limiter.Bucket{Key: kb.Global(id), Limit: cc.globalLimit}
-		}
-		n := st.n
-		if n == 0 {
-			n = 1
-		}
-		var res limiter.Result
+		clock.Set(t0.Add(st.at))
+		in.Region, in.Cost = st.region, st.cost
+		n := max(st.n, 1)
+		var d limiter.Decision
+		var err error
 		for j := 0; j < n; j++ {
 			if st.peek {
-				res, err = store.Peek(ctx, req)
+				d, err = l.Peek(ctx, &in)
 			} else {
-				res, err = store.Allow(ctx, req)
+				d, err = l.Decide(ctx, &in)
 			}
 			if err != nil {
 				t.Fatalf("step %d (%d/%d): %v", i, j+1, n, err)
 			}
-			if j < n-1 && res.Allowed != st.allowed {
-				t.Fatalf("step %d (%d/%d): allowed=%v, want %v", i, j+1, n, res.Allowed, st.allowed)
+			if d.Err != nil {
+				t.Fatalf("step %d (%d/%d): store error %v", i, j+1, n, d.Err)
+			}
+			if j < n-1 && d.Pass != st.allowed {
+				t.Fatalf("step %d (%d/%d): allowed=%v, want %v", i, j+1, n, d.Pass, st.allowed)
 			}
 		}
-		where := fmt.Sprintf("step %d (at +%s, region %q)", i, st.at, st.region)
-		if res.Allowed != st.allowed {
-			t.Fatalf("%s: allowed=%v, want %v (%+v)", where, res.Allowed, st.allowed, res)
-		}
-		if st.count >= 0 && res.Bucket.Count != st.count {
-			t.Errorf("%s: count=%d, want %d", where, res.Bucket.Count, st.count)
-		}
-		// Limit (and so Remaining) is the token bucket's capacity when it
-		// has a burst: Remaining counts the tokens left.
+		checkStep(t, fmt.Sprintf("step %d (at +%s, region %q)", i, st.at, st.region), cc, st, &d)
+	}
+}
+
+// checkStep holds a decision to a step. A cached denial knows only the
+// windows that denied and their retry time: counts are checked when known.
+func checkStep(t *testing.T, where string, cc confCase, st step, d *limiter.Decision) {
+	t.Helper()
+	if d.Pass != st.allowed {
+		t.Fatalf("%s: allowed=%v, want %v (%+v)", where, d.Pass, st.allowed, d)
+	}
+	if d.Banned != st.banned {
+		t.Fatalf("%s: banned=%v, want %v (%+v)", where, d.Banned, st.banned, d)
+	}
+	if d.RetryAfter != st.retry {
+		t.Errorf("%s: retry after %s, want %s (%s)", where, d.RetryAfter, st.retry, d.Source)
+	}
+	w := d.Windows
+	nb := len(cc.limits)
+	if nb == 0 {
+		nb = 1
+	}
+	for i := 0; i < nb; i++ {
 		capacity := cc.limit
+		if cc.limits != nil {
+			capacity = cc.limits[i]
+		}
 		if cc.alg == limiter.TokenBucket && cc.burst > 0 {
 			capacity = cc.burst
 		}
-		if res.Bucket.Limit != capacity {
-			t.Errorf("%s: limit=%d, want %d", where, res.Bucket.Limit, capacity)
+		if w[i].Limit != capacity {
+			t.Errorf("%s: window %d limit=%d, want %d", where, i, w[i].Limit, capacity)
 		}
-		if want := max(capacity-res.Bucket.Count, 0); res.Bucket.Remaining != want {
-			t.Errorf("%s: remaining=%d, want %d", where, res.Bucket.Remaining, want)
-		}
-		if res.RetryAfter != st.retry {
-			t.Errorf("%s: retry after %s, want %s", where, res.RetryAfter, st.retry)
-		}
-		if st.chkReset && res.Bucket.ResetAfter != st.reset {
-			t.Errorf("%s: reset after %s, want %s", where, res.Bucket.ResetAfter, st.reset)
-		}
-		if cc.globalLimit > 0 {
-			if st.global >= 0 && res.Global.Count != st.global {
-				t.Errorf("%s: global count=%d, want %d", where, res.Global.Count, st.global)
+		if !w[i].Known {
+			if d.Source != limiter.SourceDenyCache || d.Pass {
+				t.Errorf("%s: window %d unknown from %s", where, i, d.Source)
 			}
-			if res.Global.Denied != st.globalDen {
-				t.Errorf("%s: global denied=%v, want %v", where, res.Global.Denied, st.globalDen)
-			}
+			continue
+		}
+		want := int64(-1)
+		if st.counts != nil {
+			want = st.counts[i]
+		} else if i == 0 {
+			want = st.count
+		}
+		if want >= 0 && w[i].Count != want {
+			t.Errorf("%s: window %d count=%d, want %d", where, i, w[i].Count, want)
+		}
+		wantRem := max(capacity-w[i].Count, 0)
+		if w[i].Denied {
+			wantRem = 0
+		}
+		if w[i].Remaining != wantRem {
+			t.Errorf("%s: window %d remaining=%d, want %d", where, i, w[i].Remaining, wantRem)
+		}
+	}
+	if st.chkReset && w[0].Known && w[0].Reset != st.reset {
+		t.Errorf("%s: reset after %s, want %s", where, w[0].Reset, st.reset)
+	}
+	if cc.globalLimit > 0 {
+		g := w[nb]
+		if g.Known && st.global >= 0 && g.Count != st.global {
+			t.Errorf("%s: global count=%d, want %d", where, g.Count, st.global)
+		}
+		if (g.Known || g.Denied) && g.Denied != st.globalDen {
+			t.Errorf("%s: global denied=%v, want %v", where, g.Denied, st.globalDen)
 		}
 	}
 }

@@ -10,44 +10,52 @@ import (
 // DefaultDenyCacheSize is the default bound on cached denials.
 const DefaultDenyCacheSize = 65536
 
-// DenyCache is a Store in front of another: once the store denies a key
-// with retry-after R, later requests for the same key, limit and cost are
-// denied locally until R has passed, with the exact remaining retry time
-// and no call to the store. That keeps a client hammering past its limit
-// off Redis entirely.
+// banForwardEvery is how often a key under a ban rule, while its denials
+// are served from the cache, sends one request on to the store carrying the
+// denials served meanwhile, so the ban counts them.
+const banForwardEvery = 100 * time.Millisecond
+
+// DenyCache is a Store in front of another: once the store denies a request
+// until R, later requests of the same key and shape (limits, cost, windows,
+// ban rule) are denied locally until R has passed, without a store call.
+// That keeps a client hammering past its limit off Redis entirely.
 //
 // It never denies what the store would admit: nothing but time makes room
-// in a bucket (admissions only add), the cached deadline is measured from
-// before the store call, and a cached denial is used only for the same
-// bucket, limit, global ceiling and cost. An admission to the bucket (a
-// smaller cost) drops its cached denial, so the retry time stays exact. One
-// case under-states the wait: a denial cached for a bucket with a global
-// ceiling, when other regions of the identity then fill the ceiling; the
-// client then asks again early and the store answers with the new time.
-// Reset drops the key's denials. Memory is bounded: at most size entries,
-// expired ones dropped first.
+// in a window (admissions only add), R is the latest retry time of the
+// windows that denied (or the ban's end), measured from before the store
+// call, and a cached denial is used only for a request of the same shape.
+// An admission of another shape (a smaller cost) drops the key's cached
+// denial. A cached answer says only what it knows: the windows that denied,
+// with their retry time counted down; the others are Unknown.
+//
+// Forget drops the denials of one identity (an operator's reset, a lifted
+// ban, on this process or, through a Notifier, on another); a denial
+// decided before a Forget is never cached after it. Memory is bounded: at
+// most size entries, expired ones dropped first.
 type DenyCache struct {
 	store Store
 	now   func() time.Time
 	max   int64
-	// m maps a bucket key to its denial. A sync.Map: the hot path is many
-	// cores reading one hot key's entry, which takes no lock here.
+	// m maps a key to its denial. A sync.Map: the hot path is many cores
+	// reading one hot key's entry, which takes no lock here.
 	m     sync.Map
 	size  atomic.Int64
+	gen   atomic.Uint64
 	evict sync.Mutex // one evictor at a time
 }
 
 type denial struct {
-	until       time.Time
-	limit       int64
-	globalKey   string
-	globalLimit int64
-	cost        int64
-	res         Result
+	start, until int64 // ns, local clock
+	shape        uint64
+	reply        Reply
+	// pending counts denials served since the last store call, for a ban
+	// rule; forwarded is when one last went to the store (ns).
+	pending   atomic.Int64
+	forwarded atomic.Int64
 }
 
 // NewDenyCache puts a cache of at most size denials in front of store.
-// now is the clock used for requests whose Now is zero.
+// now is the clock of the cached deadlines (default time.Now).
 func NewDenyCache(store Store, size int, now func() time.Time) *DenyCache {
 	if size <= 0 {
 		size = DefaultDenyCacheSize
@@ -62,49 +70,118 @@ func NewDenyCache(store Store, size int, now func() time.Time) *DenyCache {
 // they are pushed out).
 func (c *DenyCache) Len() int { return int(c.size.Load()) }
 
-// Allow implements Store. A denial served from the cache has Cached set.
-func (c *DenyCache) Allow(ctx context.Context, req *Request) (Result, error) {
-	start := req.Now
-	if start.IsZero() {
-		start = c.now()
+// Reset implements Store: it forgets the keys' identities, then resets the
+// keys in the store.
+func (c *DenyCache) Reset(ctx context.Context, keys ...string) error {
+	for _, k := range keys {
+		c.Forget(HashTag(k))
 	}
-	key := req.Bucket.Key
-	v, ok := c.m.Load(key)
-	if ok {
+	return c.store.Reset(ctx, keys...)
+}
+
+// Do implements Store. A denial served from the cache has Cached set.
+func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
+	if op.Mode != ModeCheck && op.Mode != ModeCheckOnly {
+		return c.store.Do(ctx, op)
+	}
+	start := c.now().UnixNano()
+	key := op.Parts[0].Key
+	shape := opShape(op)
+	var carried int64
+	v, cached := c.m.Load(key)
+	if cached {
 		d := v.(*denial)
-		if start.Before(d.until) && d.matches(req) {
-			return d.result(start), nil
-		}
-		if !start.Before(d.until) {
+		switch {
+		case start >= d.until:
 			c.drop(key, d)
-			ok = false
+			cached = false
+		case d.shape == shape:
+			if op.Ban == nil {
+				return d.at(start), nil
+			}
+			last := d.forwarded.Load()
+			if start-last < int64(banForwardEvery) || !d.forwarded.CompareAndSwap(last, start) {
+				d.pending.Add(1)
+				return d.at(start), nil
+			}
+			// This request goes to the store, carrying the denials served
+			// meanwhile (the store counts its own).
+			carried = d.pending.Swap(0)
+			op.Ban.Carried += carried
 		}
 	}
 
-	res, err := c.store.Allow(ctx, req)
-	if err != nil || (!ok && res.Allowed) || (!res.Allowed && res.RetryAfter <= 0) {
+	gen := c.gen.Load()
+	res, err := c.store.Do(ctx, op)
+	if err != nil {
+		if carried > 0 {
+			if v, ok := c.m.Load(key); ok {
+				v.(*denial).pending.Add(carried)
+			}
+		}
 		return res, err
 	}
-	if res.Allowed {
-		// A request of another cost (or without the global ceiling) got
-		// in: a cached denial of this bucket would now under-state the wait.
-		c.drop(key, nil)
+	if res.Status == StatusAllowed {
+		if cached {
+			// A request of another shape got in: a cached denial of this
+			// key would now overstate what is used.
+			c.drop(key, nil)
+		}
 		return res, nil
 	}
-	d := &denial{
-		until:       start.Add(res.RetryAfter),
-		limit:       req.Bucket.Limit,
-		globalKey:   req.Global.Key,
-		globalLimit: req.Global.Limit,
-		cost:        req.cost(),
-		res:         res,
+	until := start + retryOf(&res)*int64(time.Microsecond)
+	if until <= start {
+		return res, nil // a lease denial: no retry time to cache
 	}
+	d := &denial{start: start, until: until, shape: shape, reply: res}
+	d.forwarded.Store(start)
 	if _, loaded := c.m.Swap(key, d); !loaded {
 		if c.size.Add(1) > c.max {
 			c.shrink(start)
 		}
 	}
+	if c.gen.Load() != gen {
+		// A Forget ran while the store decided: this denial may predate it.
+		c.drop(key, d)
+	}
 	return res, nil
+}
+
+// retryOf is the time (µs) until the store could admit the request again:
+// the latest retry time of the windows that denied it, or the ban's end.
+// 0 for a denial with no such time (the concurrency bound).
+func retryOf(r *Reply) int64 {
+	var t int64
+	if r.LeaseDenied {
+		return 0
+	}
+	for _, u := range r.Usage {
+		t = max(t, u.Retry)
+	}
+	if r.Status == StatusBanned {
+		t = max(t, r.BanLeft)
+	}
+	return t
+}
+
+// at is the cached denial as of now: the windows that denied with their
+// retry time counted down, the others Unknown.
+func (d *denial) at(now int64) Reply {
+	e := (now - d.start) / int64(time.Microsecond)
+	r := Reply{
+		Status: d.reply.Status, Now: d.reply.Now + e, Cached: true, InFlight: -1,
+		Usage: make([]Usage, len(d.reply.Usage)),
+	}
+	if d.reply.BanLeft > e {
+		r.BanLeft = d.reply.BanLeft - e
+	}
+	for i, u := range d.reply.Usage {
+		r.Usage[i] = Usage{Unknown: true}
+		if u.Retry > e {
+			r.Usage[i].Retry = u.Retry - e
+		}
+	}
+	return r
 }
 
 // drop removes key's denial (only if it is still d, when d is given).
@@ -122,13 +199,13 @@ func (c *DenyCache) drop(key string, d *denial) {
 
 // shrink brings the cache back under its bound: expired denials first,
 // then arbitrary ones.
-func (c *DenyCache) shrink(now time.Time) {
+func (c *DenyCache) shrink(now int64) {
 	if !c.evict.TryLock() {
 		return // another request is at it
 	}
 	defer c.evict.Unlock()
 	c.m.Range(func(k, v any) bool {
-		if d := v.(*denial); !now.Before(d.until) {
+		if d := v.(*denial); now >= d.until {
 			c.drop(k.(string), d)
 		}
 		return true
@@ -142,50 +219,60 @@ func (c *DenyCache) shrink(now time.Time) {
 	})
 }
 
-// Peek implements Store; it always asks the store.
-func (c *DenyCache) Peek(ctx context.Context, req *Request) (Result, error) {
-	return c.store.Peek(ctx, req)
-}
-
-// Reset implements Store: it drops the keys' cached denials, then resets
-// them in the store.
-func (c *DenyCache) Reset(ctx context.Context, keys ...string) error {
-	c.Forget(keys...)
-	return c.store.Reset(ctx, keys...)
-}
-
-// Forget drops cached denials of the given keys, or of every key when none
-// is given.
-func (c *DenyCache) Forget(keys ...string) {
-	if len(keys) == 0 {
-		c.m.Range(func(k, v any) bool {
+// Forget drops the cached denials of one identity (its hash tag), or of
+// every key when tag is "". A denial decided before Forget returned is not
+// cached after it.
+func (c *DenyCache) Forget(tag string) {
+	c.gen.Add(1)
+	c.m.Range(func(k, v any) bool {
+		if tag == "" || HashTag(k.(string)) == tag {
 			c.drop(k.(string), v.(*denial))
-			return true
-		})
-		return
-	}
-	for _, k := range keys {
-		c.drop(k, nil)
-	}
+		}
+		return true
+	})
 }
 
-func (d *denial) matches(req *Request) bool {
-	return d.limit == req.Bucket.Limit && d.globalKey == req.Global.Key &&
-		d.globalLimit == req.Global.Limit && d.cost == req.cost()
-}
-
-// result is the cached denial as of now: the same usage, with the retry
-// times shortened by the time that passed.
-func (d *denial) result(now time.Time) Result {
-	res := d.res
-	res.Cached = true
-	left := d.until.Sub(now)
-	res.RetryAfter = left
-	if res.Bucket.Denied {
-		res.Bucket.RetryAfter = min(res.Bucket.RetryAfter, left)
+// opShape hashes everything of an Op that changes its answer, except the
+// time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
+// the concurrency bound (FNV-1a, no allocation).
+func opShape(op *Op) uint64 {
+	h := uint64(14695981039346656037)
+	num := func(v int64) {
+		for i := 0; i < 8; i++ {
+			h ^= uint64(byte(v >> (8 * i)))
+			h *= 1099511628211
+		}
 	}
-	if res.Global.Denied {
-		res.Global.RetryAfter = min(res.Global.RetryAfter, left)
+	str := func(s string) {
+		for i := 0; i < len(s); i++ {
+			h ^= uint64(s[i])
+			h *= 1099511628211
+		}
+		num(int64(len(s)))
 	}
-	return res
+	num(int64(op.Mode))
+	num(op.Cost)
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		str(p.Key)
+		num(int64(p.Kind))
+		for j := range p.Windows {
+			w := &p.Windows[j]
+			str(w.Name)
+			num(w.Limit)
+			num(w.Burst)
+			num(w.Bounds[1])
+		}
+	}
+	if b := op.Ban; b != nil {
+		str(b.Key)
+		num(b.After)
+		num(b.Within)
+		num(b.For)
+	}
+	if l := op.Lease; l != nil {
+		num(l.Max)
+		num(l.Timeout)
+	}
+	return h
 }

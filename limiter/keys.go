@@ -24,33 +24,41 @@ const hashedLen = 1 + 32
 // (those never start with "=").
 const emptyPart = "="
 
+// GlobalRegion is the region segment of an identity's global ceiling.
+const GlobalRegion = "*"
+
 // KeyBuilder builds the store keys of one limiter:
 //
-//	<prefix><name>:<algorithm>:{<identity>}            bucket without region
-//	<prefix><name>:<algorithm>:{<identity>}:<region>   bucket of one region
-//	<prefix><name>:<algorithm>:{<identity>}:*          global ceiling
+//	<prefix><name>:<segment>:{<identity>}            without region
+//	<prefix><name>:<segment>:{<identity>}:<region>   per region
+//	<prefix><name>:<segment>:{<identity>}:*          the identity's global ceiling
 //
-// The identity sits in a Redis Cluster hash tag, so all keys of one identity
-// share a slot. Identity and region come from clients, so each is kept as it
-// is only when it is 1 to 64 printable ASCII bytes without '{', '}', ':', '*'
-// or a leading '='; anything else (empty, long, control bytes, invalid
-// UTF-8, braces) becomes "=" and a 32-hex-digit hash of itself. No input can
-// break the hash tag, reach another limiter's keys or grow a key past
-// len(prefix)+len(name)+~120 bytes.
+// where segment is what the key holds: log, counter, fixed, token (the
+// algorithm's state), calendar (calendar periods), ban, lease. The identity
+// sits in a Redis Cluster hash tag, so every key of one identity shares a
+// slot and one script call may touch them all. Identity and region come
+// from clients, so each is kept as it is only when it is 1 to 64 printable
+// ASCII bytes without '{', '}', ':', '*' or a leading '='; anything else
+// (empty, long, control bytes, invalid UTF-8, braces) becomes "=" and a
+// 32-hex-digit hash of itself. No input can break the hash tag, reach
+// another limiter's keys or grow a key past len(prefix)+len(name)+~120 bytes.
 type KeyBuilder struct {
-	prefix string // "<prefix><name>:<algorithm>:{"
+	ns string // "<prefix><name>:"
 }
 
 // NewKeyBuilder checks prefix and name and returns a builder.
-func NewKeyBuilder(prefix, name string, alg Algorithm) (KeyBuilder, error) {
+func NewKeyBuilder(prefix, name string) (KeyBuilder, error) {
 	if strings.ContainsAny(prefix, "{}") {
 		return KeyBuilder{}, fmt.Errorf("key prefix %q must not contain '{' or '}' (they would break the Redis Cluster hash tag)", prefix)
 	}
 	if err := ValidName(name); err != nil {
 		return KeyBuilder{}, err
 	}
-	return KeyBuilder{prefix: prefix + name + ":" + alg.String() + ":{"}, nil
+	return KeyBuilder{ns: prefix + name + ":"}, nil
 }
+
+// Namespace is what every key of the limiter starts with.
+func (kb KeyBuilder) Namespace() string { return kb.ns }
 
 // ValidName checks a limiter name: 1 to 64 of [A-Za-z0-9_.-].
 func ValidName(name string) error {
@@ -66,38 +74,70 @@ func ValidName(name string) error {
 	return nil
 }
 
-// Bucket returns the key of identity's bucket; region is used when
-// withRegion is true (a region that expanded to nothing is its own bucket).
-func (kb KeyBuilder) Bucket(identity string, withRegion bool, region string) string {
+// KeySpec is one key of a request: what it holds, and whether it is the
+// identity's global ceiling (else the request's bucket: identity, and
+// region when the limiter has regions).
+type KeySpec struct {
+	Segment string
+	Global  bool
+}
+
+// Key returns one key of identity (in region, when withRegion).
+func (kb KeyBuilder) Key(segment, identity string, withRegion bool, region string) string {
+	var dst [1]string
+	kb.Keys(dst[:], []KeySpec{{Segment: segment}}, identity, withRegion, region)
+	return dst[0]
+}
+
+// Keys fills dst[i] with the key of specs[i] for identity and region, all
+// from one allocation (the keys are substrings of one string).
+func (kb KeyBuilder) Keys(dst []string, specs []KeySpec, identity string, withRegion bool, region string) {
 	id := safePart(identity)
-	n := len(kb.prefix) + len(id) + 1
-	var reg string
+	reg := ""
 	if withRegion {
 		reg = safePart(region)
-		n += 1 + len(reg)
+	}
+	n := 0
+	for _, s := range specs {
+		n += len(kb.ns) + len(s.Segment) + 3 + len(id)
+		if s.Global {
+			n += 1 + len(GlobalRegion)
+		} else if withRegion {
+			n += 1 + len(reg)
+		}
 	}
 	var b strings.Builder
 	b.Grow(n)
-	b.WriteString(kb.prefix)
-	b.WriteString(id)
-	b.WriteByte('}')
-	if withRegion {
-		b.WriteByte(':')
-		b.WriteString(reg)
+	var endBuf [8]int
+	ends := endBuf[:0]
+	if len(specs) > len(endBuf) {
+		ends = make([]int, 0, len(specs))
 	}
-	return b.String()
+	for _, s := range specs {
+		b.WriteString(kb.ns)
+		b.WriteString(s.Segment)
+		b.WriteString(":{")
+		b.WriteString(id)
+		b.WriteByte('}')
+		if s.Global {
+			b.WriteByte(':')
+			b.WriteString(GlobalRegion)
+		} else if withRegion {
+			b.WriteByte(':')
+			b.WriteString(reg)
+		}
+		ends = append(ends, b.Len())
+	}
+	all := b.String()
+	from := 0
+	for i := range specs {
+		dst[i] = all[from:ends[i]]
+		from = ends[i]
+	}
 }
 
-// Global returns the key of identity's global ceiling.
-func (kb KeyBuilder) Global(identity string) string {
-	id := safePart(identity)
-	var b strings.Builder
-	b.Grow(len(kb.prefix) + len(id) + 3)
-	b.WriteString(kb.prefix)
-	b.WriteString(id)
-	b.WriteString("}:*")
-	return b.String()
-}
+// Tag is the hash tag of identity's keys: what DenyCache.Forget takes.
+func Tag(identity string) string { return safePart(identity) }
 
 // safePart returns s when it can stand in a key as it is, otherwise its hash.
 func safePart(s string) string {

@@ -27,16 +27,24 @@ func FuzzKeys(f *testing.F) {
 			f.Add(a, b, b, a)
 		}
 	}
-	kb, err := limiter.NewKeyBuilder("ratelimit:", "api", limiter.SlidingLog)
+	kb, err := limiter.NewKeyBuilder("ratelimit:", "api")
 	if err != nil {
 		f.Fatal(err)
 	}
-	prefix := "ratelimit:api:sliding_log:"
+	prefix := "ratelimit:api:log:"
+	specs := []limiter.KeySpec{{Segment: "log"}, {Segment: "log", Global: true}}
 	f.Fuzz(func(t *testing.T, id1, r1, id2, r2 string) {
-		k1 := kb.Bucket(id1, true, r1)
-		k2 := kb.Bucket(id2, true, r2)
-		g1 := kb.Global(id1)
-		for _, k := range []string{k1, k2, g1, kb.Bucket(id1, false, "")} {
+		var ks1, ks2 [2]string
+		kb.Keys(ks1[:], specs, id1, true, r1)
+		kb.Keys(ks2[:], specs, id2, true, r2)
+		k1, g1, k2 := ks1[0], ks1[1], ks2[0]
+		if k := kb.Key("log", id1, true, r1); k != k1 {
+			t.Fatalf("Key %q and Keys %q differ", k, k1)
+		}
+		if limiter.Tag(id1) != limiter.HashTag(k1) {
+			t.Fatalf("Tag(%q) = %q, the key's hash tag is %q", id1, limiter.Tag(id1), limiter.HashTag(k1))
+		}
+		for _, k := range []string{k1, k2, g1, kb.Key("log", id1, false, "")} {
 			if len(k) > maxKeyLen(prefix) {
 				t.Fatalf("key of %d bytes: %.80q", len(k), k)
 			}
@@ -61,7 +69,7 @@ func FuzzKeys(f *testing.F) {
 		if id1 != id2 && limiter.HashTag(k1) == limiter.HashTag(k2) {
 			t.Fatalf("identities %q and %q share a hash tag", id1, id2)
 		}
-		if g1 == k2 || kb.Global(id2) == k1 {
+		if g1 == k2 || ks2[1] == k1 {
 			t.Fatalf("a global key equals a bucket key: %q %q", g1, k2)
 		}
 	})

@@ -3,75 +3,99 @@ package limiter
 import (
 	"context"
 	"hash/maphash"
-	"sort"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 const memoryShards = 64
 
+// DefaultMemoryKeys bounds the keys of an in-process store by default.
+const DefaultMemoryKeys = 1 << 20
+
 // MemoryStore is the in-process store: the same algorithms and the same
-// answers as the Redis scripts, for one Caddy process. Keys of one identity
-// (its regions and its global ceiling) live in one shard, under one lock, so
-// a request is checked and recorded in all its buckets atomically.
+// answers as the script, for one Caddy process. Keys of one identity (its
+// regions, its global ceiling, its ban and lease) live in one shard, under
+// one lock, so an Op is decided over all its keys atomically.
 //
-// Memory is bounded by expiry: every state has the same expiry as its Redis
-// key (sliding log: window + 1 s after its last write; sliding counter: two
-// windows + 1 s; fixed window: the window's end + 1 s; token bucket: the time
-// it is full again + 1 s). A request sees that expiry on its own clock; a
-// janitor drops states whose time to live has passed on the wall clock,
-// every second. Like the scripts' state, a state carries
-// its own timestamps: expiry only reclaims memory, it never changes an answer.
-// The sliding log holds one entry per unit in the window; the other
-// algorithms hold a few integers per key.
+// Memory is bounded twice:
+//   - by expiry: every key expires as its Redis twin does, on the wall
+//     clock (its TTL, refreshed on write), whatever clock the requests
+//     carry. A request finds an expired key gone; a janitor expires keys
+//     incrementally, sampling a few keys per shard every 100 ms and sampling
+//     again while more than a quarter of a sample had expired (Redis's own
+//     active expiry), so a sweep never walks every key.
+//   - by count: at most maxKeys keys. A new key in a full shard evicts, of
+//     8 sampled keys, the one that would expire first (the least recently
+//     written), as Redis's volatile-ttl policy does; Evictions counts them.
+//     An evicted key's budget starts again: size the bound above the keys
+//     live in one window (rate of new identities × the longest window).
+//
+// Like the script's state, a state carries its own timestamps: expiry only
+// reclaims memory, it never changes an answer.
 type MemoryStore struct {
-	now      func() time.Time
-	seed     maphash.Seed
-	shards   [memoryShards]memShard
-	stop     chan struct{}
-	stopOnce sync.Once
-	done     chan struct{}
+	now       func() time.Time
+	seed      maphash.Seed
+	shards    [memoryShards]memShard
+	perShard  int
+	evictions atomic.Int64
+	bus       listeners
+	stop      chan struct{}
+	stopOnce  sync.Once
+	done      chan struct{}
 }
 
 type memShard struct {
 	mu sync.Mutex
-	m  map[string]*memState
+	m  map[string]*memKey
 }
 
-// memState is one key's state: the fields of its algorithm are used.
-type memState struct {
-	expires     int64   // µs on the requests' clock
-	wallExpires int64   // ns on the wall clock: when the janitor may drop it
-	log         []int64 // sliding_log: admission times, ascending, one per unit
-	// sliding_counter and fixed_window: the window index and the units in
-	// it; sliding_counter also the units of the window before it.
-	win, cur, prev int64
-	tat            int64 // token_bucket: theoretical arrival time (µs)
+// memKey is one key: a log, a hash of window states, a ban or a lease set.
+type memKey struct {
+	wall int64 // ns on the wall clock: when the key expires (its TTL)
+	log  logState
+	wins []winState
+	// ban: until, and the denial count's window index, current and
+	// previous counts (hasBan: the fields are set).
+	banU, banW, banC, banP int64
+	hasBan                 bool
+	leases                 map[string]int64 // lease id → expiry (µs)
 }
 
 // MemoryOption configures a MemoryStore.
 type MemoryOption func(*MemoryStore)
 
-// WithClock sets the clock used for requests whose Now is zero.
+// WithClock sets the clock used for Ops whose Now is zero.
 func WithClock(now func() time.Time) MemoryOption {
 	return func(s *MemoryStore) { s.now = now }
+}
+
+// WithMaxKeys bounds the keys held (default DefaultMemoryKeys).
+func WithMaxKeys(n int) MemoryOption {
+	return func(s *MemoryStore) {
+		if n > 0 {
+			s.perShard = max(1, n/memoryShards)
+		}
+	}
 }
 
 // NewMemoryStore returns a store and starts its janitor; Close stops it.
 func NewMemoryStore(opts ...MemoryOption) *MemoryStore {
 	s := &MemoryStore{
-		now:  time.Now,
-		seed: maphash.MakeSeed(),
-		stop: make(chan struct{}),
-		done: make(chan struct{}),
+		now:      time.Now,
+		seed:     maphash.MakeSeed(),
+		perShard: DefaultMemoryKeys / memoryShards,
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
 	}
 	for _, o := range opts {
 		o(s)
 	}
 	for i := range s.shards {
-		s.shards[i].m = make(map[string]*memState)
+		s.shards[i].m = make(map[string]*memKey)
 	}
-	go s.janitor(time.Second)
+	go s.janitor(100 * time.Millisecond)
 	return s
 }
 
@@ -82,7 +106,8 @@ func (s *MemoryStore) Close() error {
 	return nil
 }
 
-// Len returns the number of keys held (expired ones included until swept).
+// Len returns the number of keys held (expired ones included until the
+// janitor or a request drops them).
 func (s *MemoryStore) Len() int {
 	n := 0
 	for i := range s.shards {
@@ -94,15 +119,8 @@ func (s *MemoryStore) Len() int {
 	return n
 }
 
-// Allow implements Store.
-func (s *MemoryStore) Allow(_ context.Context, req *Request) (Result, error) {
-	return s.decide(req, false)
-}
-
-// Peek implements Store.
-func (s *MemoryStore) Peek(_ context.Context, req *Request) (Result, error) {
-	return s.decide(req, true)
-}
+// Evictions returns how many live keys were dropped to stay under the bound.
+func (s *MemoryStore) Evictions() int64 { return s.evictions.Load() }
 
 // Reset implements Store.
 func (s *MemoryStore) Reset(_ context.Context, keys ...string) error {
@@ -123,205 +141,295 @@ func (s *MemoryStore) shard(key string) *memShard {
 	return &s.shards[maphash.String(s.seed, tag)%memoryShards]
 }
 
-func (s *MemoryStore) decide(req *Request, peek bool) (Result, error) {
-	if err := req.validate(); err != nil {
-		return Result{}, err
+// get returns key's live state (nil when it has none or it has expired, as
+// Redis would have dropped it). wall is the wall clock in ns.
+func (sh *memShard) get(key string, wall int64) *memKey {
+	k := sh.m[key]
+	if k != nil && k.wall <= wall {
+		delete(sh.m, key)
+		return nil
 	}
-	t := req.Now
-	if t.IsZero() {
-		t = s.now()
-	}
-	now := unixMicros(t)
-	window := micros(req.Window)
-	cost := req.cost()
+	return k
+}
 
-	sh := s.shard(req.Bucket.Key)
+// put stores k under key if it is new, evicting to stay under the bound.
+func (s *MemoryStore) put(sh *memShard, key string, k *memKey) {
+	if _, ok := sh.m[key]; ok {
+		return
+	}
+	if len(sh.m) >= s.perShard {
+		victim, soonest := "", int64(math.MaxInt64)
+		n := 0
+		for vk, v := range sh.m {
+			if v.wall < soonest && HashTag(vk) != HashTag(key) {
+				victim, soonest = vk, v.wall
+			}
+			if n++; n == 8 {
+				break
+			}
+		}
+		if victim != "" {
+			delete(sh.m, victim)
+			s.evictions.Add(1)
+		}
+	}
+	sh.m[key] = k
+}
+
+// expire sets k's time to live.
+func expire(k *memKey, ttlMS int64, wall int64) {
+	k.wall = wall + ttlMS*int64(time.Millisecond)
+}
+
+// Do implements Store: decide.lua's decide, for one Op.
+func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
+	if err := op.validate(); err != nil {
+		return Reply{}, err
+	}
+	now := op.Now
+	if now == 0 {
+		now = s.now().UnixMicro()
+	}
+	var tagKey string
+	if op.Mode == ModeRelease {
+		tagKey = op.Lease.Key
+	} else {
+		tagKey = op.Parts[0].Key
+	}
+	sh := s.shard(tagKey)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	wall := time.Now().UnixNano()
 
-	n := 1
-	if req.HasGlobal() {
-		n = 2
-	}
-	var (
-		states  [2]*memState
-		buckets = [2]Bucket{req.Bucket, req.Global}
-		evs     [2]keyEval
-	)
-	alg := req.Algorithm
-	allowed := true
-	for i := 0; i < n; i++ {
-		st := sh.m[buckets[i].Key]
-		if st != nil && st.expires <= now {
-			// Redis would have dropped the key by now.
-			st = nil
-			delete(sh.m, buckets[i].Key)
+	if op.Mode == ModeRelease {
+		if k := sh.get(op.Lease.Key, wall); k != nil {
+			delete(k.leases, op.Lease.ID)
 		}
-		states[i] = st
-		evs[i] = check(alg, st, now, window, cost, buckets[i])
-		if evs[i].retry > 0 {
-			allowed = false
+		return Reply{Status: StatusAllowed, Now: now, InFlight: -1}, nil
+	}
+	peek, record := op.Mode == ModePeek, op.Mode == ModeRecord
+	reply := Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+
+	var ban *memKey
+	if op.Ban != nil && !record {
+		ban = sh.get(op.Ban.Key, wall)
+		if ban != nil && ban.banU > now {
+			reply.BanLeft = ban.banU - now
 		}
 	}
-	if allowed && !peek {
-		wall := time.Now().UnixNano()
-		for i := 0; i < n; i++ {
-			st := states[i]
-			if st == nil {
-				st = &memState{}
-				sh.m[buckets[i].Key] = st
+
+	var evbuf [2 * MaxWindows]winEval
+	evs := evbuf[:0]
+	keys := make([]*memKey, len(op.Parts))
+	fits := true
+	fnow, fcost := float64(now), float64(op.Cost)
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		k := sh.get(p.Key, wall)
+		keys[i] = k
+		pe := evs[len(evs) : len(evs)+len(p.Windows)]
+		evs = evs[:len(evs)+len(p.Windows)]
+		var states []winState
+		if k != nil {
+			states = k.wins
+		}
+		var ok bool
+		switch p.Kind {
+		case KindLog:
+			l := &logState{}
+			if k != nil {
+				l = &k.log
 			}
-			record(alg, st, &evs[i], now, window, cost)
-			// The janitor works on the wall clock: the same time to live,
-			// counted from now. (Requests may carry other clocks: tests, or
-			// clock app on a skewed host; one limiter's clock must never
-			// expire another's state.)
-			st.wallExpires = wall + (st.expires-now)*int64(time.Microsecond)
+			ok = logCheck(l, p.Windows, pe, now, op.Cost, peek)
+		case KindCounter:
+			ok = ctrCheck(states, p.Windows, pe, fnow, fcost)
+		case KindFixed:
+			ok = fixCheck(states, p.Windows, pe, fnow, fcost)
+		case KindToken:
+			ok = tbCheck(states, p.Windows, pe, fnow, fcost)
+		default:
+			ok = calCheck(states, p.Windows, pe, fnow, fcost)
+		}
+		if !ok {
+			fits = false
 		}
 	}
-	if alg == SlidingCounter {
-		for i := 0; i < n; i++ {
-			evs[i].counterReset(now)
+
+	var lease *memKey
+	if op.Lease != nil && !record {
+		lease = sh.get(op.Lease.Key, wall)
+		var n int64
+		if lease != nil {
+			for id, exp := range lease.leases {
+				if exp <= now {
+					if !peek {
+						delete(lease.leases, id)
+					}
+					continue
+				}
+				n++
+			}
+		}
+		reply.InFlight = n
+		reply.LeaseDenied = n >= op.Lease.Max
+	}
+
+	allowed := record || (reply.BanLeft == 0 && fits && !reply.LeaseDenied)
+	if allowed && !peek {
+		if op.Mode != ModeCheckOnly {
+			off := 0
+			for i := range op.Parts {
+				p := &op.Parts[i]
+				pe := evs[off : off+len(p.Windows)]
+				off += len(p.Windows)
+				k := keys[i]
+				if k == nil {
+					k = &memKey{}
+				}
+				var ttl int64
+				switch p.Kind {
+				case KindLog:
+					ttl = logRecord(&k.log, p.Windows, pe, now, op.Cost)
+				case KindCounter:
+					k.wins, ttl = ctrRecord(p.Windows, pe, fcost, k.wins[:0])
+				case KindFixed:
+					k.wins, ttl = fixRecord(p.Windows, pe, fnow, fcost, k.wins[:0])
+				case KindToken:
+					k.wins, ttl = tbRecord(p.Windows, pe, fnow, fcost, k.wins[:0])
+				default:
+					k.wins, ttl = calRecord(p.Windows, pe, fnow, fcost, k.wins[:0])
+				}
+				expire(k, ttl, wall)
+				s.put(sh, p.Key, k)
+			}
+		}
+		if op.Lease != nil && !record {
+			if lease == nil {
+				lease = &memKey{}
+			}
+			if lease.leases == nil {
+				lease.leases = make(map[string]int64)
+			}
+			lease.leases[op.Lease.ID] = now + op.Lease.Timeout
+			expire(lease, (op.Lease.Timeout+999)/1000+1000, wall)
+			s.put(sh, op.Lease.Key, lease)
+			reply.InFlight++
 		}
 	}
-
-	res := Result{Allowed: allowed}
-	raw := &evs[0].rawUsage
-	res.Bucket = usage(req.capacity(&req.Bucket), raw.count, raw.retry, raw.reset, raw.retry > 0)
-	if n == 2 {
-		raw = &evs[1].rawUsage
-		res.Global = usage(req.capacity(&req.Global), raw.count, raw.retry, raw.reset, raw.retry > 0)
+	off := 0
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		if p.Kind == KindCounter {
+			ctrReset(p.Windows, evs[off:off+len(p.Windows)], fnow)
+		}
+		off += len(p.Windows)
 	}
-	res.finish()
-	return res, nil
-}
 
-// rawUsage mirrors one key's part of a script reply.
-type rawUsage struct {
-	count, retry, reset int64
-}
-
-// keyEval is one key's check, with what recording the request needs.
-type keyEval struct {
-	rawUsage
-	counter counterKey // sliding_counter
-	// fixed_window: window index and end; token_bucket: capacity, emission
-	// interval and time until full. Floats, as in the scripts.
-	win, end           float64
-	burst, interval, d float64
-}
-
-// check evaluates one key as the algorithm's script does before writing:
-// the key's usage before the request, and the retry time when it does not fit.
-func check(alg Algorithm, st *memState, now, window, cost int64, b Bucket) keyEval {
-	switch alg {
-	case SlidingCounter:
-		return checkCounter(st, now, window, cost, b.Limit)
-	case FixedWindow:
-		return checkFixed(st, now, window, cost, b.Limit)
-	case TokenBucket:
-		return checkToken(st, now, window, cost, b.Limit, b.Burst)
+	switch {
+	case reply.BanLeft > 0:
+		reply.Status = StatusBanned
+	case allowed:
+		reply.Status = StatusAllowed
 	default:
-		return keyEval{rawUsage: checkLog(st, now, window, cost, b.Limit)}
+		reply.Status = StatusDenied
 	}
-}
-
-// record writes an admitted request into st, as the script does, and
-// updates ev's usage to after the request.
-func record(alg Algorithm, st *memState, ev *keyEval, now, window, cost int64) {
-	switch alg {
-	case SlidingCounter:
-		recordCounter(st, ev, now, window, cost)
-	case FixedWindow:
-		recordFixed(st, ev, now, cost)
-	case TokenBucket:
-		recordToken(st, ev, now, cost)
-	default:
-		if ev.count == 0 {
-			ev.reset = window
+	if b := op.Ban; b != nil && reply.BanLeft == 0 && (op.Mode == ModeCheck || op.Mode == ModeCheckOnly) {
+		n := b.Carried
+		if !allowed {
+			n++
 		}
-		ev.count += cost
-		recordLog(st, now, window, cost)
-	}
-}
-
-// checkLog is sliding_log.lua's check for one key: it drops entries that
-// left the window (as ZREMRANGEBYSCORE does) and reports the key's usage.
-func checkLog(st *memState, now, window, cost, limit int64) rawUsage {
-	var u rawUsage
-	if st == nil {
-		if cost > limit {
-			u.retry = window
-		}
-		return u
-	}
-	// Window is (now - window, now]: drop entries <= now - window.
-	cut := sort.Search(len(st.log), func(i int) bool { return st.log[i] > now-window })
-	if cut > 0 {
-		st.log = append(st.log[:0], st.log[cut:]...)
-	}
-	count := int64(len(st.log))
-	u.count = count
-	if count > 0 {
-		u.reset = st.log[0] + window - now
-	}
-	if count+cost > limit {
-		if cost > limit {
-			u.retry = window
-		} else {
-			u.retry = st.log[count+cost-limit-1] + window - now
+		if n > 0 {
+			if ban == nil {
+				ban = &memKey{}
+			}
+			if banCount(ban, n, now, b) {
+				reply.Status, reply.BanLeft, reply.BanStarted = StatusBanned, b.For, true
+			}
+			span := int64(math.Ceil(2*float64(b.Within)/1000)) + 1000
+			ttl := span
+			if reply.BanStarted {
+				ttl = max(int64(math.Ceil(float64(b.For)/1000))+1000, span)
+			}
+			expire(ban, ttl, wall)
+			s.put(sh, b.Key, ban)
 		}
 	}
-	return u
+	for _, ev := range evs {
+		reply.Usage = append(reply.Usage, Usage{Count: ev.count, Retry: ev.retry, Reset: ev.reset})
+	}
+	return reply, nil
 }
 
-// recordLog adds cost entries at now, keeping the log sorted (requests may
-// arrive with slightly out-of-order clocks), and refreshes the expiry.
-func recordLog(st *memState, now, window, cost int64) {
-	i := sort.Search(len(st.log), func(i int) bool { return st.log[i] > now })
-	for c := int64(0); c < cost; c++ {
-		st.log = append(st.log, 0)
+// banCount is ban_count: it adds n denials and bans the key when the
+// weighted count reaches After.
+func banCount(k *memKey, n, now int64, b *BanOp) bool {
+	within := float64(b.Within)
+	fnow := float64(now)
+	idx := math.Floor(fnow / within)
+	cur, prev := 0.0, 0.0
+	if k.hasBan {
+		sw := float64(k.banW)
+		switch {
+		case sw == idx:
+			cur, prev = float64(k.banC), float64(k.banP)
+		case sw == idx-1:
+			prev = float64(k.banC)
+		case sw > idx:
+			idx, cur, prev = sw, float64(k.banC), float64(k.banP)
+		}
 	}
-	copy(st.log[i+int(cost):], st.log[i:])
-	for c := int64(0); c < cost; c++ {
-		st.log[i+int(c)] = now
+	cur = cur + float64(n)
+	t := fnow
+	if float64(idx*within) > t {
+		t = float64(idx * within)
 	}
-	st.expires = now + ttlMicros(window)
-}
-
-// ttlMicros is the expiry the scripts set: window + 1 s, rounded up to a ms.
-func ttlMicros(window int64) int64 {
-	ms := (window + 999) / 1000
-	return (ms + 1000) * 1000
+	if ctrEst(within, t, idx, cur, prev) >= float64(b.After) {
+		k.banU, k.banW, k.banC, k.banP, k.hasBan = now+b.For, int64(idx), 0, 0, true
+		return true
+	}
+	k.banW, k.banC, k.banP, k.hasBan = int64(idx), int64(cur), int64(prev), true
+	return false
 }
 
 func (s *MemoryStore) janitor(every time.Duration) {
 	defer close(s.done)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	next := 0
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-tick.C:
-			s.sweep()
+			// A quarter of the shards per tick: each shard every 400 ms.
+			for i := 0; i < memoryShards/4; i++ {
+				s.expireSome(&s.shards[next])
+				next = (next + 1) % memoryShards
+			}
 		}
 	}
 }
 
-// sweep drops every state whose time to live has passed on the wall clock.
-// A request finds an expired state expired on its own clock anyway; the
-// sweep only reclaims memory.
-func (s *MemoryStore) sweep() {
+// expireSome drops expired keys of one shard by sampling, as Redis's active
+// expiry does: 20 keys at a time, again while more than 5 of them had
+// expired, at most 16 rounds.
+func (s *MemoryStore) expireSome(sh *memShard) {
 	now := time.Now().UnixNano()
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for k, st := range sh.m {
-			if st.wallExpires <= now {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for round := 0; round < 16; round++ {
+		seen, dropped := 0, 0
+		for k, v := range sh.m {
+			if v.wall <= now {
 				delete(sh.m, k)
+				dropped++
+			}
+			if seen++; seen == 20 {
+				break
 			}
 		}
-		sh.mu.Unlock()
+		if dropped <= 5 {
+			return
+		}
 	}
 }

@@ -2,15 +2,12 @@ package limiter
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strconv"
-	"strings"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -20,76 +17,85 @@ import (
 // ErrBadReply is wrapped by errors about a script reply of the wrong shape.
 var ErrBadReply = errors.New("malformed reply from redis script")
 
-// scripts holds one script per algorithm, indexed by Algorithm.
-var scripts = [...]*redis.Script{
-	SlidingLog:     redis.NewScript(lua.SlidingLog),
-	SlidingCounter: redis.NewScript(lua.SlidingCounter),
-	FixedWindow:    redis.NewScript(lua.FixedWindow),
-	TokenBucket:    redis.NewScript(lua.TokenBucket),
+// ErrLate is returned for a check that reached Redis after its deadline:
+// Redis did not run it.
+var ErrLate = errors.New("check reached redis after its deadline; not run")
+
+// script is decide.lua with the algorithms spliced in.
+var script = redis.NewScript(lua.Decide)
+
+// Scripter is what the Redis store needs of a go-redis client: scripts,
+// pipelines (for batches), DEL (for resets) and pub/sub (for telling other
+// processes about resets). Every go-redis client has them.
+type Scripter interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
+	Subscribe(ctx context.Context, channels ...string) *redis.PubSub
 }
 
-// Every algorithm has its script.
-var _ = [1]struct{}{}[len(scripts)-len(algorithmNames)]
+// Every go-redis client is a Scripter.
+var (
+	_ Scripter = (*redis.Client)(nil)
+	_ Scripter = (*redis.ClusterClient)(nil)
+	_ Scripter = (redis.UniversalClient)(nil)
+)
 
-// RedisStore decides requests with one Lua script call per request (EVALSHA,
-// and EVAL when Redis answers NOSCRIPT, as after a restart). It works with a
-// single Redis, a Sentinel-managed one or a Redis Cluster: all keys of one
-// call share a hash tag. The client belongs to the caller; the store never
-// closes it.
+// RedisStore decides Ops with one call of decide.lua each (EVALSHA, and
+// EVAL when Redis answers NOSCRIPT, as after a restart), or, batched, one
+// call for the concurrent checks of one hash slot. It works with a single
+// Redis, a Sentinel-managed one or a Redis Cluster: all keys of an Op share
+// a hash tag. The client belongs to the caller; the store never closes it.
 type RedisStore struct {
-	client redis.Scripter
-	batch  *batcher // nil: one round trip per call
-	// idPrefix makes request ids unique across processes; seq across calls.
-	idPrefix string
-	seq      atomic.Uint64
+	client  Scripter
+	cluster bool
+	batch   *batcher // nil: one round trip per call
+	clock   offsetClock
+	notify  notifier
 }
 
 // RedisOption configures a RedisStore.
 type RedisOption func(*RedisStore)
 
-// WithBatching sends the calls of concurrent requests together, in one
-// pipeline per batch of at most maxBatch calls, on workers concurrent
-// pipelines. Each call stays one atomic script; batching trades a wait of
-// at most one batch for far fewer round trips and system calls under load.
-// The client must be able to pipeline (every go-redis client can).
+// WithBatching sends the checks of concurrent requests together: one script
+// call per hash slot decides a batch of checks in order, each still atomic
+// over its own keys, on workers concurrent pipelines of at most maxBatch
+// checks. Batching trades a wait of at most one batch for far fewer round
+// trips, system calls and script calls.
 func WithBatching(workers, maxBatch int) RedisOption {
 	return func(s *RedisStore) {
-		p, ok := s.client.(interface{ Pipeline() redis.Pipeliner })
-		if !ok || workers <= 0 || maxBatch <= 1 {
-			return
+		if workers > 0 && maxBatch > 1 {
+			s.batch = newBatcher(s, workers, maxBatch)
 		}
-		s.batch = newBatcher(p.Pipeline, workers, maxBatch)
 	}
 }
 
-// NewRedisStore returns a store that runs its scripts on client. Close it
-// when done if it batches.
-func NewRedisStore(client redis.Scripter, opts ...RedisOption) *RedisStore {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	s := &RedisStore{client: client, idPrefix: hex.EncodeToString(b[:]) + "-"}
+// NewRedisStore returns a store that runs its script on client. Close it
+// when done.
+func NewRedisStore(client Scripter, opts ...RedisOption) *RedisStore {
+	s := &RedisStore{client: client}
+	_, s.cluster = client.(*redis.ClusterClient)
+	if u, ok := client.(redis.UniversalClient); ok {
+		if _, c := u.(*redis.ClusterClient); c {
+			s.cluster = true
+		}
+	}
+	s.notify.store = s
 	for _, o := range opts {
 		o(s)
 	}
 	return s
 }
 
-// Close stops the batching workers, if any. It does not close the client.
+// Close stops the batching workers and the reset subscription. It does not
+// close the client.
 func (s *RedisStore) Close() error {
 	if s.batch != nil {
 		s.batch.close()
 	}
+	s.notify.close()
 	return nil
-}
-
-// Allow implements Store.
-func (s *RedisStore) Allow(ctx context.Context, req *Request) (Result, error) {
-	return s.run(ctx, req, "0")
-}
-
-// Peek implements Store.
-func (s *RedisStore) Peek(ctx context.Context, req *Request) (Result, error) {
-	return s.run(ctx, req, "1")
 }
 
 // Reset implements Store. The keys must share a hash tag on a cluster.
@@ -97,86 +103,193 @@ func (s *RedisStore) Reset(ctx context.Context, keys ...string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	c, ok := s.client.(redis.Cmdable)
-	if !ok {
-		return errors.New("redis client cannot delete keys")
-	}
-	return c.Del(ctx, keys...).Err()
+	return s.client.Del(ctx, keys...).Err()
 }
 
-func (s *RedisStore) run(ctx context.Context, req *Request, mode string) (Result, error) {
-	if err := req.validate(); err != nil {
-		return Result{}, err
+// Do implements Store.
+func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
+	if err := op.validate(); err != nil {
+		return Reply{}, err
 	}
-	var now int64
-	if !req.Now.IsZero() {
-		now = unixMicros(req.Now)
-	}
-	member := s.idPrefix + strconv.FormatUint(s.seq.Add(1), 36)
-
-	keys := make([]string, 1, 2)
-	keys[0] = req.Bucket.Key
-	args := make([]any, 0, 9)
-	args = append(args, now, micros(req.Window), req.cost(), mode, member, req.Bucket.Limit, req.Bucket.Burst)
-	if req.HasGlobal() {
-		keys = append(keys, req.Global.Key)
-		args = append(args, req.Global.Limit, req.Global.Burst)
-	}
-
-	var vals []int64
+	c := newCheck(op, s.clock.deadline(op.Deadline))
+	var raw any
 	var err error
+	sent := time.Now()
 	if s.batch != nil {
-		vals, err = s.batch.do(ctx, scripts[req.Algorithm], keys, args)
+		raw, err = s.batch.do(ctx, c)
 	} else {
-		vals, err = scripts[req.Algorithm].Run(ctx, s.client, keys, args...).Int64Slice()
-	}
-	if err != nil {
-		return Result{}, err
-	}
-	if len(vals) != 1+3*len(keys) {
-		return Result{}, fmt.Errorf("%w: %d values for %d keys", ErrBadReply, len(vals), len(keys))
-	}
-	res := Result{Allowed: vals[0] == 1}
-	res.Bucket = usage(req.capacity(&req.Bucket), vals[1], vals[2], vals[3], vals[2] > 0)
-	if len(keys) == 2 {
-		res.Global = usage(req.capacity(&req.Global), vals[4], vals[5], vals[6], vals[5] > 0)
-	}
-	if !res.Allowed && !res.Bucket.Denied && !res.Global.Denied {
-		return Result{}, fmt.Errorf("%w: denied with no retry time", ErrBadReply)
-	}
-	res.finish()
-	return res, nil
-}
-
-// IsUnavailable reports whether err says Redis cannot serve requests at all
-// (as opposed to an error about one request): a network error, a timeout, a
-// full pool, a closed client, an authentication failure, or a reply saying
-// the server is loading, busy, read-only, out of memory or without a master.
-// The circuit breaker counts only these.
-func IsUnavailable(err error) bool {
-	if err == nil || errors.Is(err, ErrBadReply) || errors.Is(err, ErrInvalidRequest) {
-		return false
-	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) || errors.Is(err, io.EOF) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed) {
-		return true
-	}
-	var re redis.Error
-	if !errors.As(err, &re) {
-		// Not a reply from Redis: connection-level trouble (TLS, dial).
-		return true
-	}
-	msg := re.Error()
-	for _, p := range unavailablePrefixes {
-		if strings.HasPrefix(msg, p) {
-			return true
+		args := make([]any, 0, 1+len(c.args))
+		args = append(args, 1)
+		args = append(args, c.args...)
+		var out any
+		out, err = script.Run(ctx, s.client, c.keys, args...).Result()
+		if err == nil {
+			raw, err = only(out)
 		}
 	}
-	return false
+	if err != nil {
+		return Reply{}, err
+	}
+	return s.reply(raw, op, sent)
 }
 
-var unavailablePrefixes = []string{
-	"LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM",
-	"WRONGPASS", "NOAUTH", "MISCONF",
+// only is the single check's reply of a one-check call.
+func only(out any) (any, error) {
+	l, ok := out.([]any)
+	if !ok || len(l) != 1 {
+		return nil, fmt.Errorf("%w: %T of %d checks for 1", ErrBadReply, out, len(l))
+	}
+	return l[0], nil
+}
+
+// reply reads one check's reply, checked for shape before it is indexed.
+func (s *RedisStore) reply(raw any, op *Op, sent time.Time) (Reply, error) {
+	if err, ok := raw.(error); ok {
+		return Reply{}, err
+	}
+	v, ok := raw.([]any)
+	if !ok || len(v) < 3 {
+		return Reply{}, fmt.Errorf("%w: %T", ErrBadReply, raw)
+	}
+	n := make([]int64, len(v))
+	for i, x := range v {
+		if n[i], ok = x.(int64); !ok {
+			return Reply{}, fmt.Errorf("%w: value %d is %T", ErrBadReply, i, x)
+		}
+	}
+	if n[2] > 0 {
+		s.clock.sample(n[2], sent)
+	}
+	r := Reply{Status: Status(n[0]), Now: n[1]}
+	switch r.Status {
+	case StatusLate:
+		return Reply{}, ErrLate
+	case StatusAllowed, StatusDenied, StatusBanned:
+	default:
+		return Reply{}, fmt.Errorf("%w: status %d", ErrBadReply, n[0])
+	}
+	if op.Mode == ModeRelease {
+		r.InFlight = -1
+		return r, nil
+	}
+	nw := op.windows()
+	if len(n) != 7+3*nw {
+		return Reply{}, fmt.Errorf("%w: %d values for %d windows", ErrBadReply, len(n), nw)
+	}
+	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6] == 1
+	r.Usage = make([]Usage, nw)
+	denied := false
+	for j := range r.Usage {
+		u := Usage{Count: n[7+3*j], Retry: n[8+3*j], Reset: n[9+3*j]}
+		if u.Count < 0 || u.Retry < 0 || u.Reset < 0 {
+			return Reply{}, fmt.Errorf("%w: negative usage %+v", ErrBadReply, u)
+		}
+		denied = denied || u.Retry > 0
+		r.Usage[j] = u
+	}
+	if r.Status == StatusDenied && !denied && !r.LeaseDenied {
+		return Reply{}, fmt.Errorf("%w: denied with no retry time", ErrBadReply)
+	}
+	if r.Status == StatusBanned && r.BanLeft <= 0 {
+		return Reply{}, fmt.Errorf("%w: banned with no ban time", ErrBadReply)
+	}
+	return r, nil
+}
+
+// check is one Op encoded for the script: its KEYS and its ARGV (from
+// nargs on).
+type check struct {
+	keys []string
+	args []any
+}
+
+func newCheck(op *Op, deadline int64) check {
+	nw := op.windows()
+	c := check{
+		keys: make([]string, 0, len(op.Parts)+2),
+		args: make([]any, 0, 9+2*len(op.Parts)+6*nw+7),
+	}
+	ban, lease := 0, 0
+	if op.Ban != nil {
+		ban = 1
+	}
+	if op.Lease != nil {
+		lease = 1
+	}
+	c.args = append(c.args, 0, 0, int(op.Mode), op.Now, deadline, op.Cost, len(op.Parts), ban, lease)
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		c.keys = append(c.keys, p.Key)
+		c.args = append(c.args, int(p.Kind), len(p.Windows))
+		for j := range p.Windows {
+			w := &p.Windows[j]
+			if p.Kind == KindCalendar {
+				c.args = append(c.args, w.Name, w.Limit, w.Bounds[0], w.Bounds[1], w.Bounds[2], w.Bounds[3])
+			} else {
+				c.args = append(c.args, w.Name, w.Limit, w.Burst)
+			}
+		}
+	}
+	if b := op.Ban; b != nil {
+		c.keys = append(c.keys, b.Key)
+		c.args = append(c.args, b.After, b.Within, b.For, b.Carried)
+	}
+	if l := op.Lease; l != nil {
+		c.keys = append(c.keys, l.Key)
+		c.args = append(c.args, l.Max, l.Timeout, l.ID)
+	}
+	c.args[0], c.args[1] = len(c.args), len(c.keys)
+	return c
+}
+
+// WindowName is the name of a duration window's state in its key: its
+// length in µs.
+func WindowName(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
+
+// offsetClock learns how far Redis's clock is from this process's, so a
+// check can carry its deadline on Redis's clock. Each reply that read TIME
+// gives a sample: Redis's time minus the local time the call was sent, at
+// least the true offset (the check ran after it was sent). The smallest
+// sample of the last two 5-second epochs is used: it is within one round
+// trip of the truth, and always on the lenient side, so a check is never
+// refused for a deadline it met.
+type offsetClock struct {
+	mu     sync.Mutex
+	epoch  int64
+	cur    int64 // smallest sample of this epoch
+	prev   int64 // of the previous one
+	hasCur bool
+	known  atomic.Bool
+	offset atomic.Int64
+}
+
+func (o *offsetClock) sample(redisNow int64, sent time.Time) {
+	v := redisNow - sent.UnixMicro()
+	e := sent.Unix() / 5
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if e != o.epoch {
+		o.prev, o.cur, o.hasCur = o.cur, v, true
+		if e != o.epoch+1 || !o.known.Load() {
+			o.prev = v
+		}
+		o.epoch = e
+	} else if !o.hasCur || v < o.cur {
+		o.cur, o.hasCur = v, true
+	}
+	o.offset.Store(min(o.cur, o.prev))
+	o.known.Store(true)
+}
+
+// deadline is d on Redis's clock for the script: 0 without a deadline, -1
+// while the offset is unknown (the script reads TIME, and the reply teaches
+// the offset).
+func (o *offsetClock) deadline(d time.Time) int64 {
+	if d.IsZero() {
+		return 0
+	}
+	if !o.known.Load() {
+		return -1
+	}
+	return d.UnixMicro() + o.offset.Load()
 }

@@ -1,86 +1,153 @@
--- fixed_window.lua: fixed-window counter, one hash per budget.
+-- fixed_window.lua: fixed-window counters, one hash per bucket holding every
+-- duration window of the bucket, and the calendar periods (hour, day, week,
+-- month in the limiter's time zone), which are fixed windows by nature.
+-- Spliced into decide.lua (clock, units, window arrays, hset).
 --
--- Clock: ARGV[1] is now in microseconds from the caller (clock app); "0" makes
--- the script read Redis TIME (clock redis: one clock for every Caddy node).
--- Units: every time is in microseconds; every number is a whole number.
+-- State per duration window of length L: "<L>w" = index of the window,
+-- floor(t / L); "<L>n" = units admitted in it. Per calendar period P (its
+-- name: hour, day, week, month): "<P>s" and "<P>e" = the period's start and
+-- end, "<P>n" = units admitted in it. A state carries its own window, so a
+-- stale one reads as empty whatever its TTL (until the window ends + 1 s,
+-- refreshed on write).
 --
--- State (HASH): w = index of the window, floor(t / window); n = units admitted
--- in window w. The state carries its own window index, so a stale key reads as
--- empty whatever its TTL; the TTL (until the window ends, + 1 s, refreshed on
--- write) only collects garbage.
+-- A request fits when n + cost <= limit; by design a fixed window lets up to
+-- 2 * limit through around a boundary (limit at its end, limit again at the
+-- start of the next one). A timestamp older than the stored window (a caller
+-- with a slow clock) is counted in the stored window: the counter never goes
+-- back. A duration window whose length changed (a reload) carries the count
+-- of the window it replaced while that window lasts; a calendar period whose
+-- bounds moved (a new time zone) carries its count while the stored period
+-- still holds now.
 --
--- A request is admitted when n + cost <= limit in every key; it is then
--- recorded (n = n + cost) in every key, or, when one key is full, in none.
--- Rejected requests are never recorded; peeks never write. By design a fixed
--- window lets up to 2 * limit through around a boundary (limit at its end,
--- limit again at the start of the next one).
---
--- A timestamp older than the stored window (a caller with a slow clock) is
--- counted in the stored window: the counter never goes back.
---
--- Reply: {allowed, count, retry_us, reset_us} per key, flattened after allowed:
---   count     units in the current window after this request (peek: before)
---   retry_us  when denied: time until the current window ends; window when
---             cost > limit
---   reset_us  time until the current window ends (0 if the window is empty)
+-- Per window: count = units in the current window (+ cost when recorded);
+-- retry = when denied, the time until the window ends (the window when
+-- cost > limit); reset = the time until the window ends (0 if it is empty).
 
-local now     = tonumber(ARGV[1])
-local window  = tonumber(ARGV[2])
-local cost    = tonumber(ARGV[3])
-local peek    = ARGV[4] == "1"
-
-if now == 0 then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local allowed = 1
-local idxs, ends = {}, {}
-local counts, retries, resets = {}, {}, {}
-
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[4 + 2 * i])
-  local idx = math.floor(now / window)
-  local count = 0
-  local st = redis.call("HMGET", key, "w", "n")
-  if st[1] then
-    local w = tonumber(st[1])
-    if w == idx then
-      count = tonumber(st[2])
-    elseif w > idx then
-      idx, count = w, tonumber(st[2])
+-- fix_carry is the count the fields of other lengths (windows a reload
+-- replaced) hold in windows that still contain now: the most of them.
+local function fix_carry(f, now, j0, j1)
+  local most = 0
+  for name, v in pairs(f) do
+    if string.sub(name, -1) == "w" and not is_window(string.sub(name, 1, -2), j0, j1) then
+      local ls = string.sub(name, 1, -2)
+      local l, idx, n = tonumber(ls), tonumber(v), tonumber(f[ls .. "n"]) or 0
+      if l and idx and (idx + 1) * l > now and n > most then
+        most = n
+      end
     end
   end
-  local wend = (idx + 1) * window
-  local retry, reset = 0, 0
-  if count > 0 then
-    reset = wend - now
-  end
-  if count + cost > limit then
-    allowed = 0
-    if cost > limit then
-      retry = window
+  return most
+end
+
+-- fix_check fills duration windows j0..j1 from the hash fields f; record
+-- needs s1 (the window index) and s2 (its end).
+local function fix_check(f, j0, j1, now, cost)
+  local fits = true
+  local carried = false
+  for j = j0, j1 do
+    local w, ls, limit = wlen[j], wname[j], wlim[j]
+    local idx = math.floor(now / w)
+    local count = 0
+    local sw = tonumber(f[ls .. "w"])
+    if sw then
+      if sw == idx then
+        count = tonumber(f[ls .. "n"])
+      elseif sw > idx then
+        idx, count = sw, tonumber(f[ls .. "n"])
+      end
     else
-      retry = wend - now
+      if carried == false then
+        carried = fix_carry(f, now, j0, j1)
+      end
+      count = carried
+    end
+    local wend = (idx + 1) * w
+    local retry, reset = 0, 0
+    if count > 0 then
+      reset = wend - now
+    end
+    if count + cost > limit then
+      fits = false
+      if cost > limit then
+        retry = w
+      else
+        retry = wend - now
+      end
+    end
+    cnt[j], rty[j], rst[j] = count, retry, reset
+    s1[j], s2[j] = idx, wend
+  end
+  return fits
+end
+
+-- fix_record adds cost to windows j0..j1 and queues their fields.
+local function fix_record(j0, j1, now, cost)
+  local ttl = 0
+  for j = j0, j1 do
+    local ls = wname[j]
+    cnt[j] = cnt[j] + cost
+    rst[j] = s2[j] - now
+    hset(ls .. "w", s1[j])
+    hset(ls .. "n", cnt[j])
+    local t = math.ceil((s2[j] - now) / 1000) + 1000
+    if t > ttl then
+      ttl = t
     end
   end
-  idxs[i], ends[i] = idx, wend
-  counts[i], retries[i], resets[i] = count, retry, reset
+  return ttl
 end
 
-if allowed == 1 and not peek then
-  for i, key in ipairs(KEYS) do
-    counts[i] = counts[i] + cost
-    resets[i] = ends[i] - now
-    redis.call("HSET", key, "w", idxs[i], "n", counts[i])
-    redis.call("PEXPIRE", key, math.ceil((ends[i] - now) / 1000) + 1000)
+-- cal_check fills calendar windows j0..j1. The caller sends each period's
+-- bounds around its own clock: b0 < b1 < b2 < b3, three periods in a row;
+-- the one holding now is used (the first or last when now is outside them,
+-- a clock skew of more than a period).
+local function cal_check(f, j0, j1, now, cost)
+  local fits = true
+  for j = j0, j1 do
+    local p, limit = wname[j], wlim[j]
+    local s, e = cb1[j], cb2[j]
+    if now < cb1[j] then
+      s, e = cb0[j], cb1[j]
+    elseif now >= cb2[j] then
+      s, e = cb2[j], cb3[j]
+    end
+    local count = 0
+    local ss, se = tonumber(f[p .. "s"]), tonumber(f[p .. "e"])
+    if ss and (ss == s or (ss <= now and now < se)) then
+      count = tonumber(f[p .. "n"]) or 0
+    end
+    local retry, reset = 0, 0
+    if count > 0 then
+      reset = e - now
+    end
+    if count + cost > limit then
+      fits = false
+      if cost > limit then
+        retry = e - s
+      else
+        retry = e - now
+      end
+    end
+    cnt[j], rty[j], rst[j] = count, retry, reset
+    s1[j], s2[j] = s, e
   end
+  return fits
 end
 
-local reply = {allowed}
-for i = 1, #KEYS do
-  reply[#reply + 1] = counts[i]
-  reply[#reply + 1] = retries[i]
-  reply[#reply + 1] = resets[i]
+-- cal_record adds cost to calendar windows j0..j1 and queues their fields.
+local function cal_record(j0, j1, now, cost)
+  local ttl = 0
+  for j = j0, j1 do
+    local p = wname[j]
+    cnt[j] = cnt[j] + cost
+    rst[j] = s2[j] - now
+    hset(p .. "s", s1[j])
+    hset(p .. "e", s2[j])
+    hset(p .. "n", cnt[j])
+    local t = math.ceil((s2[j] - now) / 1000) + 1000
+    if t > ttl then
+      ttl = t
+    end
+  end
+  return ttl
 end
-return reply

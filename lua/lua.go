@@ -1,40 +1,54 @@
-// Package lua holds the Redis scripts of sliding_ratelimit, one per algorithm.
+// Package lua holds the Redis script of sliding_ratelimit: decide.lua, the
+// decision (clock, deadline, ban, lease, all-or-nothing over every bucket and
+// window, replies, batches of checks), with one file per algorithm spliced in:
 //
-// Every script shares one calling convention so the engine drives them the
-// same way:
+//	sliding_log.lua       the exact log on a sorted set
+//	sliding_counter.lua   two counters per window, the previous weighted
+//	fixed_window.lua      a counter per window, and calendar periods
+//	token_bucket.lua      GCRA: one theoretical arrival time per window
 //
-//	KEYS[1]   the bucket's key (identity × region)
-//	KEYS[2]   optional: the identity's global ceiling, same hash tag as KEYS[1]
-//	ARGV[1]   now in microseconds since the Unix epoch; "0" reads Redis TIME
-//	ARGV[2]   window in microseconds
-//	ARGV[3]   cost in units (>= 1), or 0 to only look
-//	ARGV[4]   mode: "0" check and record, "1" check only (peek; nothing written)
-//	ARGV[5]   a request id unique across all callers (sliding_log members)
-//	ARGV[4+2i], ARGV[5+2i]   limit and burst of KEYS[i]
-//
-// and one reply: {allowed, count_1, retry_us_1, reset_us_1, count_2, ...},
-// all integers. A request is recorded in every key or in none.
+// decide.lua's header documents the calling convention and the reply; each
+// algorithm file documents its state, units and answers. One script serves
+// every algorithm, so a batch of checks from limiters of different
+// algorithms is still one EVALSHA.
 package lua
 
-import _ "embed"
+import (
+	_ "embed"
+	"strings"
+)
 
-// SlidingLog is the exact sliding-window log on a sorted set.
-//
-//go:embed sliding_log.lua
-var SlidingLog string
+var (
+	//go:embed decide.lua
+	decide string
+	//go:embed sliding_log.lua
+	slidingLog string
+	//go:embed sliding_counter.lua
+	slidingCounter string
+	//go:embed fixed_window.lua
+	fixedWindow string
+	//go:embed token_bucket.lua
+	tokenBucket string
+)
 
-// SlidingCounter is the sliding-window counter: the current and the previous
-// fixed window's counts in one hash, the previous weighted by its overlap.
-//
-//go:embed sliding_counter.lua
-var SlidingCounter string
+// algorithmsMarker is the line of decide.lua the algorithm files replace.
+const algorithmsMarker = "-- @algorithms\n"
 
-// FixedWindow counts units per fixed window in one hash.
-//
-//go:embed fixed_window.lua
-var FixedWindow string
+// Decide is the whole script: decide.lua with the algorithm files in place
+// of its @algorithms line.
+var Decide = func() string {
+	if strings.Count(decide, algorithmsMarker) != 1 {
+		panic("lua: decide.lua must hold the @algorithms line once")
+	}
+	algs := slidingLog + "\n" + slidingCounter + "\n" + fixedWindow + "\n" + tokenBucket + "\n"
+	return strings.Replace(decide, algorithmsMarker, algs, 1)
+}()
 
-// TokenBucket is GCRA: one theoretical arrival time per key.
-//
-//go:embed token_bucket.lua
-var TokenBucket string
+// Files are the script's source files, by name (for tests that read them).
+var Files = map[string]string{
+	"decide.lua":          decide,
+	"sliding_log.lua":     slidingLog,
+	"sliding_counter.lua": slidingCounter,
+	"fixed_window.lua":    fixedWindow,
+	"token_bucket.lua":    tokenBucket,
+}

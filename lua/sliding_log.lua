@@ -1,91 +1,152 @@
--- sliding_log.lua: exact sliding-window log, one sorted set per budget.
+-- sliding_log.lua: the exact sliding-window log, one sorted set per bucket
+-- serving every duration window of the bucket. Spliced into decide.lua, whose
+-- header gives the clock, the units and the window arrays (wlen, wlim, cnt,
+-- rty, rst) these functions read and fill.
 --
--- Clock: ARGV[1] is now in microseconds from the caller (clock app); "0" makes
--- the script read Redis TIME (clock redis: one clock for every Caddy node).
--- Units: every time is in microseconds. A member's score is the time it was
--- admitted; the member is a unique request id (":<n>" added per unit of cost).
--- A request is admitted when every key has room for its cost; it is then
--- recorded in every key, or, when one key is full, in none. Rejected requests
--- are never recorded. Every write refreshes the key's TTL (window + 1 s), so an
--- idle key vanishes on its own.
+-- State (ZSET), one member per admitted request whatever its cost:
+--   "<B>:<cost>"  score t           t: when it was admitted; B: the units admitted
+--                                   to the key before it (cumulative), in 16
+--                                   digits so requests admitted at the same µs
+--                                   sort by B
+--   "#n"          score -(T + 1)    T: units admitted to the key so far (the next B)
+--   "#t"          score -(tn + 1)   tn: the newest admission time
+-- The two bookkeeping members score below zero, so they sort first:
+-- ZRANGE 0 2 reads T, tn and the oldest entry in one call, and
+-- ZREMRANGEBYSCORE 0 <cut> never removes them. Admission times never go back
+-- (a request stamped before tn, from a caller whose clock lags, is recorded at
+-- tn), so B grows with t and the units in a window (now - w, now] are exactly
+-- T - B(its first entry), whatever the costs. One request writes one member:
+-- a cost of a million costs Redis what a cost of one does.
 --
--- Reply: {allowed, count, retry_us, reset_us} per key, flattened after allowed:
---   count     units in the window after this request (peek: before it)
---   retry_us  when denied: time until this key has room for the cost
---   reset_us  time until the oldest unit in the window leaves it (0 if empty)
+-- Per window: count = units in the window (after the request when recorded);
+-- retry = when denied, the time until the window has room for the cost (the
+-- last entry p with B(p) < T + cost - limit must leave: t(p) + w - now);
+-- reset = the time until the oldest unit in the window leaves it (0 if empty).
+-- An entry exactly w old is out of the window. Every write refreshes the TTL
+-- (the longest window + 1 s).
 
-local now     = tonumber(ARGV[1])
-local window  = tonumber(ARGV[2])
-local cost    = tonumber(ARGV[3])
-local peek    = ARGV[4] == "1"
-local member  = ARGV[5]
+local LOG_MAX_T = 4503599627370496 -- 2^52: rebase B before doubles lose units
 
-if now == 0 then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-local ttl_ms = math.ceil(window / 1000) + 1000
-
-local allowed = 1
-local counts, retries, resets = {}, {}, {}
-
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[4 + 2 * i])
-  -- The window is (now - window, now]: an entry exactly one window old is
-  -- out. A check drops what left, then reads by rank; a peek never writes,
-  -- so it reads the entries above the cut by score instead.
-  local count, nth
-  if peek then
-    local cut = "(" .. string.format("%.0f", now - window)
-    count = redis.call("ZCOUNT", key, cut, "+inf")
-    nth = function(k)
-      return redis.call("ZRANGEBYSCORE", key, cut, "+inf", "WITHSCORES", "LIMIT", k - 1, 1)
-    end
-  else
-    redis.call("ZREMRANGEBYSCORE", key, "-inf", now - window)
-    count = redis.call("ZCARD", key)
-    nth = function(k)
-      return redis.call("ZRANGE", key, k - 1, k - 1, "WITHSCORES")
-    end
-  end
-  local retry, reset = 0, 0
-  if count > 0 then
-    reset = tonumber(nth(1)[2]) + window - now
-  end
-  if count + cost > limit then
-    allowed = 0
-    if cost > limit then
-      retry = window
-    else
-      -- Room for the cost comes when the (count + cost - limit)-th oldest
-      -- unit leaves the window.
-      retry = tonumber(nth(count + cost - limit)[2]) + window - now
-    end
-  end
-  counts[i], retries[i], resets[i] = count, retry, reset
+-- log_member names a request's member: B zero-padded, so that members of
+-- one score (one µs) sort as they were admitted.
+local function log_member(b, cost)
+  return string.format("%016.0f:%.0f", b, cost)
 end
 
-if allowed == 1 and not peek then
-  for i, key in ipairs(KEYS) do
-    if counts[i] == 0 then
-      resets[i] = window
-    end
-    counts[i] = counts[i] + cost
-    if cost == 1 then
-      redis.call("ZADD", key, now, member)
+-- log_b is B of a member "<B>:<cost>".
+local function log_b(m)
+  return tonumber(string.sub(m, 1, string.find(m, ":", 1, true) - 1))
+end
+
+-- log_retry is the time until the window whose first entry has rank r0 and
+-- B = b0 has room: the last entry with B < x (x = T + cost - limit > b0)
+-- must leave it.
+local function log_retry(key, r0, b0, x, w, now)
+  -- With unit costs that entry has rank r0 + x - 1 - b0; with larger costs
+  -- it comes at or before it.
+  local g = r0 + x - 1 - b0
+  local e = redis.call("ZRANGE", key, g, g + 1, "WITHSCORES")
+  if #e >= 2 and log_b(e[1]) < x and (#e < 4 or log_b(e[3]) >= x) then
+    return tonumber(e[2]) + w - now
+  end
+  local lo, hi = r0, g
+  if #e < 2 then
+    hi = redis.call("ZCARD", key)
+  end
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if log_b(redis.call("ZRANGE", key, mid, mid)[1]) < x then
+      lo = mid
     else
-      for n = 1, cost do
-        redis.call("ZADD", key, now, member .. ":" .. n)
+      hi = mid
+    end
+  end
+  return tonumber(redis.call("ZRANGE", key, lo, lo, "WITHSCORES")[2]) + w - now
+end
+
+-- log_check fills windows j0..j1 of one log and reports whether the cost
+-- fits all of them, with what log_record needs: T, tn and the longest window.
+local function log_check(key, j0, j1, now, cost, peek)
+  local maxw = 0
+  for j = j0, j1 do
+    if wlen[j] > maxw then
+      maxw = wlen[j]
+    end
+  end
+  if not peek then
+    redis.call("ZREMRANGEBYSCORE", key, 0, now - maxw)
+  end
+  local h = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
+  local total, newest, om, ot = 0, false, false, false
+  for i = 1, #h, 2 do
+    local m, s = h[i], tonumber(h[i + 1])
+    if m == "#n" then
+      total = -s - 1
+    elseif m == "#t" then
+      newest = -s - 1
+    elseif not om then
+      om, ot = m, s
+    end
+  end
+  local fits = true
+  for j = j0, j1 do
+    local w, limit = wlen[j], wlim[j]
+    local m, t, r0 = om, ot, 2
+    if m and t <= now - w then
+      -- The oldest entry is older than this window: find the window's first.
+      local f = redis.call("ZRANGEBYSCORE", key, "(" .. string.format("%.0f", now - w), "+inf", "WITHSCORES", "LIMIT", 0, 1)
+      m, t = f[1] or false, tonumber(f[2])
+      if m then
+        r0 = redis.call("ZRANK", key, m)
       end
     end
-    redis.call("PEXPIRE", key, ttl_ms)
+    local count, retry, reset, b0 = 0, 0, 0, 0
+    if m then
+      b0 = log_b(m)
+      count = total - b0
+      reset = t + w - now
+    end
+    if count + cost > limit then
+      fits = false
+      if cost > limit then
+        retry = w
+      else
+        retry = log_retry(key, r0, b0, total + cost - limit, w, now)
+      end
+    end
+    cnt[j], rty[j], rst[j] = count, retry, reset
   end
+  return fits, total, newest, maxw
 end
 
-local reply = {allowed}
-for i = 1, #KEYS do
-  reply[#reply + 1] = counts[i]
-  reply[#reply + 1] = retries[i]
-  reply[#reply + 1] = resets[i]
+-- log_record adds the request's member, refreshes the TTL and brings the
+-- windows' counts and resets to after the request.
+local function log_record(key, j0, j1, now, cost, total, newest, maxw)
+  local at = now
+  if newest and newest > at then
+    at = newest
+  end
+  if total + cost >= LOG_MAX_T then
+    -- Rebase B so counts stay exact: once per 2^52 units of one key.
+    local all = redis.call("ZRANGE", key, 2, -1, "WITHSCORES")
+    local b0 = total
+    if all[1] then
+      b0 = log_b(all[1])
+    end
+    redis.call("ZREMRANGEBYRANK", key, 2, -1)
+    for i = 1, #all, 2 do
+      local m = all[i]
+      local c = string.find(m, ":", 1, true)
+      redis.call("ZADD", key, all[i + 1], log_member(tonumber(string.sub(m, 1, c - 1)) - b0, tonumber(string.sub(m, c + 1))))
+    end
+    total = total - b0
+  end
+  redis.call("ZADD", key, at, log_member(total, cost), -(total + cost) - 1, "#n", -at - 1, "#t")
+  redis.call("PEXPIRE", key, math.ceil(maxw / 1000) + 1000)
+  for j = j0, j1 do
+    if cnt[j] == 0 then
+      rst[j] = at + wlen[j] - now
+    end
+    cnt[j] = cnt[j] + cost
+  end
 end
-return reply

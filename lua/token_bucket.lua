@@ -1,44 +1,34 @@
--- token_bucket.lua: token bucket as GCRA, one theoretical arrival time per budget.
+-- token_bucket.lua: the token bucket as GCRA, one hash per bucket holding a
+-- theoretical arrival time per duration window. Spliced into decide.lua
+-- (clock, units, window arrays, hset).
 --
--- Clock: ARGV[1] is now in microseconds from the caller (clock app); "0" makes
--- the script read Redis TIME (clock redis: one clock for every Caddy node).
--- Units: every time is in microseconds; every number is a whole number.
+-- Per window: rate limit per window L, capacity (burst) B = the window's
+-- burst, or its limit when that is 0. The emission interval is
+-- T = floor(L / limit + 0.5) whole microseconds (at least 1): rounding T once,
+-- instead of rounding the arrival time on every write, keeps the state exact,
+-- so a full burst of B is always admitted at once and the reported count never
+-- drifts. (The rate is off by at most 0.5 µs per unit; above 1 unit per µs per
+-- key it is capped.)
 --
--- Per key: rate limit per window, capacity (burst) B = ARGV burst_i, or limit
--- when that is 0. The emission interval is T = floor(window / limit + 0.5)
--- whole microseconds (at least 1): rounding T once, instead of rounding the
--- arrival time on every write, keeps the state exact, so a full burst of B is
--- always admitted at once and the reported count never drifts. (The rate is
--- off by at most 0.5 µs per unit; above 1 unit per µs per key it is capped.)
+-- State per window of length L: "<L>t" = tat, the theoretical arrival time;
+-- "<L>i" and "<L>b" = the T and B it was written with. The bucket is full
+-- when tat <= now; d = max(tat - now, 0) is the time it needs to be full
+-- again. A state written under another T or B (a reload changed the limit,
+-- the burst or the window; a window whose length changed takes the state of
+-- the one it replaced) keeps its units in use, d * T_new / T_old, at most a
+-- full bucket, so neither the budget nor the wait outlives the new policy. The TTL (until tat + 1 s) only collects
+-- garbage.
 --
--- State (STRING): tat, the theoretical arrival time in µs. The bucket is full
--- when tat <= now; d = max(tat - now, 0) is the time the bucket needs to be
--- full again. A stale key (tat in the past) reads exactly as a missing one; the
--- TTL (until tat, + 1 s, refreshed on write) only collects garbage.
+-- A request of cost c fits when d + T * c - B * T <= 0; it then sets
+-- tat = now + d + T * c.
 --
--- A request of cost c is admitted when d + T * c - B * T <= 0 in every key;
--- it then sets tat = now + d + T * c in every key, or, when one key is full,
--- in none. Rejected requests are never recorded; peeks never write.
---
--- Reply: {allowed, count, retry_us, reset_us} per key, flattened after allowed:
---   count     units in use, B - floor((B * T - d) / T) clamped to [0, B], with
---             d after this request when recorded (peek: before it)
---   retry_us  when denied: d + T * c - B * T, the time until the bucket holds
---             c tokens; window when c > B
---   reset_us  d (after this request when recorded): time until the bucket is
---             full again; 0 when it is full
+-- Per window: count = units in use, B - floor((B * T - d) / T) clamped to
+-- [0, B], with d after the request when recorded; retry = when denied,
+-- d + T * c - B * T, the time until the bucket holds c tokens (the window
+-- when c > B); reset = d (after the request when recorded): the time until
+-- the bucket is full again, 0 when it is full.
 
-local now     = tonumber(ARGV[1])
-local window  = tonumber(ARGV[2])
-local cost    = tonumber(ARGV[3])
-local peek    = ARGV[4] == "1"
-
-if now == 0 then
-  local t = redis.call("TIME")
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-end
-
-local function in_use(d, burst, interval)
+local function tb_in_use(d, burst, interval)
   local remaining = math.floor((burst * interval - d) / interval)
   if remaining < 0 then
     remaining = 0
@@ -48,57 +38,90 @@ local function in_use(d, burst, interval)
   return burst - remaining
 end
 
-local allowed = 1
-local bursts, intervals, dues = {}, {}, {}
-local counts, retries, resets = {}, {}, {}
-
-for i, key in ipairs(KEYS) do
-  local limit = tonumber(ARGV[4 + 2 * i])
-  local burst = tonumber(ARGV[5 + 2 * i])
-  if burst <= 0 then
-    burst = limit
+-- tb_due is d of a stored state: its time to full. A state written with
+-- another interval or burst is rescaled to this interval, at most a full
+-- bucket (burst * interval). (Under its own policy a state may hold more
+-- than a full bucket: units recorded after the response, count_only.)
+local function tb_due(tat, wi, wb, now, burst, interval)
+  local d = tat - now
+  if d < 0 then
+    d = 0
   end
-  local interval = math.floor(window / limit + 0.5)
-  if interval < 1 then
-    interval = 1
-  end
-  local d = 0
-  local tat = redis.call("GET", key)
-  if tat then
-    d = tonumber(tat) - now
-    if d < 0 then
-      d = 0
+  if wi ~= interval or wb ~= burst then
+    if wi and wi > 0 then
+      d = math.ceil(d * interval / wi)
+    end
+    if d > burst * interval then
+      d = burst * interval
     end
   end
-  local retry = 0
-  if cost > burst then
-    retry = window
-  else
-    local allow_at = d + interval * cost - burst * interval
-    if allow_at > 0 then
-      retry = allow_at
+  return d
+end
+
+-- tb_check fills windows j0..j1 from the hash fields f; record needs s1
+-- (B), s2 (T) and s3 (d).
+local function tb_check(f, j0, j1, now, cost)
+  local fits = true
+  for j = j0, j1 do
+    local w, ls, limit = wlen[j], wname[j], wlim[j]
+    local burst = wburst[j]
+    if burst <= 0 then
+      burst = limit
+    end
+    local interval = math.floor(w / limit + 0.5)
+    if interval < 1 then
+      interval = 1
+    end
+    local d = 0
+    local tat = tonumber(f[ls .. "t"])
+    if tat then
+      d = tb_due(tat, tonumber(f[ls .. "i"]), tonumber(f[ls .. "b"]), now, burst, interval)
+    else
+      -- A window whose length changed: the units in use of the one it
+      -- replaced (the most of them).
+      for name, v in pairs(f) do
+        local ols = string.sub(name, 1, -2)
+        if string.sub(name, -1) == "t" and not is_window(ols, j0, j1) then
+          local od = tb_due(tonumber(v), tonumber(f[ols .. "i"]), false, now, burst, interval)
+          if od > d then
+            d = od
+          end
+        end
+      end
+    end
+    local retry = 0
+    if cost > burst then
+      retry = w
+    else
+      local allow_at = d + interval * cost - burst * interval
+      if allow_at > 0 then
+        retry = allow_at
+      end
+    end
+    if retry > 0 then
+      fits = false
+    end
+    cnt[j], rty[j], rst[j] = tb_in_use(d, burst, interval), retry, d
+    s1[j], s2[j], s3[j] = burst, interval, d
+  end
+  return fits
+end
+
+-- tb_record takes cost tokens from windows j0..j1 and queues their fields.
+local function tb_record(j0, j1, now, cost)
+  local ttl = 0
+  for j = j0, j1 do
+    local ls = wname[j]
+    local d = s3[j] + s2[j] * cost
+    cnt[j] = tb_in_use(d, s1[j], s2[j])
+    rst[j] = d
+    hset(ls .. "t", now + d)
+    hset(ls .. "i", s2[j])
+    hset(ls .. "b", s1[j])
+    local t = math.ceil(d / 1000) + 1000
+    if t > ttl then
+      ttl = t
     end
   end
-  if retry > 0 then
-    allowed = 0
-  end
-  bursts[i], intervals[i], dues[i] = burst, interval, d
-  counts[i], retries[i], resets[i] = in_use(d, burst, interval), retry, d
+  return ttl
 end
-
-if allowed == 1 and not peek then
-  for i, key in ipairs(KEYS) do
-    local d = dues[i] + intervals[i] * cost
-    counts[i] = in_use(d, bursts[i], intervals[i])
-    resets[i] = d
-    redis.call("SET", key, now + d, "PX", math.ceil(d / 1000) + 1000)
-  end
-end
-
-local reply = {allowed}
-for i = 1, #KEYS do
-  reply[#reply + 1] = counts[i]
-  reply[#reply + 1] = retries[i]
-  reply[#reply + 1] = resets[i]
-end
-return reply

@@ -175,16 +175,31 @@ func run(cfg config, tr trace) (report, error) {
 	shadow := limiter.NewMemoryStore()
 	defer shadow.Close()
 
-	kbC, _ := limiter.NewKeyBuilder("acc:", "a", limiter.SlidingCounter)
-	kbL, _ := limiter.NewKeyBuilder("acc:", "a", limiter.SlidingLog)
-	keysC := make([]string, cfg.Keys)
-	keysL := make([]string, cfg.Keys)
-	for i := range keysC {
-		id := "key-" + strconv.Itoa(i)
-		keysC[i], keysL[i] = kbC.Bucket(id, false, ""), kbL.Bucket(id, false, "")
-	}
 	// The trace starts at an arbitrary instant, not on a window boundary.
 	origin := time.Date(2026, 11, 29, 11, 59, 59, 123456000, time.UTC)
+	var now time.Time
+	clock := func() time.Time { return now }
+	newLimiter := func(alg limiter.Algorithm, store limiter.Store) (*limiter.Limiter, error) {
+		return limiter.New(limiter.Policy{Name: "a", KeyPrefix: "acc:", Algorithm: alg,
+			Windows: []limiter.Window{{Duration: cfg.Window}}, Now: clock},
+			limiter.Backend{Store: store, Source: limiter.SourceMemory})
+	}
+	lc, err := newLimiter(limiter.SlidingCounter, counter)
+	if err != nil {
+		return report{}, err
+	}
+	ll, err := newLimiter(limiter.SlidingLog, exact)
+	if err != nil {
+		return report{}, err
+	}
+	ls, err := newLimiter(limiter.SlidingLog, shadow)
+	if err != nil {
+		return report{}, err
+	}
+	ids := make([]string, cfg.Keys)
+	for i := range ids {
+		ids[i] = "key-" + strconv.Itoa(i)
+	}
 	deniedKeys := make([]bool, cfg.Keys)
 
 	r := report{Requests: len(tr.events), Keys: cfg.Keys}
@@ -198,56 +213,56 @@ func run(cfg config, tr trace) (report, error) {
 	}
 	var exactSum float64
 	for _, ev := range tr.events {
-		now := origin.Add(time.Duration(ev.at) * time.Microsecond)
-		limit := tr.limits[ev.key]
-		rc, err := counter.Allow(ctx, &limiter.Request{Algorithm: limiter.SlidingCounter, Window: cfg.Window, Now: now,
-			Bucket: limiter.Bucket{Key: keysC[ev.key], Limit: limit}})
+		now = origin.Add(time.Duration(ev.at) * time.Microsecond)
+		in := limiter.Input{Identity: ids[ev.key], Limits: []int64{tr.limits[ev.key]}}
+		dc, err := lc.Decide(ctx, &in)
 		if err != nil {
 			return r, err
 		}
-		rl, err := exact.Allow(ctx, &limiter.Request{Algorithm: limiter.SlidingLog, Window: cfg.Window, Now: now,
-			Bucket: limiter.Bucket{Key: keysL[ev.key], Limit: limit}})
+		dl, err := ll.Decide(ctx, &in)
 		if err != nil {
 			return r, err
 		}
-		shadowReq := &limiter.Request{Algorithm: limiter.SlidingLog, Window: cfg.Window, Now: now,
-			Bucket: limiter.Bucket{Key: keysL[ev.key], Limit: math.MaxInt32}}
-		est := rc.Bucket.Count
-		var rs limiter.Result
-		if rc.Allowed {
+		shadowIn := limiter.Input{Identity: ids[ev.key], Limits: []int64{math.MaxInt32}}
+		rcAllowed, rlAllowed := dc.Outcome == limiter.OutcomeAllowed, dl.Outcome == limiter.OutcomeAllowed
+		est := dc.Windows[0].Count
+		var ds limiter.Decision
+		var shadowCount int64
+		if rcAllowed {
 			est--
-			rs, err = shadow.Allow(ctx, shadowReq)
-			rs.Bucket.Count--
+			ds, err = ls.Decide(ctx, &shadowIn)
+			shadowCount = ds.Windows[0].Count - 1
 		} else {
-			rs, err = shadow.Peek(ctx, shadowReq)
+			ds, err = ls.Peek(ctx, &shadowIn)
+			shadowCount = ds.Windows[0].Count
 		}
 		if err != nil {
 			return r, err
 		}
-		diff := est - rs.Bucket.Count
+		diff := est - shadowCount
 		r.SignedErr += float64(diff)
 		if diff < 0 {
 			diff = -diff
 		}
 		r.AbsErr += float64(diff)
 		r.MaxAbsErr = max(r.MaxAbsErr, diff)
-		exactSum += float64(rs.Bucket.Count)
+		exactSum += float64(shadowCount)
 
-		if rc.Allowed {
+		if rcAllowed {
 			r.CounterAllowed++
 		}
-		if rl.Allowed {
+		if rlAllowed {
 			r.LogAllowed++
 		} else {
 			deniedKeys[ev.key] = true
 		}
-		if !rc.Allowed || !rl.Allowed {
+		if !rcAllowed || !rlAllowed {
 			r.EitherDenied++
 		}
 		switch {
-		case rc.Allowed && !rl.Allowed:
+		case rcAllowed && !rlAllowed:
 			r.CounterOnly++
-		case !rc.Allowed && rl.Allowed:
+		case !rcAllowed && rlAllowed:
 			r.LogOnly++
 		}
 	}

@@ -118,10 +118,8 @@ type sample struct {
 
 // limiterSpec is one of the four limiters.
 type limiterSpec struct {
-	name  string
-	store limiter.Store
-	alg   limiter.Algorithm
-	keys  limiter.KeyBuilder
+	name string
+	lim  *limiter.Limiter
 }
 
 // job is one request: an identity, and whether it is a hot one.
@@ -166,15 +164,19 @@ func run(ctx context.Context, cfg config, out io.Writer) (ok bool, err error) {
 
 	var specs []limiterSpec
 	for _, st := range []struct {
-		name  string
-		store limiter.Store
-	}{{"redis", limiter.NewRedisStore(client)}, {"memory", mem}} {
+		name    string
+		backend limiter.Backend
+	}{
+		{"redis", limiter.Backend{Store: limiter.NewRedisStore(client), Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1}},
+		{"memory", limiter.Backend{Store: mem, Source: limiter.SourceMemory}},
+	} {
 		for _, alg := range []limiter.Algorithm{limiter.SlidingLog, limiter.SlidingCounter} {
-			kb, err := limiter.NewKeyBuilder("soak:", st.name, alg)
+			lim, err := limiter.New(limiter.Policy{Name: st.name + "-" + alg.String(), KeyPrefix: "soak:", Algorithm: alg,
+				Windows: []limiter.Window{{Duration: cfg.Window}}, Timeout: cfg.CallLimit}, st.backend)
 			if err != nil {
 				return false, err
 			}
-			specs = append(specs, limiterSpec{name: st.name + "/" + alg.String(), store: st.store, alg: alg, keys: kb})
+			specs = append(specs, limiterSpec{name: st.name + "/" + alg.String(), lim: lim})
 		}
 	}
 
@@ -281,19 +283,15 @@ func decide(specs []limiterSpec, cfg config, j job, c *counters) {
 	}
 	for i := range specs {
 		sp := &specs[i]
-		req := limiter.Request{
-			Algorithm: sp.alg,
-			Window:    cfg.Window,
-			Bucket:    limiter.Bucket{Key: sp.keys.Bucket(j.id, false, ""), Limit: limit},
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.CallLimit)
-		res, err := sp.store.Allow(ctx, &req)
-		cancel()
+		in := limiter.Input{Identity: j.id, Limits: []int64{limit}}
+		d, err := sp.lim.Decide(context.Background(), &in)
 		c.decisions.Add(1)
 		switch {
 		case err != nil:
 			c.fail(fmt.Errorf("%s: %w", sp.name, err))
-		case !res.Allowed:
+		case d.Err != nil:
+			c.fail(fmt.Errorf("%s: %w", sp.name, d.Err))
+		case d.Outcome != limiter.OutcomeAllowed:
 			c.denied.Add(1)
 		}
 	}

@@ -1,0 +1,847 @@
+package limiter
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	mrand "math/rand/v2"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Source says who decided a request.
+type Source string
+
+// The sources.
+const (
+	SourceRedis      Source = "redis"       // the Redis store
+	SourceMemory     Source = "memory"      // the in-process store (no Redis configured)
+	SourceDenyCache  Source = "deny_cache"  // a denial cached from an earlier store answer
+	SourceFailOpen   Source = "fail_open"   // the store failed; fail open passed the request
+	SourceFailClosed Source = "fail_closed" // the store failed; fail closed refused it
+	SourceLocal      Source = "local"       // the store failed; fail local decided in-process
+)
+
+// Outcome is what the limiter decided.
+type Outcome uint8
+
+// The outcomes.
+const (
+	// OutcomeAllowed: the request fits; it was recorded.
+	OutcomeAllowed Outcome = iota
+	// OutcomeLimited: a window has no room for it (429).
+	OutcomeLimited
+	// OutcomeBanned: its key is in the penalty box (429).
+	OutcomeBanned
+	// OutcomeConcurrency: its key has too many requests in flight (429).
+	OutcomeConcurrency
+	// OutcomeTooLarge: its cost is above a window's capacity, so it can
+	// never fit, and retrying cannot help (413).
+	OutcomeTooLarge
+	// OutcomeUnavailable: the store could not decide and the fail mode is
+	// open (the request passes) or closed (503).
+	OutcomeUnavailable
+)
+
+var outcomeNames = [...]string{"allowed", "limited", "banned", "concurrency", "too_large", "unavailable"}
+
+func (o Outcome) String() string { return outcomeNames[o] }
+
+// Input is one request, resolved by the caller (placeholders, headers).
+type Input struct {
+	// Identity is whose budget the request spends (an API key, an IP).
+	Identity string
+	// Region is the request's region, with Policy.Regions.
+	Region string
+	// Limits are the limits of Policy.Windows, in order.
+	Limits []int64
+	// GlobalLimits are the limits of Policy.GlobalWindows, in order.
+	GlobalLimits []int64
+	// Cost is the units the request consumes; 0 means 1.
+	Cost int64
+	// MaxConcurrent bounds the requests in flight, with Policy.Concurrency.
+	MaxConcurrent int64
+}
+
+// WindowUsage is one window of a decision, ready to render.
+type WindowUsage struct {
+	// Policy names the window in RateLimit headers: the limiter's name,
+	// with the window ("api-1h") when the limiter has several, and
+	// "-global" for the global ceiling.
+	Policy string
+	// Window is the window; Global marks the global ceiling's.
+	Window Window
+	Global bool
+	// Seconds is the window's length in whole seconds (rounded up): the
+	// duration, the current calendar period, or, for a token bucket, the
+	// time it takes to fill from empty.
+	Seconds int64
+	// Limit is the window's capacity: its limit, or a token bucket's burst.
+	Limit int64
+	// Known is false when the store's answer does not cover this window
+	// (the store failed, a cached denial of another window, a cost that
+	// never fits): only Limit and Seconds are set, and Retry when Denied.
+	Known bool
+	// Count is the units in the window, after the request when recorded.
+	Count int64
+	// Remaining is what is left of Limit: 0 when this window denied the
+	// request, even when a few units are left (they are fewer than the
+	// cost).
+	Remaining int64
+	// Denied is true when this window had no room for the request; Retry
+	// is then the time until it has.
+	Denied bool
+	Retry  time.Duration
+	// Reset is the time until more quota comes back (0 when empty): the
+	// oldest unit leaves (sliding_log), the estimate drops by one
+	// (sliding_counter), the window ends (fixed_window, calendar), the
+	// bucket is full (token_bucket). On a denial it is Retry.
+	Reset time.Duration
+}
+
+// Decision is the answer to one request: everything the caller renders
+// (status, headers, body, placeholders, metrics) comes from it.
+type Decision struct {
+	// Outcome is what the limiter decided (in a dry run, what it would
+	// have decided).
+	Outcome Outcome
+	// Pass is true when the request goes on to the next handler: allowed,
+	// fail open, or a dry run.
+	Pass bool
+	// DryRun is true when the request passes only because of the dry run.
+	DryRun bool
+	// Source is who decided.
+	Source Source
+	// Err is the store's error, when it could not decide (then ErrKind
+	// sorts it); with fail local, Source is SourceLocal and Err is the
+	// error that sent the request there.
+	Err     error
+	ErrKind ErrKind
+	// RetryAfter is, when the outcome is not allowed, the time until the
+	// request would be admitted: the latest retry time of the windows that
+	// denied it (every one of them has room then), the ban's end, or a
+	// second for the concurrency bound; jitter included.
+	RetryAfter time.Duration
+	// Windows are the bucket's windows, then the global ceiling's.
+	Windows []WindowUsage
+	// Banned is true while the key is in the penalty box, BanLeft how long
+	// it stays; BanStarted is true for the request that put it there.
+	Banned     bool
+	BanLeft    time.Duration
+	BanStarted bool
+	// InFlight is the key's requests in flight after this one took its
+	// lease; -1 without a concurrency bound or when unknown.
+	InFlight int64
+	// Queued is true when the request waited for its turn; Waited is how
+	// long.
+	Queued bool
+	Waited time.Duration
+	// Took is the time spent in the store stack (without queueing).
+	Took time.Duration
+	// Identity, Region and Cost are the request's.
+	Identity, Region string
+	Cost             int64
+
+	done *pending
+}
+
+// pending is what Done has to do after the response.
+type pending struct {
+	op     *Op
+	store  Store // the store that decided (a lease is released there)
+	lease  bool  // a lease was taken
+	record bool  // count_only: units to record when the status matches
+}
+
+// Tightest is the window with the least left (the one X-RateLimit headers
+// describe): of the windows that denied, the one with the latest retry;
+// otherwise the known window with the smallest remaining, then the one
+// whose quota comes back last. Nil when no window is known.
+func (d *Decision) Tightest() *WindowUsage {
+	var t *WindowUsage
+	for i := range d.Windows {
+		w := &d.Windows[i]
+		switch {
+		case !w.Known && !w.Denied:
+			continue
+		case t == nil:
+			t = w
+		case w.Denied != t.Denied:
+			if w.Denied {
+				t = w
+			}
+		case w.Denied:
+			if w.Retry > t.Retry {
+				t = w
+			}
+		case w.Remaining < t.Remaining || w.Remaining == t.Remaining && w.Reset > t.Reset:
+			t = w
+		}
+	}
+	return t
+}
+
+// Limiter decides requests for one Policy over one Backend. Safe for
+// concurrent use.
+type Limiter struct {
+	p       Policy
+	b       Backend
+	keys    KeyBuilder
+	specs   []KeySpec // the request's keys: parts, then ban, then lease
+	layout  []int     // Decision.Windows[i] is Op window layout[i]
+	parts   []partSpec
+	names   []string // RateLimit policy names of Decision.Windows
+	stack   Store    // deny cache → breaker → store
+	cache   *DenyCache
+	channel string
+	unsub   func()
+	waiters atomic.Int64
+	leaseNS string
+	leaseN  atomic.Uint64
+}
+
+// partSpec is one part of every request's Op.
+type partSpec struct {
+	kind    Kind
+	global  bool
+	windows []int // indexes into the policy's windows (global ones after the bucket's)
+}
+
+// Backend is the store stack a Limiter asks.
+type Backend struct {
+	// Store decides: the Redis store behind its Breaker, or the in-process
+	// store.
+	Store Store
+	// Base is the store behind any breaker: an operator's peek and reset
+	// go straight to it. Default: Store.
+	Base Store
+	// Source is SourceRedis or SourceMemory.
+	Source Source
+	// Remote marks a store across a network: requests carry a deadline,
+	// and a DenyCache of DenyCacheSize entries (0: the default; -1: none)
+	// goes in front of it.
+	Remote        bool
+	DenyCacheSize int
+	// Local is the in-process store of fail local.
+	Local Store
+	// Notifier carries resets and lifted bans to every process sharing
+	// Store (nil: this process only).
+	Notifier Notifier
+}
+
+// New builds a Limiter. Close it when done.
+func New(p Policy, b Backend) (*Limiter, error) {
+	if p.KeyPrefix == "" {
+		p.KeyPrefix = DefaultKeyPrefix
+	}
+	if p.Now == nil {
+		p.Now = time.Now
+	}
+	if p.Location == nil {
+		p.Location = time.UTC
+	}
+	if p.Concurrency && p.LeaseTimeout == 0 {
+		p.LeaseTimeout = DefaultLeaseTimeout
+	}
+	if p.Queue.MaxWait > 0 && p.Queue.MaxWaiters == 0 {
+		p.Queue.MaxWaiters = DefaultMaxWaiters
+	}
+	if err := p.Check(); err != nil {
+		return nil, err
+	}
+	if b.Store == nil {
+		return nil, errors.New("limiter: backend has no store")
+	}
+	if b.Base == nil {
+		b.Base = b.Store
+	}
+	kb, err := NewKeyBuilder(p.KeyPrefix, p.Name)
+	if err != nil {
+		return nil, &PolicyError{Field: "key_prefix", Err: err}
+	}
+	var id [6]byte
+	_, _ = rand.Read(id[:])
+	l := &Limiter{p: p, b: b, keys: kb, stack: b.Store, leaseNS: hex.EncodeToString(id[:]) + "-"}
+	l.plan()
+	if b.Remote && b.DenyCacheSize >= 0 {
+		l.cache = NewDenyCache(b.Store, b.DenyCacheSize, p.Now)
+		l.stack = l.cache
+	}
+	if b.Notifier != nil {
+		l.channel = p.KeyPrefix + "reset"
+		l.unsub = b.Notifier.Subscribe(l.channel, l.notice)
+	}
+	return l, nil
+}
+
+// plan lays out every request's Op: the bucket's duration windows (one key
+// of the algorithm's kind), its calendar periods (one calendar key), then
+// the same for the global ceiling; then the ban and lease keys.
+func (l *Limiter) plan() {
+	all := append(append([]Window(nil), l.p.Windows...), l.p.GlobalWindows...)
+	nb := len(l.p.Windows)
+	pos := 0
+	l.layout = make([]int, len(all))
+	for _, global := range []bool{false, true} {
+		for _, cal := range []bool{false, true} {
+			ps := partSpec{kind: l.p.Algorithm.kind(), global: global}
+			if cal {
+				ps.kind = KindCalendar
+			}
+			for i, w := range all {
+				if (i >= nb) == global && (w.Period != PeriodNone) == cal {
+					ps.windows = append(ps.windows, i)
+					l.layout[i] = pos
+					pos++
+				}
+			}
+			if len(ps.windows) > 0 {
+				l.parts = append(l.parts, ps)
+				l.specs = append(l.specs, KeySpec{Segment: ps.kind.String(), Global: global})
+			}
+		}
+	}
+	if l.p.Ban != nil {
+		l.specs = append(l.specs, KeySpec{Segment: "ban"})
+	}
+	if l.p.Concurrency {
+		l.specs = append(l.specs, KeySpec{Segment: "lease"})
+	}
+	l.names = make([]string, len(all))
+	for i, w := range all {
+		name := l.p.Name
+		global := i >= nb
+		if global {
+			name += "-global"
+		}
+		if global && len(l.p.GlobalWindows) > 1 || !global && len(l.p.Windows) > 1 {
+			name += "-" + w.Label()
+		}
+		l.names[i] = name
+	}
+}
+
+// Close stops listening for notices.
+func (l *Limiter) Close() {
+	if l.unsub != nil {
+		l.unsub()
+	}
+}
+
+// Policy returns the limiter's policy (with its defaults filled in).
+func (l *Limiter) Policy() Policy { return l.p }
+
+// Keys returns the limiter's key builder.
+func (l *Limiter) Keys() KeyBuilder { return l.keys }
+
+// DenyCache returns the limiter's deny cache, or nil.
+func (l *Limiter) DenyCache() *DenyCache { return l.cache }
+
+// notice handles a reset notice: "<namespace>\n<tag>" drops the cached
+// denials of one identity of this limiter; "" (a subscription that started
+// again, notices may have been missed) drops them all.
+func (l *Limiter) notice(msg string) {
+	if l.cache == nil {
+		return
+	}
+	if msg == "" {
+		l.cache.Forget("")
+		return
+	}
+	if tag, ok := strings.CutPrefix(msg, l.keys.Namespace()+"\n"); ok {
+		l.cache.Forget(tag)
+	}
+}
+
+// ErrInput is wrapped by errors about an Input the policy cannot take (a
+// limit out of range): the caller's configuration, not the store, is at
+// fault.
+var ErrInput = errors.New("invalid rate limit input")
+
+func (l *Limiter) checkInput(in *Input) error {
+	if len(in.Limits) != len(l.p.Windows) || len(in.GlobalLimits) != len(l.p.GlobalWindows) {
+		return fmt.Errorf("%w: %d limits and %d global limits for %d and %d windows", ErrInput,
+			len(in.Limits), len(in.GlobalLimits), len(l.p.Windows), len(l.p.GlobalWindows))
+	}
+	for _, ls := range [][]int64{in.Limits, in.GlobalLimits} {
+		for _, v := range ls {
+			if v <= 0 || v > MaxValue {
+				return fmt.Errorf("%w: limit %d is not in 1..2^50", ErrInput, v)
+			}
+		}
+	}
+	if in.Cost < 0 || in.Cost > MaxValue {
+		return fmt.Errorf("%w: cost %d is not in 1..2^50", ErrInput, in.Cost)
+	}
+	if l.p.Concurrency && (in.MaxConcurrent <= 0 || in.MaxConcurrent > MaxValue) {
+		return fmt.Errorf("%w: max_concurrent %d is not in 1..2^50", ErrInput, in.MaxConcurrent)
+	}
+	return nil
+}
+
+// limitOf is the limit of window i (bucket windows first).
+func limitOf(in *Input, nb, i int) int64 {
+	if i < nb {
+		return in.Limits[i]
+	}
+	return in.GlobalLimits[i-nb]
+}
+
+// op builds the request's Op (one allocation for its parts, windows and
+// keys).
+func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
+	type buf struct {
+		op    Op
+		parts [4]Part
+		wins  [4 * MaxWindows]Win
+		keys  [6]string
+		ban   BanOp
+		lease LeaseOp
+	}
+	b := new(buf)
+	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
+	op := &b.op
+	op.Mode, op.Cost = mode, max(in.Cost, 1)
+	if l.p.AppClock || !l.b.Remote {
+		op.Now = now.UnixMicro()
+	}
+	op.Parts = b.parts[:len(l.parts)]
+	nb, k, wi := len(l.p.Windows), 0, 0
+	for pi, ps := range l.parts {
+		p := &op.Parts[pi]
+		p.Key, p.Kind = b.keys[k], ps.kind
+		k++
+		p.Windows = b.wins[wi : wi+len(ps.windows)]
+		wi += len(ps.windows)
+		for j, i := range ps.windows {
+			w := &p.Windows[j]
+			win := l.window(i)
+			w.Limit = limitOf(in, nb, i)
+			if ps.kind == KindCalendar {
+				w.Name = win.Period.String()
+				w.Bounds = win.Period.Bounds(now, l.p.Location)
+			} else {
+				w.Name, w.Len = WindowName(win.Duration), win.Duration.Microseconds()
+				if i < nb {
+					w.Burst = l.p.Burst
+				}
+			}
+		}
+	}
+	if bn := l.p.Ban; bn != nil {
+		b.ban = BanOp{Key: b.keys[k], After: bn.After, Within: bn.Within.Microseconds(), For: bn.For.Microseconds()}
+		op.Ban = &b.ban
+		k++
+	}
+	if l.p.Concurrency {
+		b.lease = LeaseOp{Key: b.keys[k], Max: in.MaxConcurrent, Timeout: l.p.LeaseTimeout.Microseconds(),
+			ID: l.leaseNS + strconv.FormatUint(l.leaseN.Add(1), 36)}
+		op.Lease = &b.lease
+	}
+	return op
+}
+
+func (l *Limiter) window(i int) Window {
+	if i < len(l.p.Windows) {
+		return l.p.Windows[i]
+	}
+	return l.p.GlobalWindows[i-len(l.p.Windows)]
+}
+
+// Decide decides one request. The error is for an Input the policy cannot
+// take (ErrInput); a store that cannot decide is a Decision, by the fail
+// mode. With a concurrency bound or count_only, call Done after the
+// response.
+func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
+	if err := l.checkInput(in); err != nil {
+		return Decision{}, err
+	}
+	now := l.p.Now()
+	mode := ModeCheck
+	if l.p.CountOnly != nil {
+		mode = ModeCheckOnly
+	}
+	op := l.op(in, mode, now)
+	d := Decision{Identity: in.Identity, Cost: op.Cost, InFlight: -1}
+	if l.p.Regions {
+		d.Region = in.Region
+	}
+
+	if l.neverFits(in, op.Cost) {
+		d.Outcome = OutcomeTooLarge
+		d.Windows = l.windows(in, op, nil)
+		return l.finish(d), nil
+	}
+
+	for {
+		reply, store, err := l.ask(ctx, op)
+		d.Took += l.p.Now().Sub(now)
+		d.Err, d.ErrKind = err, KindOf(err)
+		if store == nil {
+			d.Outcome = OutcomeUnavailable
+			d.Source = SourceFailOpen
+			if l.p.Fail == FailClosed || l.p.Fail == FailLocal {
+				d.Source = SourceFailClosed
+			}
+			d.Pass = l.p.Fail == FailOpen
+			d.Windows = l.windows(in, op, nil)
+			return l.finish(d), nil
+		}
+		d.Source = l.b.Source
+		if store == l.b.Local {
+			d.Source = SourceLocal
+		} else if reply.Cached {
+			d.Source = SourceDenyCache
+		}
+		d.Windows = l.windows(in, op, &reply)
+		d.InFlight = reply.InFlight
+		d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
+		d.Banned, d.BanStarted = reply.Status == StatusBanned, reply.BanStarted
+		switch {
+		case reply.Status == StatusAllowed:
+			d.Outcome, d.Pass = OutcomeAllowed, true
+			if op.Lease != nil || mode == ModeCheckOnly {
+				d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly}
+			}
+		case d.Banned:
+			d.Outcome = OutcomeBanned
+		case reply.LeaseDenied && !anyDenied(d.Windows):
+			d.Outcome = OutcomeConcurrency
+		default:
+			d.Outcome = OutcomeLimited
+		}
+		d.RetryAfter = retryAfter(&d)
+		if d.Outcome == OutcomeLimited && l.wait(ctx, &d) {
+			now = l.p.Now()
+			op = l.op(in, mode, now)
+			continue
+		}
+		if d.Queued {
+			l.waiters.Add(-1)
+		}
+		return l.finish(d), nil
+	}
+}
+
+// neverFits reports whether cost is above a window's capacity.
+func (l *Limiter) neverFits(in *Input, cost int64) bool {
+	nb := len(l.p.Windows)
+	for i := range l.layout {
+		if cost > l.p.Capacity(l.window(i), limitOf(in, nb, i)) {
+			return true
+		}
+	}
+	return false
+}
+
+// ask sends op down the stack within the timeout; when the store fails,
+// fail local asks the in-process store. It returns the store that
+// decided, nil when none did.
+func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
+	sctx, cancel := ctx, context.CancelFunc(nil)
+	if l.p.Timeout > 0 {
+		// The timeout bounds the store call whatever the client does; a
+		// client that goes away does not abort (and so not fail) it.
+		sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.p.Timeout)
+		if l.b.Remote {
+			// On the wall clock: the policy's clock may be another.
+			op.Deadline = time.Now().Add(l.p.Timeout)
+		}
+	}
+	reply, err := l.stack.Do(sctx, op)
+	if cancel != nil {
+		cancel()
+	}
+	if err == nil {
+		return reply, l.b.Store, nil
+	}
+	if l.p.Fail == FailLocal && l.b.Local != nil {
+		local := *op
+		local.Now, local.Deadline = l.p.Now().UnixMicro(), time.Time{}
+		if lr, lerr := l.b.Local.Do(ctx, &local); lerr == nil {
+			return lr, l.b.Local, err
+		}
+	}
+	return Reply{}, nil, err
+}
+
+// wait lets a limited request wait for its turn when the queue allows it:
+// its retry time fits in what is left of MaxWait, and a waiter's place is
+// free (held until Decide returns). It reports whether the request waited
+// and should be checked again.
+func (l *Limiter) wait(ctx context.Context, d *Decision) bool {
+	q := l.p.Queue
+	if q.MaxWait <= 0 || d.DryRun || d.RetryAfter > q.MaxWait-d.Waited {
+		return false
+	}
+	if !d.Queued {
+		if l.waiters.Add(1) > int64(q.MaxWaiters) {
+			l.waiters.Add(-1)
+			return false
+		}
+		d.Queued = true
+	}
+	t := time.NewTimer(d.RetryAfter)
+	defer t.Stop()
+	start := time.Now()
+	select {
+	case <-t.C:
+		d.Waited += time.Since(start)
+		return true
+	case <-ctx.Done():
+		// The client went away: no more waiting for it.
+		d.Waited += time.Since(start)
+		return false
+	}
+}
+
+// windows builds the decision's windows from a reply (nil: unknown).
+func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
+	nb := len(l.p.Windows)
+	out := make([]WindowUsage, len(l.layout))
+	var wins [4 * MaxWindows]*Win
+	n := 0
+	for pi := range op.Parts {
+		for j := range op.Parts[pi].Windows {
+			wins[n] = &op.Parts[pi].Windows[j]
+			n++
+		}
+	}
+	for i := range out {
+		win := l.window(i)
+		limit := limitOf(in, nb, i)
+		capacity := l.p.Capacity(win, limit)
+		w := WindowUsage{Policy: l.names[i], Window: win, Global: i >= nb, Limit: capacity}
+		ow := wins[l.layout[i]]
+		switch {
+		case win.Period != PeriodNone:
+			b := ow.Bounds
+			w.Seconds = ceilSeconds(time.Duration(b[2]-b[1]) * time.Microsecond)
+		case l.p.Algorithm == TokenBucket:
+			interval := max(int64(float64(ow.Len)/float64(limit)+0.5), 1)
+			w.Seconds = ceilSeconds(time.Duration(capacity*interval) * time.Microsecond)
+		default:
+			w.Seconds = ceilSeconds(win.Duration)
+		}
+		if r != nil {
+			u := r.Usage[l.layout[i]]
+			w.Known = !u.Unknown
+			w.Count = u.Count
+			w.Denied = u.Retry > 0 && r.Status != StatusAllowed
+			w.Retry = time.Duration(u.Retry) * time.Microsecond
+			w.Reset = time.Duration(u.Reset) * time.Microsecond
+			if w.Denied {
+				w.Reset = w.Retry
+			} else {
+				w.Remaining = max(capacity-u.Count, 0)
+			}
+		}
+		out[i] = w
+	}
+	return out
+}
+
+func anyDenied(ws []WindowUsage) bool {
+	for i := range ws {
+		if ws[i].Denied {
+			return true
+		}
+	}
+	return false
+}
+
+// retryAfter is the time until the request would be admitted.
+func retryAfter(d *Decision) time.Duration {
+	var t time.Duration
+	for i := range d.Windows {
+		if d.Windows[i].Denied {
+			t = max(t, d.Windows[i].Retry)
+		}
+	}
+	switch d.Outcome {
+	case OutcomeAllowed:
+		return 0
+	case OutcomeBanned:
+		t = max(t, d.BanLeft)
+	case OutcomeConcurrency:
+		// No store knows when a request in flight ends: a second.
+		t = max(t, time.Second)
+	}
+	return t
+}
+
+// finish applies jitter and the dry run.
+func (l *Limiter) finish(d Decision) Decision {
+	if d.Outcome != OutcomeAllowed && d.RetryAfter > 0 {
+		if j := l.jitter(d.RetryAfter); j > 0 {
+			d.RetryAfter += j
+			for i := range d.Windows {
+				if d.Windows[i].Denied {
+					d.Windows[i].Retry += j
+					d.Windows[i].Reset = d.Windows[i].Retry
+				}
+			}
+		}
+	}
+	if l.p.DryRun && !d.Pass {
+		d.Pass, d.DryRun = true, true
+	}
+	return d
+}
+
+func (l *Limiter) jitter(retry time.Duration) time.Duration {
+	span := l.p.Jitter.Max
+	if l.p.Jitter.Share > 0 {
+		span = time.Duration(float64(retry) * l.p.Jitter.Share)
+	}
+	if span <= 0 {
+		return 0
+	}
+	return time.Duration(mrand.Int64N(int64(span) + 1))
+}
+
+// Done finishes a request after its response: it releases the request's
+// lease and, with count_only, records its units when status matches. It is
+// safe to call on any decision, more than once, and from a defer (it runs
+// when the handler panicked or the client went away).
+func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
+	p := d.done
+	d.done = nil
+	if p == nil {
+		return
+	}
+	ctx = context.WithoutCancel(ctx)
+	if p.record && l.p.CountOnly(status) {
+		rec := *p.op
+		rec.Mode, rec.Lease, rec.Ban = ModeRecord, nil, nil
+		rec.Deadline = time.Time{}
+		if rec.Now != 0 {
+			rec.Now = l.p.Now().UnixMicro()
+		}
+		for pi := range rec.Parts {
+			if rec.Parts[pi].Kind != KindCalendar {
+				continue
+			}
+			// The calendar periods of the time of the response.
+			wins := append([]Win(nil), rec.Parts[pi].Windows...)
+			for j := range wins {
+				if per, ok := ParsePeriod(wins[j].Name); ok {
+					wins[j].Bounds = per.Bounds(l.p.Now(), l.p.Location)
+				}
+			}
+			rec.Parts = append([]Part(nil), rec.Parts...)
+			rec.Parts[pi].Windows = wins
+		}
+		l.call(ctx, p.store, &rec)
+	}
+	if p.lease {
+		rel := Op{Mode: ModeRelease, Lease: p.op.Lease}
+		l.call(ctx, p.store, &rel)
+	}
+}
+
+// call runs an Op after the response within the timeout; an error is
+// dropped (a lease then expires by itself; count_only units are lost).
+func (l *Limiter) call(ctx context.Context, s Store, op *Op) {
+	if l.p.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.p.Timeout)
+		defer cancel()
+	}
+	_, _ = s.Do(ctx, op)
+}
+
+// Peek reports what a request would get, without recording anything or
+// taking a lease: straight from the store behind any cache or breaker.
+func (l *Limiter) Peek(ctx context.Context, in *Input) (Decision, error) {
+	if err := l.checkInput(in); err != nil {
+		return Decision{}, err
+	}
+	now := l.p.Now()
+	op := l.op(in, ModePeek, now)
+	d := Decision{Identity: in.Identity, Region: in.Region, Cost: op.Cost, InFlight: -1, Source: l.b.Source}
+	if l.neverFits(in, op.Cost) {
+		d.Outcome = OutcomeTooLarge
+		d.Windows = l.windows(in, op, nil)
+		return d, nil
+	}
+	if l.p.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, max(l.p.Timeout, time.Second))
+		defer cancel()
+	}
+	reply, err := l.b.Base.Do(ctx, op)
+	if err != nil {
+		return Decision{}, err
+	}
+	d.Windows = l.windows(in, op, &reply)
+	d.InFlight = reply.InFlight
+	d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
+	d.Banned = reply.Status == StatusBanned
+	switch {
+	case reply.Status == StatusAllowed:
+		d.Outcome, d.Pass = OutcomeAllowed, true
+	case d.Banned:
+		d.Outcome = OutcomeBanned
+	case reply.LeaseDenied && !anyDenied(d.Windows):
+		d.Outcome = OutcomeConcurrency
+	default:
+		d.Outcome = OutcomeLimited
+	}
+	d.RetryAfter = retryAfter(&d)
+	return d, nil
+}
+
+// Windows describes the windows of an Input (limits and lengths, no
+// usage), as a Decision would list them.
+func (l *Limiter) Windows(in *Input) ([]WindowUsage, error) {
+	if err := l.checkInput(in); err != nil {
+		return nil, err
+	}
+	return l.windows(in, l.op(in, ModePeek, l.p.Now()), nil), nil
+}
+
+// Reset forgets identity's budget in region (and its global ceiling, when
+// the limiter has one): its windows and its ban, in the store, in the fail
+// local store, and in the deny cache of every process sharing the store.
+// It reports whether the other processes were told.
+func (l *Limiter) Reset(ctx context.Context, identity, region string) (notified bool, err error) {
+	keys := make([]string, len(l.specs))
+	l.keys.Keys(keys, l.specs, identity, l.p.Regions, region)
+	var drop []string
+	for i, s := range l.specs {
+		if s.Segment != "lease" {
+			drop = append(drop, keys[i])
+		}
+	}
+	if l.cache != nil {
+		l.cache.Forget(Tag(identity))
+	}
+	if l.b.Local != nil {
+		_ = l.b.Local.Reset(ctx, drop...)
+	}
+	if err := l.b.Base.Reset(ctx, drop...); err != nil {
+		return false, err
+	}
+	// A denial decided before the reset and cached after it is dropped by
+	// the notice, on this process too.
+	if l.cache != nil {
+		l.cache.Forget(Tag(identity))
+	}
+	if l.b.Notifier == nil {
+		return false, nil
+	}
+	return l.b.Notifier.Publish(ctx, l.channel, l.keys.Namespace()+"\n"+Tag(identity)) == nil, nil
+}
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}

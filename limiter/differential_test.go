@@ -1,0 +1,250 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+var allAlgorithms = []limiter.Algorithm{
+	limiter.SlidingLog, limiter.SlidingCounter, limiter.FixedWindow, limiter.TokenBucket,
+}
+
+func TestParseAlgorithm(t *testing.T) {
+	t.Parallel()
+	for _, a := range allAlgorithms {
+		got, err := limiter.ParseAlgorithm(a.String())
+		if err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v; want %v", a.String(), got, err, a)
+		}
+	}
+	for _, bad := range []string{"", "sliding", "Sliding_Log", "leaky_bucket"} {
+		if _, err := limiter.ParseAlgorithm(bad); err == nil {
+			t.Errorf("ParseAlgorithm(%q) succeeded", bad)
+		} else if !strings.Contains(err.Error(), "token_bucket") {
+			t.Errorf("ParseAlgorithm(%q): error %q does not list the names", bad, err)
+		}
+	}
+}
+
+// diffGen builds a seeded random sequence of Ops for one algorithm: a few
+// identities with regions, global ceilings, calendar periods, a ban, a
+// concurrency bound with releases, costs 1-3, every mode, window sets and
+// limits that change now and then (a reload, or nodes that disagree), and
+// time steps that are mostly zero or small, land on a window boundary (or
+// one µs either side), go back a little (a caller whose clock lags), or skip
+// half a window, a window, or a long idle gap.
+type diffGen struct {
+	rng    *rand.Rand
+	kb     limiter.KeyBuilder
+	kind   limiter.Kind
+	run    string
+	now    int64
+	leases []limiter.LeaseOp
+	nlease int
+}
+
+// Windows of 10 s and more keep the real Redis TTLs (>= 10 s of wall time)
+// longer than the whole test: a key never expires in Redis while the
+// injected clock says it is live.
+var diffWindowSets = [][]time.Duration{
+	{10 * time.Second},
+	{10 * time.Second, 30 * time.Second},
+	{20 * time.Second},
+	{7 * time.Second * 3}, // 21 s: an interval that is not a whole µs for the token bucket
+}
+
+func (g *diffGen) op() (*limiter.Op, string) {
+	r := g.rng
+	w := int64(10_000_000)
+	switch x := r.IntN(100); {
+	case x < 40: // same instant
+	case x < 94:
+		next := g.now + 1 + r.Int64N(w/50)
+		if b := (g.now/w + 1) * w; next >= b && r.IntN(2) == 0 {
+			next = b + r.Int64N(3) - 1
+		}
+		g.now = next
+	case x < 95:
+		g.now -= 1 + r.Int64N(w/10)
+	case x < 97:
+		g.now += w/2 + r.Int64N(w/2)
+	case x < 98:
+		g.now += w
+	default:
+		g.now += w + r.Int64N(2*w)
+	}
+	op := &limiter.Op{Now: g.now, Cost: 1 + r.Int64N(3)}
+	switch x := r.IntN(100); {
+	case x < 70:
+		op.Mode = limiter.ModeCheck
+	case x < 80:
+		op.Mode = limiter.ModePeek
+	case x < 88:
+		op.Mode = limiter.ModeCheckOnly
+	case x < 95:
+		op.Mode = limiter.ModeRecord
+	default:
+		if len(g.leases) > 0 {
+			i := r.IntN(len(g.leases))
+			l := g.leases[i]
+			g.leases = append(g.leases[:i], g.leases[i+1:]...)
+			return &limiter.Op{Mode: limiter.ModeRelease, Now: g.now, Lease: &l}, "release " + l.ID
+		}
+		op.Mode = limiter.ModeCheck
+	}
+	ident := fmt.Sprintf("%s-%d", g.run, r.IntN(3))
+	region := r.IntN(3) - 1
+	withRegion := region >= 0
+	reg := fmt.Sprint("r", region)
+	set := diffWindowSets[r.IntN(len(diffWindowSets))]
+	limits := []int64{3, 5, 8, 20}
+	wins := func() []limiter.Win {
+		var out []limiter.Win
+		for _, d := range set {
+			w := limiter.Win{Name: limiter.WindowName(d), Len: d.Microseconds(), Limit: limits[r.IntN(len(limits))]}
+			if g.kind == limiter.KindToken && len(set) == 1 && r.IntN(2) == 0 {
+				w.Burst = 1 + r.Int64N(10)
+			}
+			out = append(out, w)
+		}
+		return out
+	}
+	cal := func() []limiter.Win {
+		var out []limiter.Win
+		at := time.UnixMicro(g.now)
+		for _, p := range []limiter.Period{limiter.PeriodDay, limiter.PeriodMonth} {
+			if r.IntN(2) == 0 {
+				out = append(out, limiter.Win{Name: p.String(), Limit: 10 + r.Int64N(30), Bounds: p.Bounds(at, time.UTC)})
+			}
+		}
+		return out
+	}
+	key := func(seg string, global bool) string {
+		if global {
+			return g.kb.Key(seg, ident, true, limiter.GlobalRegion)
+		}
+		return g.kb.Key(seg, ident, withRegion, reg)
+	}
+	op.Parts = append(op.Parts, limiter.Part{Key: key(g.kind.String(), false), Kind: g.kind, Windows: wins()})
+	if c := cal(); len(c) > 0 {
+		op.Parts = append(op.Parts, limiter.Part{Key: key("calendar", false), Kind: limiter.KindCalendar, Windows: c})
+	}
+	if withRegion && r.IntN(2) == 0 {
+		op.Parts = append(op.Parts, limiter.Part{Key: key(g.kind.String(), true), Kind: g.kind, Windows: wins()})
+	}
+	if r.IntN(3) == 0 {
+		op.Ban = &limiter.BanOp{Key: key("ban", false), After: 4, Within: 15_000_000, For: 12_000_000, Carried: r.Int64N(2)}
+	}
+	if r.IntN(3) == 0 {
+		g.nlease++
+		op.Lease = &limiter.LeaseOp{Key: key("lease", false), Max: 2, Timeout: 15_000_000, ID: fmt.Sprint("L", g.nlease)}
+		if op.Mode == limiter.ModeCheck || op.Mode == limiter.ModeCheckOnly {
+			g.leases = append(g.leases, *op.Lease)
+		}
+	}
+	return op, fmt.Sprintf("%v %s region=%v cost=%d parts=%d ban=%v lease=%v", op.Mode, ident, region, op.Cost, len(op.Parts), op.Ban != nil, op.Lease != nil)
+}
+
+// TestDifferential runs the same seeded random Ops on the in-process store,
+// miniredis and a real redis-server (clock app) and requires every reply
+// to be identical: status, ban, leases, and every window's count, retry and
+// reset, to the microsecond.
+func TestDifferential(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	const n = 2500
+	for _, alg := range allAlgorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			mem := limiter.NewMemoryStore()
+			t.Cleanup(func() { mem.Close() })
+			m := miniredis.RunT(t)
+			mc := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { mc.Close() })
+			names := []string{"memory", "miniredis", "redis-server"}
+			stores := []limiter.Store{mem, limiter.NewRedisStore(mc), limiter.NewRedisStore(client)}
+
+			kb, _ := limiter.NewKeyBuilder("diff:", "d")
+			rng := rand.New(rand.NewPCG(uint64(alg)+1, 0x5eed))
+			g := &diffGen{rng: rng, kb: kb, kind: kindOf(alg), run: randomID(t), now: time.Date(2026, 11, 29, 12, 10, 0, 0, time.UTC).UnixMicro()}
+			ctx := context.Background()
+			seen := map[string]int{}
+			for i := 0; i < n; i++ {
+				op, what := g.op()
+				var replies []limiter.Reply
+				for j, s := range stores {
+					cp := cloneOp(op)
+					r, err := s.Do(ctx, cp)
+					if err != nil {
+						t.Fatalf("op %d %s on %s: %v", i, what, names[j], err)
+					}
+					if testing.Verbose() && j < 2 && strings.Contains(what, debugIdent) && debugIdent != "" && alg == limiter.SlidingLog {
+						t.Logf("op %d %s at %d: %v %+v", i, what, op.Now, cp.Parts[0].Windows, r)
+					}
+					replies = append(replies, r)
+				}
+				for j := 1; j < len(replies); j++ {
+					if !reflect.DeepEqual(replies[j], replies[0]) {
+						t.Fatalf("op %d %s:\n  %-12s %+v\n  %-12s %+v", i, what, names[0], replies[0], names[j], replies[j])
+					}
+				}
+				r := replies[0]
+				switch {
+				case r.Status == limiter.StatusBanned && r.BanStarted:
+					seen["ban started"]++
+				case r.Status == limiter.StatusBanned:
+					seen["banned"]++
+				case r.LeaseDenied:
+					seen["lease denied"]++
+				case r.Status == limiter.StatusDenied:
+					seen["denied"]++
+				default:
+					seen["allowed"]++
+				}
+			}
+			t.Logf("%s: %d ops identical on %v: %v", alg, n, names, seen)
+			for _, k := range []string{"allowed", "denied", "banned", "ban started", "lease denied"} {
+				if seen[k] < 5 {
+					t.Errorf("script too easy: %q only %d times (%v)", k, seen[k], seen)
+				}
+			}
+		})
+	}
+}
+
+var debugIdent = ""
+
+func kindOf(a limiter.Algorithm) limiter.Kind {
+	return [...]limiter.Kind{limiter.KindLog, limiter.KindCounter, limiter.KindFixed, limiter.KindToken}[a]
+}
+
+// cloneOp copies an Op, so a store cannot change what the next one sees.
+func cloneOp(op *limiter.Op) *limiter.Op {
+	cp := *op
+	cp.Parts = nil
+	for _, p := range op.Parts {
+		p.Windows = append([]limiter.Win(nil), p.Windows...)
+		cp.Parts = append(cp.Parts, p)
+	}
+	if op.Ban != nil {
+		b := *op.Ban
+		cp.Ban = &b
+	}
+	if op.Lease != nil {
+		l := *op.Lease
+		cp.Lease = &l
+	}
+	return &cp
+}

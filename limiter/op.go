@@ -1,0 +1,238 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Mode is what a store does with an Op.
+type Mode uint8
+
+// The modes.
+const (
+	// ModeCheck checks the request and, when it fits, records it (and takes
+	// its lease).
+	ModeCheck Mode = iota
+	// ModePeek reports what ModeCheck would decide and writes nothing.
+	ModePeek
+	// ModeCheckOnly checks the request and takes its lease, but records no
+	// units: count_only records them after the response, with ModeRecord.
+	ModeCheckOnly
+	// ModeRecord records the units without checking anything.
+	ModeRecord
+	// ModeRelease releases the request's lease.
+	ModeRelease
+)
+
+// Kind is how a part of a request counts: an algorithm, or calendar periods.
+type Kind uint8
+
+// The kinds; their values are the script's.
+const (
+	KindLog      Kind = 1 // sliding_log: a sorted set
+	KindCounter  Kind = 2 // sliding_counter: a hash, two counters per window
+	KindFixed    Kind = 3 // fixed_window: a hash, one counter per window
+	KindToken    Kind = 4 // token_bucket: a hash, one arrival time per window
+	KindCalendar Kind = 5 // calendar periods: a hash, one counter per period
+)
+
+// kindNames are the kinds' segment in keys.
+var kindNames = [...]string{KindLog: "log", KindCounter: "counter", KindFixed: "fixed", KindToken: "token", KindCalendar: "calendar"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("kind(%d)", k)
+}
+
+// MaxWindows bounds the windows of one bucket (duration and calendar).
+const MaxWindows = 8
+
+// MaxValue bounds every limit, cost and burst: the scripts compute in
+// doubles, exact to 2^53.
+const MaxValue = 1 << 50
+
+// Op is one request to a store: check, peek, record or release, over every
+// part of the request at once. All keys of an Op share one hash tag.
+type Op struct {
+	Mode Mode
+	// Now is the time of the request in µs since the Unix epoch; 0 asks the
+	// store for its own clock (Redis TIME for the Redis store).
+	Now int64
+	// Deadline, when set, is when the caller gives up: a Redis check that
+	// reaches Redis later (a stalled network) is not run, so it is never
+	// charged after its caller applied the fail mode.
+	Deadline time.Time
+	// Cost is the units the request consumes (>= 1).
+	Cost int64
+	// Parts are the keys counted, each with its windows.
+	Parts []Part
+	// Ban, when set, is the key's penalty box.
+	Ban *BanOp
+	// Lease, when set, bounds the requests in flight.
+	Lease *LeaseOp
+}
+
+// Part is one key of a request and the windows it counts.
+type Part struct {
+	Key     string
+	Kind    Kind
+	Windows []Win
+}
+
+// Win is one window of a part.
+type Win struct {
+	// Name names the window's state in its key: the length in µs as a
+	// decimal string, or the calendar period's name.
+	Name string
+	// Len is the window's length in µs (duration kinds).
+	Len int64
+	// Limit is the units admitted per window (> 0).
+	Limit int64
+	// Burst is, for KindToken, the capacity; 0 means Limit.
+	Burst int64
+	// Bounds are, for KindCalendar, the starts of three periods in a row and
+	// the end of the third, around the caller's clock.
+	Bounds [4]int64
+}
+
+// BanOp is the penalty box of a request's key.
+type BanOp struct {
+	Key string
+	// After denials weighted over a sliding span of Within µs ban the key
+	// for For µs.
+	After, Within, For int64
+	// Carried are denials served by a deny cache since the last store call,
+	// added to the count.
+	Carried int64
+}
+
+// LeaseOp bounds the requests of a key in flight.
+type LeaseOp struct {
+	Key string
+	// Max leases at once, each expiring Timeout µs after it was taken.
+	Max, Timeout int64
+	// ID names this request's lease (unique across processes).
+	ID string
+}
+
+// Status is a store's verdict on an Op.
+type Status uint8
+
+// The statuses; their values are the script's.
+const (
+	StatusDenied  Status = 0
+	StatusAllowed Status = 1
+	StatusBanned  Status = 2
+	// StatusLate: the check reached Redis after its deadline and was not run.
+	StatusLate Status = 3
+)
+
+// Reply is a store's answer to an Op.
+type Reply struct {
+	Status Status
+	// Now is the time the store decided at (µs).
+	Now int64
+	// BanLeft is how long the key stays banned (µs), when banned;
+	// BanStarted is true when this request started the ban.
+	BanLeft    int64
+	BanStarted bool
+	// InFlight is the leases held after the request; -1 without a lease.
+	// LeaseDenied is true when the concurrency bound denied it.
+	InFlight    int64
+	LeaseDenied bool
+	// Usage is one entry per window of the Op's parts, in order.
+	Usage []Usage
+	// Cached is true for a denial served by a DenyCache.
+	Cached bool
+}
+
+// Usage is one window after a decision, in µs and units.
+type Usage struct {
+	// Count is the units in the window (after the request when recorded).
+	Count int64
+	// Retry is, when the window has no room for the cost, the time until it
+	// has; 0 when it has room.
+	Retry int64
+	// Reset is the time until more quota comes back (0 when empty).
+	Reset int64
+	// Unknown is true when the store cannot say (a cached denial does not
+	// know the windows that did not deny).
+	Unknown bool
+}
+
+// Store decides Ops. Implementations are safe for concurrent use.
+//
+// Error policy: a Store returns an error only when it could not decide
+// (unreachable, timed out, a malformed reply). "Over the limit" is a Reply
+// with StatusDenied, never an error.
+type Store interface {
+	Do(ctx context.Context, op *Op) (Reply, error)
+	// Reset forgets the given keys.
+	Reset(ctx context.Context, keys ...string) error
+}
+
+// ErrInvalidOp is wrapped by every error about a malformed Op.
+var ErrInvalidOp = errors.New("invalid rate limit op")
+
+// validate checks what every store relies on.
+func (op *Op) validate() error {
+	if op.Mode > ModeRelease {
+		return fmt.Errorf("%w: mode %d", ErrInvalidOp, op.Mode)
+	}
+	if op.Mode == ModeRelease {
+		if op.Lease == nil || op.Lease.Key == "" || op.Lease.ID == "" {
+			return fmt.Errorf("%w: release needs a lease", ErrInvalidOp)
+		}
+		return nil
+	}
+	if op.Cost <= 0 || op.Cost > MaxValue {
+		return fmt.Errorf("%w: cost %d out of range", ErrInvalidOp, op.Cost)
+	}
+	if len(op.Parts) == 0 {
+		return fmt.Errorf("%w: no parts", ErrInvalidOp)
+	}
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		if p.Key == "" || p.Kind < KindLog || p.Kind > KindCalendar || len(p.Windows) == 0 || len(p.Windows) > MaxWindows {
+			return fmt.Errorf("%w: part %d (%q, %s, %d windows)", ErrInvalidOp, i, p.Key, p.Kind, len(p.Windows))
+		}
+		for j := range p.Windows {
+			w := &p.Windows[j]
+			if w.Limit <= 0 || w.Limit > MaxValue || w.Burst < 0 || w.Burst > MaxValue || w.Name == "" {
+				return fmt.Errorf("%w: window %q: limit %d, burst %d", ErrInvalidOp, w.Name, w.Limit, w.Burst)
+			}
+			if p.Kind == KindCalendar {
+				b := w.Bounds
+				if !(b[0] < b[1] && b[1] < b[2] && b[2] < b[3]) {
+					return fmt.Errorf("%w: calendar window %q bounds %v", ErrInvalidOp, w.Name, b)
+				}
+			} else if w.Len < 1000 || w.Len > maxWindowMicros {
+				return fmt.Errorf("%w: window %q of %dµs", ErrInvalidOp, w.Name, w.Len)
+			}
+		}
+	}
+	if b := op.Ban; b != nil && (b.Key == "" || b.After <= 0 || b.Within <= 0 || b.For <= 0 || b.Carried < 0) {
+		return fmt.Errorf("%w: ban %+v", ErrInvalidOp, *b)
+	}
+	if l := op.Lease; l != nil && (l.Key == "" || l.Max <= 0 || l.Timeout <= 0 || l.ID == "") {
+		return fmt.Errorf("%w: lease %+v", ErrInvalidOp, *l)
+	}
+	return nil
+}
+
+// windows is the number of windows of all parts.
+func (op *Op) windows() int {
+	n := 0
+	for i := range op.Parts {
+		n += len(op.Parts[i].Windows)
+	}
+	return n
+}
+
+// maxWindowMicros bounds a duration window: ten years, far below what
+// doubles and durations hold.
+const maxWindowMicros = 10 * 366 * 24 * 3600 * 1e6

@@ -1,0 +1,339 @@
+-- decide.lua: the decision, one script for every algorithm. The algorithm
+-- files (sliding_log.lua, sliding_counter.lua, fixed_window.lua,
+-- token_bucket.lua) are spliced in at the @algorithms line below; lua.go
+-- builds the whole script once.
+--
+-- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... with ARGV[1] = n, the
+-- number of checks, followed by n checks. The checks run in order, each
+-- all-or-nothing over its own keys (it reads everything before it writes),
+-- each with its own reply: with n > 1 an error in one check (a key of the
+-- wrong type) is that check's reply, and the others go on. All keys of one
+-- call share a hash slot on a Redis Cluster: the caller groups checks by slot.
+--
+-- Clock: a check's now is the caller's, in µs (clock app), or 0, which makes
+-- the script read Redis TIME, once per call (clock redis: one clock for every
+-- Caddy node). Units: every time is in µs, every number a whole number below
+-- 2^53 (the caller refuses larger ones), so Lua's doubles hold them exactly.
+-- Numbers are written into keys and replies with %.0f, never tostring (which
+-- would round them to 14 digits).
+--
+-- One check, in ARGV (from its first value) and KEYS (one per part, then the
+-- ban key, then the lease key):
+--   nargs nkeys mode now deadline cost nparts hasban haslease
+--   per part:  kind nwin, then per window
+--                duration kinds: len limit burst   (len, in µs, also names
+--                                                   the window's fields)
+--                calendar:       period limit b0 b1 b2 b3
+--   ban:       after within for carried           (when hasban is 1)
+--   lease:     max timeout id                     (when haslease is 1)
+-- mode:  0 check and record; 1 peek (nothing written); 2 check only
+--        (count_only before the response: the lease is taken, the units are
+--        not recorded); 3 record (count_only after the response: the units
+--        are recorded, nothing checked); 4 release the lease.
+-- kind:  1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket,
+--        5 calendar periods (fixed windows on the calendar).
+-- deadline: Redis TIME in µs after which the check must not run: its caller
+--        gave up and applied its fail mode, so a check delivered late (a
+--        stalled network) is never charged; 0 for none, -1 for none but
+--        read TIME (the caller learns Redis's clock from the reply).
+-- ban:   after n denials (weighted over a sliding span of within µs,
+--        counting carried denials served meanwhile by a deny cache) the key
+--        is banned for `for` µs. A banned key is denied; its requests neither
+--        record nor lengthen the ban.
+-- lease: at most max leases in flight, each expiring timeout µs after it
+--        was taken (a node that died never releases its own).
+--
+-- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
+-- lease_denied, then count, retry, reset per window, in order}.
+--   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
+--                written)
+--   time         Redis TIME when it was read (clock redis, or a deadline), 0
+--                otherwise
+--   ban_left     µs the ban lasts (when banned)
+--   in_flight    leases held after the check (-1: no lease)
+--   lease_denied 1 when the concurrency bound denied the request
+-- A request is admitted when the key is not banned, every window of every
+-- part has room for its cost and a lease is free; it is then recorded in
+-- every window and takes a lease, or, when one of them says no, nothing is
+-- recorded and no lease is taken. Rejected requests are never recorded.
+
+local now_redis = false
+local function clock()
+  if not now_redis then
+    local t = redis.call("TIME")
+    now_redis = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return now_redis
+end
+
+-- The windows of the check being decided, numbered across its parts:
+-- name (the length's decimal string, or the calendar period), length, limit,
+-- burst, calendar bounds; filled by the algorithms: count, retry, reset, and
+-- state s1..s4 that a record needs.
+local wname, wlen, wlim, wburst = {}, {}, {}, {}
+local cb0, cb1, cb2, cb3 = {}, {}, {}, {}
+local cnt, rty, rst = {}, {}, {}
+local s1, s2, s3, s4 = {}, {}, {}, {}
+
+-- is_window reports whether name is one of windows j0..j1 (a field of
+-- another name belongs to a window a reload removed or replaced).
+local function is_window(name, j0, j1)
+  for j = j0, j1 do
+    if wname[j] == name then
+      return true
+    end
+  end
+  return false
+end
+
+-- hset queues a field for the hash write of the part being recorded.
+local hf, hn = {}, 0
+local function hset(field, value)
+  hf[hn + 1], hf[hn + 2] = field, value
+  hn = hn + 2
+end
+
+-- @algorithms
+
+-- hash_read reads a hash part into a field table, and whether it holds
+-- fields of windows the part no longer has.
+local function hash_read(key, j0, j1)
+  local raw = redis.call("HGETALL", key)
+  local f, stale = {}, false
+  for i = 1, #raw, 2 do
+    local name = raw[i]
+    f[name] = raw[i + 1]
+    if not stale and not is_window(string.sub(name, 1, -2), j0, j1) then
+      stale = true
+    end
+  end
+  return f, stale
+end
+
+-- hash_write writes the queued fields with the TTL in ms, dropping the
+-- fields of removed windows.
+local function hash_write(key, ttl, stale)
+  if stale then
+    redis.call("DEL", key)
+  end
+  redis.call("HSET", key, unpack(hf, 1, hn))
+  redis.call("PEXPIRE", key, ttl)
+  hn = 0
+end
+
+-- ban_count adds n denials to the ban key's sliding count (fields w, c, p:
+-- the window index and the counts of this and the previous span) and bans
+-- the key (field u: until) when the count reaches after. It reports whether
+-- it banned.
+local function ban_count(key, b, n, now, after, within, bfor)
+  local idx = math.floor(now / within)
+  local cur, prev = 0, 0
+  local sw = tonumber(b[2])
+  if sw then
+    if sw == idx then
+      cur, prev = tonumber(b[3]), tonumber(b[4])
+    elseif sw == idx - 1 then
+      prev = tonumber(b[3])
+    elseif sw > idx then
+      idx, cur, prev = sw, tonumber(b[3]), tonumber(b[4])
+    end
+  end
+  cur = cur + n
+  local t = now
+  if idx * within > t then
+    t = idx * within
+  end
+  local span = math.ceil(2 * within / 1000) + 1000
+  if ctr_est(within, t, idx, cur, prev) >= after then
+    redis.call("HSET", key, "u", now + bfor, "w", idx, "c", 0, "p", 0)
+    local ttl = math.ceil(bfor / 1000) + 1000
+    if span > ttl then
+      ttl = span
+    end
+    redis.call("PEXPIRE", key, ttl)
+    return true
+  end
+  redis.call("HSET", key, "w", idx, "c", cur, "p", prev)
+  redis.call("PEXPIRE", key, span)
+  return false
+end
+
+-- Per part of the check being decided: key, kind, windows j0..j1, whether
+-- its hash holds stale fields, and a log's T, newest time and longest window.
+local pkey, pkind, pj0, pj1, pstale = {}, {}, {}, {}, {}
+local ptot, pnew, pmax = {}, {}, {}
+
+local function decide(a, k)
+  local mode = tonumber(ARGV[a + 2])
+  local now = tonumber(ARGV[a + 3])
+  local deadline = tonumber(ARGV[a + 4])
+  local cost = tonumber(ARGV[a + 5])
+  local nparts = tonumber(ARGV[a + 6])
+  local hasban, haslease = ARGV[a + 7] == "1", ARGV[a + 8] == "1"
+  if deadline ~= 0 then
+    local t = clock()
+    if deadline > 0 and t > deadline then
+      return {3, t, t}
+    end
+  end
+  if now == 0 then
+    now = clock()
+  end
+  a = a + 9
+  local nw = 0
+  for p = 1, nparts do
+    local kind, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    a = a + 2
+    pkey[p], pkind[p], pj0[p] = KEYS[k], kind, nw + 1
+    k = k + 1
+    for _ = 1, n do
+      nw = nw + 1
+      wname[nw], wlim[nw] = ARGV[a], tonumber(ARGV[a + 1])
+      if kind == 5 then
+        cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
+        a = a + 6
+      else
+        wlen[nw], wburst[nw] = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+        a = a + 3
+      end
+    end
+    pj1[p] = nw
+  end
+  local bkey, after, within, bfor, carried
+  if hasban then
+    bkey, after, within, bfor, carried = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    k, a = k + 1, a + 4
+  end
+  local lkey, lmax, ltimeout, lid
+  if haslease then
+    lkey, lmax, ltimeout, lid = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+  end
+  if mode == 4 then
+    redis.call("ZREM", lkey, lid)
+    return {1, now, now_redis or 0, 0, 0, -1, 0}
+  end
+  local peek, record = mode == 1, mode == 3
+
+  local ban, banleft = false, 0
+  if hasban and not record then
+    ban = redis.call("HMGET", bkey, "u", "w", "c", "p")
+    local u = tonumber(ban[1])
+    if u and u > now then
+      banleft = u - now
+    end
+  end
+
+  local fits = true
+  for p = 1, nparts do
+    local key, kind, j0, j1 = pkey[p], pkind[p], pj0[p], pj1[p]
+    local ok
+    if kind == 1 then
+      ok, ptot[p], pnew[p], pmax[p] = log_check(key, j0, j1, now, cost, peek)
+    else
+      local f
+      f, pstale[p] = hash_read(key, j0, j1)
+      if kind == 2 then
+        ok = ctr_check(f, j0, j1, now, cost)
+      elseif kind == 3 then
+        ok = fix_check(f, j0, j1, now, cost)
+      elseif kind == 4 then
+        ok = tb_check(f, j0, j1, now, cost)
+      else
+        ok = cal_check(f, j0, j1, now, cost)
+      end
+    end
+    if not ok then
+      fits = false
+    end
+  end
+
+  local inflight, leasedenied = -1, 0
+  if haslease and not record then
+    if peek then
+      inflight = redis.call("ZCOUNT", lkey, "(" .. string.format("%.0f", now), "+inf")
+    else
+      redis.call("ZREMRANGEBYSCORE", lkey, "-inf", now)
+      inflight = redis.call("ZCARD", lkey)
+    end
+    if inflight >= lmax then
+      leasedenied = 1
+    end
+  end
+
+  local allowed = record or (banleft == 0 and fits and leasedenied == 0)
+  if allowed and not peek then
+    if mode ~= 2 then
+      for p = 1, nparts do
+        local key, kind, j0, j1 = pkey[p], pkind[p], pj0[p], pj1[p]
+        if kind == 1 then
+          log_record(key, j0, j1, now, cost, ptot[p], pnew[p], pmax[p])
+        else
+          local ttl
+          if kind == 2 then
+            ttl = ctr_record(j0, j1, cost)
+          elseif kind == 3 then
+            ttl = fix_record(j0, j1, now, cost)
+          elseif kind == 4 then
+            ttl = tb_record(j0, j1, now, cost)
+          else
+            ttl = cal_record(j0, j1, now, cost)
+          end
+          hash_write(key, ttl, pstale[p])
+        end
+      end
+    end
+    if haslease and not record then
+      redis.call("ZADD", lkey, now + ltimeout, lid)
+      redis.call("PEXPIRE", lkey, math.ceil(ltimeout / 1000) + 1000)
+      inflight = inflight + 1
+    end
+  end
+  for p = 1, nparts do
+    if pkind[p] == 2 then
+      ctr_reset(pj0[p], pj1[p], now)
+    end
+  end
+
+  local status = 0
+  if banleft > 0 then
+    status = 2
+  elseif allowed then
+    status = 1
+  end
+  local started = 0
+  if hasban and banleft == 0 and (mode == 0 or mode == 2) then
+    local n = carried
+    if not allowed then
+      n = n + 1
+    end
+    if n > 0 and ban_count(bkey, ban, n, now, after, within, bfor) then
+      status, banleft, started = 2, bfor, 1
+    end
+  end
+
+  local reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied}
+  for j = 1, nw do
+    reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
+  end
+  return reply
+end
+
+local n = tonumber(ARGV[1])
+local out = {}
+local a, k = 2, 1
+if n == 1 then
+  out[1] = decide(a, k)
+else
+  for c = 1, n do
+    local ok, r = pcall(decide, a, k)
+    if ok then
+      out[c] = r
+    elseif type(r) == "table" and r.err then
+      out[c] = r
+    else
+      out[c] = {err = tostring(r)}
+    end
+    a, k = a + tonumber(ARGV[a]), k + tonumber(ARGV[a + 1])
+  end
+end
+return out

@@ -1,0 +1,416 @@
+package slidingratelimit
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// RedisConfig is the Redis the limiter keeps its state in.
+type RedisConfig struct {
+	// URL is a redis:// or rediss:// URL (user, password, host, port and
+	// db). Either URL or Addresses. {env.*} placeholders are replaced.
+	URL string `json:"url,omitempty"`
+
+	// Addresses lists host:port of the Redis server. Several addresses make
+	// a Redis Cluster client (any reachable nodes of the cluster; the rest
+	// are discovered). With Sentinel, they are the Sentinels. Either URL or
+	// Addresses.
+	Addresses []string `json:"addresses,omitempty"`
+
+	// Cluster makes a Redis Cluster client even with one address (a
+	// cluster's configuration endpoint). Several addresses imply it.
+	Cluster bool `json:"cluster,omitempty"`
+
+	// Sentinel, when set, is the master name monitored by the Sentinels at
+	// Addresses: the client follows failovers.
+	Sentinel string `json:"sentinel,omitempty"`
+
+	// SentinelPassword authenticates to the Sentinels, if they need it.
+	SentinelPassword string `json:"sentinel_password,omitempty"`
+
+	// Username is the ACL user, if any.
+	Username string `json:"username,omitempty"`
+
+	// Password authenticates the connection. {env.REDIS_PASSWORD} reads an
+	// environment variable when the config loads (empty: no password), as
+	// {$REDIS_PASSWORD} does when a Caddyfile is adapted.
+	Password string `json:"password,omitempty"`
+
+	// DB is the database number (not on a cluster). Default 0.
+	DB int `json:"db,omitempty"`
+
+	// TLS, when present, connects with TLS (rediss:// URLs do too).
+	TLS *RedisTLS `json:"tls,omitempty"`
+
+	// DialTimeout bounds connecting to Redis. Default 250ms.
+	DialTimeout caddy.Duration `json:"dial_timeout,omitempty"`
+
+	// Timeout bounds one decision: the whole call to Redis, including
+	// waiting for a pooled connection and for the batch in flight. When it
+	// passes, the fail mode applies, and Redis will not run the check if it
+	// reaches it later. Default 100ms.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+
+	// PoolSize is the maximum number of connections. Default: go-redis's
+	// default of 10 per CPU.
+	PoolSize int `json:"pool_size,omitempty"`
+
+	// Pipeline is the number of concurrent pipelines that carry the checks
+	// of concurrent requests to Redis in batches (a batch is one script
+	// call per hash slot, each check still atomic): far fewer round trips,
+	// system calls and script calls under load, at the cost of waiting for
+	// the batch in flight. -1 sends every check on its own. Default 2.
+	Pipeline int `json:"pipeline,omitempty"`
+
+	// KeyPrefix starts every key the limiter writes (and names the channel
+	// resets are announced on). It must not contain '{' or '}'.
+	// Default "ratelimit:".
+	KeyPrefix string `json:"key_prefix,omitempty"`
+}
+
+// RedisTLS configures TLS to Redis. An empty block uses the system roots.
+type RedisTLS struct {
+	// CA is a PEM file of the certificate authorities to trust instead of
+	// the system roots.
+	CA string `json:"ca,omitempty"`
+	// Cert and Key are PEM files of a client certificate, for Redis
+	// servers that require one (tls-auth-clients).
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+	// ServerName overrides the name checked in the server's certificate.
+	ServerName string `json:"server_name,omitempty"`
+	// InsecureSkipVerify accepts any server certificate. For tests only.
+	InsecureSkipVerify bool `json:"insecure_skip_verify,omitempty"`
+}
+
+// DefaultPipelines is the default number of concurrent batch pipelines.
+const DefaultPipelines = 2
+
+// maxBatch bounds the checks sent in one pipeline.
+const maxBatch = 64
+
+// provision replaces {env.*} placeholders in the secrets and the URL.
+func (c *RedisConfig) provision() {
+	repl := caddy.NewReplacer()
+	for _, f := range []*string{&c.URL, &c.Username, &c.Password, &c.SentinelPassword} {
+		*f = repl.ReplaceAll(*f, "")
+	}
+}
+
+// validate checks a Redis configuration without connecting. Its errors
+// name the subdirective at fault (redis.<sub>).
+func (c *RedisConfig) validate() error {
+	if c.URL != "" && len(c.Addresses) > 0 {
+		return redisErr("address", "give either a URL or addresses, not both")
+	}
+	if c.URL == "" && len(c.Addresses) == 0 {
+		return redisErr("", "needs a URL or an address")
+	}
+	if c.URL != "" && !strings.Contains(c.URL, "{") {
+		if !strings.HasPrefix(c.URL, "redis://") && !strings.HasPrefix(c.URL, "rediss://") {
+			return redisErr("url", "bad URL '%s': it needs a scheme: write redis://%s (or rediss:// for TLS)", c.URL, strings.TrimPrefix(c.URL, "//"))
+		}
+		if _, err := redis.ParseURL(c.URL); err != nil {
+			return redisErr("url", "bad URL '%s': %v", c.URL, err)
+		}
+	}
+	if c.Sentinel != "" && c.URL != "" {
+		return redisErr("sentinel", "sentinel needs the Sentinels' addresses, not a URL")
+	}
+	if (len(c.Addresses) > 1 || c.Cluster) && c.Sentinel == "" && c.DB != 0 {
+		return redisErr("db", "a Redis Cluster has only db 0")
+	}
+	for _, a := range c.Addresses {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			return redisErr("address", "bad address '%s': want host:port", a)
+		}
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		return redisErr("key_prefix", "key_prefix '%s' must not contain '{' or '}'", c.KeyPrefix)
+	}
+	if c.DB < 0 || c.PoolSize < 0 || c.Timeout < 0 || c.DialTimeout < 0 {
+		return redisErr("", "db, pool_size and timeouts must not be negative")
+	}
+	if c.Pipeline < -1 || c.Pipeline > 64 {
+		return redisErr("pipeline", "pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
+	}
+	if c.TLS != nil && (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		return redisErr("tls", "tls: cert and key go together")
+	}
+	return nil
+}
+
+// redisErr is a configuration error of the redis block's subdirective sub.
+func redisErr(sub, format string, args ...any) error {
+	field := "redis"
+	if sub != "" {
+		field += "." + sub
+	}
+	return &configError{field: field, err: fmt.Errorf("redis: "+format, args...)}
+}
+
+// timeout is the bound on one decision.
+func (c *RedisConfig) timeout() time.Duration {
+	if c.Timeout > 0 {
+		return time.Duration(c.Timeout)
+	}
+	return DefaultTimeout
+}
+
+// pipelines returns the number of batch pipelines, 0 for none.
+func (c *RedisConfig) pipelines() int {
+	switch {
+	case c.Pipeline < 0:
+		return 0
+	case c.Pipeline == 0:
+		return DefaultPipelines
+	}
+	return c.Pipeline
+}
+
+// tlsConfig loads the files into a *tls.Config.
+func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
+	cfg := &tls.Config{
+		MinVersion:         tls.VersionTLS12,
+		ServerName:         t.ServerName,
+		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // an explicit, documented option
+	}
+	if t.CA != "" {
+		pem, err := os.ReadFile(t.CA)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls ca: no PEM certificate in %s", t.CA)
+		}
+		cfg.RootCAs = pool
+	}
+	if t.Cert != "" {
+		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
+		if err != nil {
+			return nil, fmt.Errorf("tls cert/key: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return cfg, nil
+}
+
+// options turns the configuration into go-redis options with short,
+// bounded timeouts and no retries: a dead Redis must cost at most Timeout.
+func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	o := &redis.UniversalOptions{
+		Addrs:            c.Addresses,
+		Username:         c.Username,
+		Password:         c.Password,
+		DB:               c.DB,
+		MasterName:       c.Sentinel,
+		IsClusterMode:    c.Cluster && c.Sentinel == "",
+		SentinelPassword: c.SentinelPassword,
+	}
+	if c.TLS != nil {
+		tc, err := c.TLS.tlsConfig()
+		if err != nil {
+			return nil, err
+		}
+		o.TLSConfig = tc
+	}
+	if c.URL != "" {
+		u, err := redis.ParseURL(c.URL)
+		if err != nil {
+			return nil, err
+		}
+		o.Addrs = []string{u.Addr}
+		if o.TLSConfig == nil {
+			o.TLSConfig = u.TLSConfig
+		}
+		if o.Username == "" {
+			o.Username = u.Username
+		}
+		if o.Password == "" {
+			o.Password = u.Password
+		}
+		if o.DB == 0 {
+			o.DB = u.DB
+		}
+	}
+	dial := DefaultDialTimeout
+	if c.DialTimeout > 0 {
+		dial = time.Duration(c.DialTimeout)
+	}
+	o.DialTimeout = dial
+	o.DialerRetries = 1 // one dial attempt per call: the timeout bounds an outage, not a backoff loop
+	o.ReadTimeout = c.timeout()
+	o.WriteTimeout = c.timeout()
+	o.PoolTimeout = c.timeout()
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1 // no retries: the fail mode decides, not a retry loop
+	o.PoolSize = c.PoolSize
+	o.DisableIdentity = true // no CLIENT SETINFO: one round trip less, and ACL users need no CLIENT
+	o.Protocol = 2
+	return o, nil
+}
+
+// poolKey identifies a Redis configuration: handlers with the same one share
+// a client and its connection pool, across config reloads too.
+func (c *RedisConfig) poolKey() string {
+	cp := *c
+	cp.KeyPrefix = ""
+	b, _ := json.Marshal(cp)
+	return "redis:" + string(b)
+}
+
+// target names a Redis config in logs, without credentials.
+func (c *RedisConfig) target() string {
+	if c.URL != "" {
+		if o, err := redis.ParseURL(c.URL); err == nil {
+			return o.Addr
+		}
+	}
+	t := strings.Join(c.Addresses, ",")
+	if c.Sentinel != "" {
+		t = c.Sentinel + "@" + t
+	}
+	return t
+}
+
+// stores shares stores between handlers and across config reloads: a reload
+// provisions the new handlers (taking a reference) before it cleans up the
+// old ones, so an unchanged store, its state and its connection pool live on.
+var stores = caddy.NewUsagePool()
+
+const memoryPoolKey = "memory"
+
+// memoryEntry is the process's one in-process store. Keys carry the limiter
+// name, so limiters never see each other's state.
+type memoryEntry struct{ *limiter.MemoryStore }
+
+func (m memoryEntry) Destruct() error { return m.Close() }
+
+// redisEntry is one Redis client and its store, behind a circuit breaker,
+// per distinct Redis config.
+type redisEntry struct {
+	client redis.UniversalClient
+	store  *limiter.RedisStore
+	*limiter.Breaker
+}
+
+func (r redisEntry) Destruct() error {
+	r.store.Close()
+	return r.client.Close()
+}
+
+func acquireMemoryStore() (*limiter.MemoryStore, string, error) {
+	v, _, err := stores.LoadOrNew(memoryPoolKey, func() (caddy.Destructor, error) {
+		return memoryEntry{limiter.NewMemoryStore()}, nil
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	return v.(memoryEntry).MemoryStore, memoryPoolKey, nil
+}
+
+// acquireRedisStore returns the store of cfg, creating its client on first
+// use. It does not wait for Redis: a Redis that is down at start does not
+// stop Caddy (a warning is logged once), the fail mode covers it until
+// Redis answers.
+func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, error) {
+	key := cfg.poolKey()
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		opts, err := cfg.options()
+		if err != nil {
+			return nil, err
+		}
+		client := redis.NewUniversalClient(opts)
+		var ropts []limiter.RedisOption
+		if w := cfg.pipelines(); w > 0 {
+			ropts = append(ropts, limiter.WithBatching(w, maxBatch))
+		}
+		store := limiter.NewRedisStore(client, ropts...)
+		target := cfg.target()
+		breaker := limiter.NewBreaker(store, limiter.BreakerConfig{
+			OnChange:  logBreakerChange(log, target),
+			IsFailure: limiter.IsUnavailable,
+		})
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), opts.DialTimeout+cfg.timeout())
+			defer cancel()
+			if err := client.Ping(ctx).Err(); err != nil {
+				log.Warn("redis does not answer at start; requests follow the fail mode until it does",
+					zap.String("redis", target), zap.Error(err))
+			}
+		}()
+		return redisEntry{client: client, store: store, Breaker: breaker}, nil
+	})
+	if err != nil {
+		return redisEntry{}, "", err
+	}
+	return v.(redisEntry), key, nil
+}
+
+// logBreakerChange logs each circuit state change once: opening at error
+// level, recovery at info, probes at debug.
+func logBreakerChange(log *zap.Logger, target string) func(from, to limiter.BreakerState, cause error) {
+	return func(from, to limiter.BreakerState, cause error) {
+		fields := []zap.Field{zap.String("redis", target), zap.String("from", from.String()), zap.String("to", to.String())}
+		switch to {
+		case limiter.Open:
+			if from == limiter.Closed {
+				log.Error("redis circuit opened: requests follow the fail mode without calling redis until a probe succeeds",
+					append(fields, zap.Error(cause))...)
+			} else {
+				log.Debug("redis probe failed; circuit open again", append(fields, zap.Error(cause))...)
+			}
+		case limiter.Closed:
+			log.Info("redis circuit closed: redis answers again", fields...)
+		default:
+			log.Debug("redis circuit half open: probing", fields...)
+		}
+	}
+}
+
+// backend opens (or shares) the handler's store stack.
+func (h *Handler) backend() (limiter.Backend, error) {
+	if h.Redis == nil {
+		mem, key, err := acquireMemoryStore()
+		if err != nil {
+			return limiter.Backend{}, err
+		}
+		h.storeKey, h.memory = key, mem
+		return limiter.Backend{Store: mem, Source: limiter.SourceMemory, Notifier: mem}, nil
+	}
+	e, key, err := acquireRedisStore(h.Redis, h.logger)
+	if err != nil {
+		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: redis: %w", err)
+	}
+	h.storeKey, h.breaker = key, e.Breaker
+	b := limiter.Backend{
+		Store: e.Breaker, Base: e.store, Source: limiter.SourceRedis, Remote: true,
+		DenyCacheSize: h.DenyCacheSize, Notifier: e.store,
+	}
+	if h.Fail == "local" {
+		mem, lkey, err := acquireMemoryStore()
+		if err != nil {
+			h.release()
+			return limiter.Backend{}, err
+		}
+		h.localKey, h.memory, b.Local = lkey, mem, mem
+	}
+	return b, nil
+}

@@ -1,0 +1,444 @@
+package slidingratelimit
+
+import (
+	"encoding/json"
+	"errors"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// Errors returned with `on_limit error`, so Caddy's handle_errors routes
+// can render the refusal ({err.status_code} tells which).
+var (
+	ErrRateLimited      = errors.New("rate limit exceeded")
+	ErrCostTooHigh      = errors.New("request cost exceeds the rate limit: it can never pass")
+	ErrStoreUnavailable = errors.New("rate limiter store unavailable")
+)
+
+// Event names.
+const (
+	eventExceeded = "sliding_ratelimit_exceeded"
+	eventBanned   = "sliding_ratelimit_banned"
+)
+
+// maxEchoedRegion bounds the region echoed in a 429 body.
+const maxEchoedRegion = 128
+
+// Header names in canonical form, so setting them needs no canonicalising.
+const (
+	hdrLimit     = "X-Ratelimit-Limit"
+	hdrRemaining = "X-Ratelimit-Remaining"
+	hdrPolicy    = "Ratelimit-Policy"
+	hdrRateLimit = "Ratelimit"
+	hdrRetry     = "Retry-After"
+)
+
+// headerPlan is what the rate limit headers of a limiter need, worked out
+// once: which ones, and RateLimit-Policy when it never changes.
+type headerPlan struct {
+	legacy, ietf bool
+	policy       string // RateLimit-Policy when static, else ""
+}
+
+func planHeaders(h *Handler, p *limiter.Policy) headerPlan {
+	// A dry run sends none: clients notice nothing.
+	hp := headerPlan{
+		legacy: !h.DryRun && (h.Headers == "both" || h.Headers == "legacy"),
+		ietf:   !h.DryRun && (h.Headers == "both" || h.Headers == "ietf"),
+	}
+	static := !hasPeriod(p.Windows) && !hasPeriod(p.GlobalWindows) && h.concurrent.tmpl == ""
+	for _, a := range append(append([]amount(nil), h.limits...), h.globals...) {
+		static = static && a.tmpl == ""
+	}
+	if static {
+		if ws, err := h.lim.Windows(staticInput(h)); err == nil {
+			hp.policy = policyHeader(ws)
+		}
+	}
+	return hp
+}
+
+// staticInput is an Input of the static limits.
+func staticInput(h *Handler) *limiter.Input {
+	in := &limiter.Input{Cost: 1, MaxConcurrent: max(h.concurrent.static, 1)}
+	for _, a := range h.limits {
+		in.Limits = append(in.Limits, a.static)
+	}
+	for _, a := range h.globals {
+		in.GlobalLimits = append(in.GlobalLimits, a.static)
+	}
+	return in
+}
+
+// policyHeader is RateLimit-Policy: one item per window.
+func policyHeader(ws []limiter.WindowUsage) string {
+	b := make([]byte, 0, 48*len(ws))
+	for i := range ws {
+		if i > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, '"')
+		b = append(b, ws[i].Policy...)
+		b = append(b, `";q=`...)
+		b = strconv.AppendInt(b, ws[i].Limit, 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, ws[i].Seconds, 10)
+	}
+	return string(b)
+}
+
+// rateLimitHeader is RateLimit: one item per window the decision knows,
+// r the units left (0 for a window that denied), t the seconds until more
+// come back (until the window has room, when it denied).
+func rateLimitHeader(ws []limiter.WindowUsage) string {
+	b := make([]byte, 0, 40*len(ws))
+	for i := range ws {
+		w := &ws[i]
+		if !w.Known && !w.Denied {
+			continue
+		}
+		if len(b) > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, '"')
+		b = append(b, w.Policy...)
+		b = append(b, `";r=`...)
+		b = strconv.AppendInt(b, w.Remaining, 10)
+		b = append(b, ";t="...)
+		b = strconv.AppendInt(b, ceilSeconds(w.Reset), 10)
+	}
+	return string(b)
+}
+
+// write sets the rate limit headers chosen by `headers`. IETF headers get
+// one list member per window, and the members of several limiters in a
+// route accumulate. Legacy headers describe the tightest window: of this
+// limiter, and of several limiters. Every value is this response's own
+// (later handlers may rewrite values in place).
+func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) {
+	if hp.legacy {
+		if t := d.Tightest(); t != nil {
+			prev := hdr[hdrRemaining]
+			if len(prev) == 0 || remainingAtMost(t.Remaining, prev[0]) {
+				hdr[hdrLimit] = []string{strconv.FormatInt(t.Limit, 10)}
+				hdr[hdrRemaining] = []string{strconv.FormatInt(t.Remaining, 10)}
+			}
+		}
+	}
+	if hp.ietf {
+		policy := hp.policy
+		if policy == "" {
+			policy = policyHeader(d.Windows)
+		}
+		hdr[hdrPolicy] = append(hdr[hdrPolicy], policy)
+		if rl := rateLimitHeader(d.Windows); rl != "" {
+			hdr[hdrRateLimit] = append(hdr[hdrRateLimit], rl)
+		}
+	}
+}
+
+// remainingAtMost reports whether n is at most the (earlier limiter's)
+// remaining count prev; a value that does not parse is replaced.
+func remainingAtMost(n int64, prev string) bool {
+	p, err := strconv.ParseInt(prev, 10, 64)
+	return err != nil || n <= p
+}
+
+// retryAfterSeconds is Retry-After: whole seconds, rounded up, at least 1
+// for a refusal; 0 when allowed.
+func retryAfterSeconds(d *limiter.Decision) int64 {
+	if d.Outcome == limiter.OutcomeAllowed {
+		return 0
+	}
+	return max(ceilSeconds(d.RetryAfter), 1)
+}
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// refuse answers a request the decision refused: 429 (over a limit,
+// banned, too many in flight), 413 (a cost that can never fit) or 503
+// (the store failed, fail closed); the gRPC way for gRPC requests; as a
+// Caddy error for handle_errors with `on_limit error`.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Decision) error {
+	status, body, err := refusal(d, h.Region != "")
+	hdr := w.Header()
+	switch status {
+	case http.StatusTooManyRequests:
+		h.headers.write(hdr, d)
+		hdr[hdrRetry] = []string{strconv.FormatInt(retryAfterSeconds(d), 10)}
+	case http.StatusServiceUnavailable:
+		hdr[hdrRetry] = []string{"1"}
+	}
+	if isGRPC(r) {
+		return writeGRPC(w, status, d)
+	}
+	if h.OnLimit == "error" {
+		return caddyhttp.Error(status, err)
+	}
+	hdr["Content-Type"] = []string{"application/json"}
+	w.WriteHeader(status)
+	_, werr := w.Write(body)
+	return werr
+}
+
+// refusal maps a decision to its status, body and error.
+func refusal(d *limiter.Decision, withRegion bool) (int, []byte, error) {
+	switch d.Outcome {
+	case limiter.OutcomeTooLarge:
+		return http.StatusRequestEntityTooLarge, costBody(d), ErrCostTooHigh
+	case limiter.OutcomeUnavailable:
+		return http.StatusServiceUnavailable, []byte(`{"error":"rate_limiter_unavailable"}` + "\n"), ErrStoreUnavailable
+	}
+	return http.StatusTooManyRequests, limitedBody(d, withRegion), ErrRateLimited
+}
+
+// limitedBody is the 429 body:
+// {"error":"rate_limited","retry_after":N[,"region":"..."][,"reason":"banned"|"concurrency"]}.
+func limitedBody(d *limiter.Decision, withRegion bool) []byte {
+	secs := retryAfterSeconds(d)
+	body := make([]byte, 0, 96)
+	body = append(body, `{"error":"rate_limited","retry_after":`...)
+	body = strconv.AppendInt(body, secs, 10)
+	if withRegion {
+		region := d.Region
+		if len(region) > maxEchoedRegion {
+			region = region[:maxEchoedRegion]
+		}
+		q, _ := json.Marshal(region)
+		body = append(body, `,"region":`...)
+		body = append(body, q...)
+	}
+	switch d.Outcome {
+	case limiter.OutcomeBanned:
+		body = append(body, `,"reason":"banned"`...)
+	case limiter.OutcomeConcurrency:
+		body = append(body, `,"reason":"concurrency"`...)
+	}
+	return append(body, "}\n"...)
+}
+
+// costBody is the 413 body: {"error":"cost_exceeds_limit","cost":N,"limit":N}
+// with the smallest capacity the cost is above.
+func costBody(d *limiter.Decision) []byte {
+	var limit int64
+	for i := range d.Windows {
+		if c := d.Windows[i].Limit; c < d.Cost && (limit == 0 || c < limit) {
+			limit = c
+		}
+	}
+	body := make([]byte, 0, 80)
+	body = append(body, `{"error":"cost_exceeds_limit","cost":`...)
+	body = strconv.AppendInt(body, d.Cost, 10)
+	body = append(body, `,"limit":`...)
+	body = strconv.AppendInt(body, limit, 10)
+	return append(body, "}\n"...)
+}
+
+// isGRPC reports whether the request is gRPC (application/grpc, +proto,
+// +json).
+func isGRPC(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	if !strings.HasPrefix(ct, "application/grpc") {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && (mt == "application/grpc" || strings.HasPrefix(mt, "application/grpc+"))
+}
+
+// gRPC status codes.
+const (
+	grpcResourceExhausted = 8
+	grpcUnavailable       = 14
+)
+
+// writeGRPC answers a gRPC request the gRPC way: HTTP 200, trailers only,
+// grpc-status RESOURCE_EXHAUSTED (429, 413) or UNAVAILABLE (503), a
+// grpc-message, and grpc-retry-pushback-ms for a client's retry policy.
+func writeGRPC(w http.ResponseWriter, status int, d *limiter.Decision) error {
+	hdr := w.Header()
+	code, msg := grpcResourceExhausted, "rate limit exceeded, retry after "+strconv.FormatInt(retryAfterSeconds(d), 10)+"s"
+	switch status {
+	case http.StatusServiceUnavailable:
+		code, msg = grpcUnavailable, "rate limiter unavailable"
+	case http.StatusRequestEntityTooLarge:
+		msg = "request cost exceeds the rate limit"
+	}
+	hdr["Content-Type"] = []string{"application/grpc"}
+	hdr["Grpc-Status"] = []string{strconv.Itoa(code)}
+	hdr["Grpc-Message"] = []string{msg}
+	if status == http.StatusTooManyRequests {
+		hdr["Grpc-Retry-Pushback-Ms"] = []string{strconv.FormatInt(retryAfterSeconds(d)*1000, 10)}
+	}
+	w.WriteHeader(http.StatusOK)
+	return nil
+}
+
+// observe renders the decision into metrics, placeholders, logs and events.
+func (h *Handler) observe(repl *caddy.Replacer, d *limiter.Decision) {
+	h.metrics.observe(d)
+	ph := placeholders(repl)
+	ph.set(h, d)
+	if d.Err != nil {
+		h.logStoreError(d)
+	}
+	if d.Outcome == limiter.OutcomeAllowed {
+		if near, crossed := h.nearLimit(d); near {
+			ph.near = true
+			if crossed {
+				h.metrics.nearLimit.Inc()
+				h.logNearLimit(d)
+			}
+		}
+		return
+	}
+	if d.Outcome == limiter.OutcomeUnavailable {
+		return
+	}
+	if d.BanStarted {
+		h.metrics.bans.Inc()
+		h.emit(eventBanned, d, h.logs.banEvent)
+	}
+	h.emit(eventExceeded, d, h.logs.event)
+	if d.DryRun {
+		h.logDryRun(d)
+	}
+}
+
+// nearLimit reports whether a window is at or above warn_at of its limit,
+// and whether this request's cost took it there.
+func (h *Handler) nearLimit(d *limiter.Decision) (near, crossed bool) {
+	if h.WarnAt <= 0 {
+		return false, false
+	}
+	for i := range d.Windows {
+		u := &d.Windows[i]
+		if !u.Known {
+			continue
+		}
+		threshold := h.WarnAt * float64(u.Limit)
+		if float64(u.Count) >= threshold {
+			near = true
+			crossed = crossed || float64(u.Count-d.Cost) < threshold
+		}
+	}
+	return near, crossed
+}
+
+func (h *Handler) logNearLimit(d *limiter.Decision) {
+	ok, suppressed := h.logs.near.allow(time.Now())
+	if !ok {
+		return
+	}
+	fields := []zap.Field{zap.String("limiter", h.Name), zap.Float64("warn_at", h.WarnAt),
+		zap.Int64("suppressed_since_last_log", suppressed)}
+	if t := d.Tightest(); t != nil {
+		fields = append(fields, zap.String("window", t.Policy), zap.Int64("count", t.Count), zap.Int64("limit", t.Limit))
+	}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", d.Identity))
+	}
+	h.logger.Warn("client near its rate limit", fields...)
+}
+
+func (h *Handler) logDryRun(d *limiter.Decision) {
+	ok, suppressed := h.logs.dryRun.allow(time.Now())
+	if !ok {
+		return
+	}
+	fields := []zap.Field{zap.String("limiter", h.Name), zap.String("region", d.Region),
+		zap.String("outcome", d.Outcome.String()), zap.Int64("retry_after", retryAfterSeconds(d)),
+		zap.Int64("suppressed_since_last_log", suppressed)}
+	if h.LogKey {
+		fields = append(fields, zap.String("key", d.Identity))
+	}
+	h.logger.Info("dry run: request would have been rate limited", fields...)
+}
+
+// logStoreError logs a store failure once per burst, with the number of
+// failures since the last line.
+func (h *Handler) logStoreError(d *limiter.Decision) {
+	if ok, suppressed := h.logs.store.allow(time.Now()); ok {
+		h.logger.Error("rate limit store unavailable; applying fail mode",
+			zap.String("limiter", h.Name),
+			zap.String("fail", h.Fail),
+			zap.String("source", string(d.Source)),
+			zap.Int64("suppressed_since_last_log", suppressed),
+			zap.Error(d.Err))
+	}
+}
+
+// emit sends an event, at most once per period per limiter and kind.
+func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger) {
+	if h.events == nil {
+		return
+	}
+	ok, suppressed := gate.allow(time.Now())
+	if !ok {
+		return
+	}
+	data := map[string]any{
+		"limiter":     h.Name,
+		"region":      d.Region,
+		"retry_after": retryAfterSeconds(d),
+		"outcome":     d.Outcome.String(),
+		"suppressed":  suppressed,
+		"dry_run":     d.DryRun,
+	}
+	if t := d.Tightest(); t != nil {
+		data["limit"] = t.Limit
+		data["window"] = t.Policy
+	}
+	if d.Banned {
+		data["ban_left"] = ceilSeconds(d.BanLeft)
+	}
+	if h.LogKey {
+		data["key"] = d.Identity
+	}
+	h.events.Emit(h.ctx, name, data)
+}
+
+// burstLogger lets a line (or an event) through at most once per period,
+// counting the rest.
+type burstLogger struct {
+	every      time.Duration
+	last       atomic.Int64 // unix ns of the last line
+	suppressed atomic.Int64
+}
+
+// allow reports whether a line may be written now, and how many were
+// suppressed since the last one.
+func (b *burstLogger) allow(now time.Time) (bool, int64) {
+	last := b.last.Load()
+	if now.UnixNano()-last < int64(b.every) || !b.last.CompareAndSwap(last, now.UnixNano()) {
+		b.suppressed.Add(1)
+		return false, 0
+	}
+	return true, b.suppressed.Swap(0)
+}
+
+// logGates are a limiter's rate-limited log lines and events: at most one
+// of each per 10 s, never one per request.
+type logGates struct {
+	store, config, near, dryRun, event, banEvent *burstLogger
+}
+
+func newLogGates() logGates {
+	g := func() *burstLogger { return &burstLogger{every: 10 * time.Second} }
+	return logGates{store: g(), config: g(), near: g(), dryRun: g(), event: g(), banEvent: g()}
+}
