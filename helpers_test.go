@@ -4,6 +4,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"net"
+	"os"
 	"sync"
 	"testing"
 
@@ -104,4 +105,13 @@ func newBlackHole(t *testing.T) (string, error) {
 		mu.Unlock()
 	})
 	return ln.Addr().String(), nil
+}
+
+// TestMain removes what the tests built outside their t.TempDir()s.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if caddyBuild.dir != "" {
+		os.RemoveAll(caddyBuild.dir)
+	}
+	os.Exit(code)
 }

@@ -349,8 +349,10 @@ func tbDue(tat, wi, wb, now, burst, interval float64) float64 {
 	return d
 }
 
-func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
-	fits := true
+// tbCheck is tb_check; stale reports a state written under another
+// interval or burst.
+func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) (fits, stale bool) {
+	fits = true
 	for j := range wins {
 		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
 		burst := float64(wins[j].Burst)
@@ -364,6 +366,9 @@ func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bo
 		d := 0.0
 		if st := stateOf(states, wins[j].Name); st != nil {
 			d = tbDue(float64(st.a), float64(st.b), float64(st.c), now, burst, interval)
+			if float64(st.b) != interval || float64(st.c) != burst {
+				stale = true
+			}
 		} else {
 			for i := range states {
 				if st := &states[i]; !isWindow(st.name, wins) {
@@ -384,7 +389,7 @@ func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bo
 		}
 		evs[j] = winEval{count: int64(tbInUse(d, burst, interval)), retry: int64(retry), reset: int64(d), s1: burst, s2: interval, s3: d}
 	}
-	return fits
+	return fits, stale
 }
 
 func tbRecord(wins []Win, evs []winEval, now, cost float64, out []winState) ([]winState, int64) {
@@ -448,6 +453,10 @@ func (l *logState) prune(cut int64) {
 	}
 }
 
+// MaxLogEntries bounds a sliding log: the requests (one entry each,
+// whatever their cost) one key holds in its longest window.
+const MaxLogEntries = 10000
+
 // logCheck is log_check.
 func logCheck(l *logState, wins []Win, evs []winEval, now, cost int64, peek bool) bool {
 	var maxw int64
@@ -459,6 +468,10 @@ func logCheck(l *logState, wins []Win, evs []winEval, now, cost int64, peek bool
 	}
 	e := l.live()
 	fits := true
+	var full int64
+	if len(e) > 0 && l.total-e[0].b >= MaxLogEntries && len(e) >= MaxLogEntries {
+		full = e[0].t + maxw - now
+	}
 	for j := range wins {
 		w, limit := wins[j].Len, wins[j].Limit
 		first := 0
@@ -480,6 +493,10 @@ func logCheck(l *logState, wins []Win, evs []winEval, now, cost int64, peek bool
 				p := first + sort.Search(len(e)-first, func(i int) bool { return e[first+i].b >= x }) - 1
 				ev.retry = e[p].t + w - now
 			}
+		}
+		if full > 0 && w == maxw {
+			fits = false
+			ev.retry = max(ev.retry, full)
 		}
 		evs[j] = ev
 	}

@@ -137,7 +137,7 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 	d.forwarded.Store(start)
 	if _, loaded := c.m.Swap(key, d); !loaded {
 		if c.size.Add(1) > c.max {
-			c.shrink(start)
+			c.shrink(start, key)
 		}
 	}
 	if c.gen.Load() != gen {
@@ -198,8 +198,8 @@ func (c *DenyCache) drop(key string, d *denial) {
 }
 
 // shrink brings the cache back under its bound: expired denials first,
-// then arbitrary ones.
-func (c *DenyCache) shrink(now int64) {
+// then arbitrary ones, never the one just added (keep).
+func (c *DenyCache) shrink(now int64, keep string) {
 	if !c.evict.TryLock() {
 		return // another request is at it
 	}
@@ -214,7 +214,9 @@ func (c *DenyCache) shrink(now int64) {
 		if c.size.Load() <= c.max*9/10 {
 			return false
 		}
-		c.drop(k.(string), v.(*denial))
+		if k.(string) != keep {
+			c.drop(k.(string), v.(*denial))
+		}
 		return true
 	})
 }

@@ -89,6 +89,13 @@ func (kb KeyBuilder) Key(segment, identity string, withRegion bool, region strin
 	return dst[0]
 }
 
+// Global returns the key of identity's global ceiling.
+func (kb KeyBuilder) Global(segment, identity string) string {
+	var dst [1]string
+	kb.Keys(dst[:], []KeySpec{{Segment: segment, Global: true}}, identity, false, "")
+	return dst[0]
+}
+
 // Keys fills dst[i] with the key of specs[i] for identity and region, all
 // from one allocation (the keys are substrings of one string).
 func (kb KeyBuilder) Keys(dst []string, specs []KeySpec, identity string, withRegion bool, region string) {

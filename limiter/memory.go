@@ -221,6 +221,7 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	var evbuf [2 * MaxWindows]winEval
 	evs := evbuf[:0]
 	keys := make([]*memKey, len(op.Parts))
+	restate := make([]bool, len(op.Parts)) // a token state under another interval or burst
 	fits := true
 	fnow, fcost := float64(now), float64(op.Cost)
 	for i := range op.Parts {
@@ -246,7 +247,7 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		case KindFixed:
 			ok = fixCheck(states, p.Windows, pe, fnow, fcost)
 		case KindToken:
-			ok = tbCheck(states, p.Windows, pe, fnow, fcost)
+			ok, restate[i] = tbCheck(states, p.Windows, pe, fnow, fcost)
 		default:
 			ok = calCheck(states, p.Windows, pe, fnow, fcost)
 		}
@@ -275,48 +276,72 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 
 	allowed := record || (reply.BanLeft == 0 && fits && !reply.LeaseDenied)
-	if allowed && !peek {
-		if op.Mode != ModeCheckOnly {
-			off := 0
-			for i := range op.Parts {
-				p := &op.Parts[i]
-				pe := evs[off : off+len(p.Windows)]
-				off += len(p.Windows)
-				k := keys[i]
+	recording := allowed && !peek && op.Mode != ModeCheckOnly
+	off := 0
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		pe := evs[off : off+len(p.Windows)]
+		off += len(p.Windows)
+		k := keys[i]
+		if p.Kind == KindLog {
+			if recording {
 				if k == nil {
 					k = &memKey{}
 				}
-				var ttl int64
-				switch p.Kind {
-				case KindLog:
-					ttl = logRecord(&k.log, p.Windows, pe, now, op.Cost)
-				case KindCounter:
-					k.wins, ttl = ctrRecord(p.Windows, pe, fcost, k.wins[:0])
-				case KindFixed:
-					k.wins, ttl = fixRecord(p.Windows, pe, fnow, fcost, k.wins[:0])
-				case KindToken:
-					k.wins, ttl = tbRecord(p.Windows, pe, fnow, fcost, k.wins[:0])
-				default:
-					k.wins, ttl = calRecord(p.Windows, pe, fnow, fcost, k.wins[:0])
-				}
-				expire(k, ttl, wall)
+				expire(k, logRecord(&k.log, p.Windows, pe, now, op.Cost), wall)
 				s.put(sh, p.Key, k)
 			}
+			continue
 		}
-		if op.Lease != nil && !record {
-			if lease == nil {
-				lease = &memKey{}
-			}
-			if lease.leases == nil {
-				lease.leases = make(map[string]int64)
-			}
-			lease.leases[op.Lease.ID] = now + op.Lease.Timeout
-			expire(lease, (op.Lease.Timeout+999)/1000+1000, wall)
-			s.put(sh, op.Lease.Key, lease)
-			reply.InFlight++
+		stale := k != nil && (restate[i] || hasStale(k.wins, p.Windows))
+		if !recording && (!stale || peek) {
+			continue
 		}
+		// A hash holding windows a reload replaced is rewritten in the new
+		// windows even when nothing is recorded (cost 0), as the script does.
+		c := fcost
+		var resets [2 * MaxWindows]int64
+		if !recording {
+			c = 0
+			for j := range pe {
+				resets[j] = pe[j].reset
+			}
+		}
+		if k == nil {
+			k = &memKey{}
+		}
+		var ttl int64
+		switch p.Kind {
+		case KindCounter:
+			k.wins, ttl = ctrRecord(p.Windows, pe, c, k.wins[:0])
+		case KindFixed:
+			k.wins, ttl = fixRecord(p.Windows, pe, fnow, c, k.wins[:0])
+		case KindToken:
+			k.wins, ttl = tbRecord(p.Windows, pe, fnow, c, k.wins[:0])
+		default:
+			k.wins, ttl = calRecord(p.Windows, pe, fnow, c, k.wins[:0])
+		}
+		if !recording {
+			for j := range pe {
+				pe[j].reset = resets[j]
+			}
+		}
+		expire(k, ttl, wall)
+		s.put(sh, p.Key, k)
 	}
-	off := 0
+	if allowed && !peek && op.Lease != nil && !record {
+		if lease == nil {
+			lease = &memKey{}
+		}
+		if lease.leases == nil {
+			lease.leases = make(map[string]int64)
+		}
+		lease.leases[op.Lease.ID] = now + op.Lease.Timeout
+		expire(lease, (op.Lease.Timeout+999)/1000+1000, wall)
+		s.put(sh, op.Lease.Key, lease)
+		reply.InFlight++
+	}
+	off = 0
 	for i := range op.Parts {
 		p := &op.Parts[i]
 		if p.Kind == KindCounter {
@@ -358,6 +383,16 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		reply.Usage = append(reply.Usage, Usage{Count: ev.count, Retry: ev.retry, Reset: ev.reset})
 	}
 	return reply, nil
+}
+
+// hasStale reports whether states hold a window wins no longer has.
+func hasStale(states []winState, wins []Win) bool {
+	for i := range states {
+		if !isWindow(states[i].name, wins) {
+			return true
+		}
+	}
+	return false
 }
 
 // banCount is ban_count: it adds n denials and bans the key when the

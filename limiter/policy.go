@@ -229,6 +229,15 @@ func (p *Policy) Check() error {
 			return policyErr("burst", "burst needs exactly one duration window (each of several windows is a bucket of its own limit)")
 		}
 	}
+	if p.Burst > 0 && durations == 1 {
+		for _, w := range p.Windows {
+			// The script computes burst * interval (at most burst * window
+			// µs, with a limit of 1) in doubles.
+			if w.Period == PeriodNone && float64(p.Burst)*float64(w.Duration.Microseconds()) > 1<<53 {
+				return policyErr("burst", "burst %d over a window of %s is beyond what the script computes exactly (burst × window in µs must stay below 2^53)", p.Burst, w.Duration)
+			}
+		}
+	}
 	if b := p.Ban; b != nil {
 		if b.After <= 0 || b.After > MaxValue {
 			return policyErr("ban", "ban needs a positive number of denials, got %d", b.After)

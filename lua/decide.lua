@@ -74,6 +74,7 @@ local wname, wlen, wlim, wburst = {}, {}, {}, {}
 local cb0, cb1, cb2, cb3 = {}, {}, {}, {}
 local cnt, rty, rst = {}, {}, {}
 local s1, s2, s3, s4 = {}, {}, {}, {}
+local s1r = {} -- resets kept across a rewrite that records nothing
 
 -- is_window reports whether name is one of windows j0..j1 (a field of
 -- another name belongs to a window a reload removed or replaced).
@@ -237,7 +238,9 @@ local function decide(a, k)
       elseif kind == 3 then
         ok = fix_check(f, j0, j1, now, cost)
       elseif kind == 4 then
-        ok = tb_check(f, j0, j1, now, cost)
+        local restate
+        ok, restate = tb_check(f, j0, j1, now, cost)
+        pstale[p] = pstale[p] or restate
       else
         ok = cal_check(f, j0, j1, now, cost)
       end
@@ -261,32 +264,47 @@ local function decide(a, k)
   end
 
   local allowed = record or (banleft == 0 and fits and leasedenied == 0)
-  if allowed and not peek then
-    if mode ~= 2 then
-      for p = 1, nparts do
-        local key, kind, j0, j1 = pkey[p], pkind[p], pj0[p], pj1[p]
-        if kind == 1 then
-          log_record(key, j0, j1, now, cost, ptot[p], pnew[p], pmax[p])
-        else
-          local ttl
-          if kind == 2 then
-            ttl = ctr_record(j0, j1, cost)
-          elseif kind == 3 then
-            ttl = fix_record(j0, j1, now, cost)
-          elseif kind == 4 then
-            ttl = tb_record(j0, j1, now, cost)
-          else
-            ttl = cal_record(j0, j1, now, cost)
-          end
-          hash_write(key, ttl, pstale[p])
+  local recording = allowed and not peek and mode ~= 2
+  for p = 1, nparts do
+    local key, kind, j0, j1 = pkey[p], pkind[p], pj0[p], pj1[p]
+    if kind == 1 then
+      if recording then
+        log_record(key, j0, j1, now, cost, ptot[p], pnew[p], pmax[p])
+      end
+    elseif recording or (pstale[p] and not peek) then
+      -- A hash with fields of windows a reload replaced is rewritten in the
+      -- new windows even when nothing is recorded (cost 0): the budget it
+      -- carried over then counts down as its own, and its TTL is the new
+      -- policy's.
+      local c = cost
+      if not recording then
+        c = 0
+        for j = j0, j1 do
+          s1r[j] = rst[j]
+        end
+      end
+      local ttl
+      if kind == 2 then
+        ttl = ctr_record(j0, j1, c)
+      elseif kind == 3 then
+        ttl = fix_record(j0, j1, now, c)
+      elseif kind == 4 then
+        ttl = tb_record(j0, j1, now, c)
+      else
+        ttl = cal_record(j0, j1, now, c)
+      end
+      hash_write(key, ttl, pstale[p])
+      if not recording then
+        for j = j0, j1 do
+          rst[j] = s1r[j]
         end
       end
     end
-    if haslease and not record then
-      redis.call("ZADD", lkey, now + ltimeout, lid)
-      redis.call("PEXPIRE", lkey, math.ceil(ltimeout / 1000) + 1000)
-      inflight = inflight + 1
-    end
+  end
+  if allowed and not peek and haslease and not record then
+    redis.call("ZADD", lkey, now + ltimeout, lid)
+    redis.call("PEXPIRE", lkey, math.ceil(ltimeout / 1000) + 1000)
+    inflight = inflight + 1
   end
   for p = 1, nparts do
     if pkind[p] == 2 then

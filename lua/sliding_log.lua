@@ -18,6 +18,12 @@
 -- T - B(its first entry), whatever the costs. One request writes one member:
 -- a cost of a million costs Redis what a cost of one does.
 --
+-- The log holds at most LOG_MAX_ENTRIES requests (one entry each) in its
+-- longest window: a request beyond them is denied until the oldest leaves,
+-- whatever units are left, so no key grows past 10,000 members and no check
+-- (nor the key's expiry) touches more (about 1.4 ms of Redis at the most).
+-- A limit of at most 10,000 units never meets it.
+--
 -- Per window: count = units in the window (after the request when recorded);
 -- retry = when denied, the time until the window has room for the cost (the
 -- last entry p with B(p) < T + cost - limit must leave: t(p) + w - now);
@@ -26,6 +32,7 @@
 -- (the longest window + 1 s).
 
 local LOG_MAX_T = 4503599627370496 -- 2^52: rebase B before doubles lose units
+local LOG_MAX_ENTRIES = 10000
 
 -- log_member names a request's member: B zero-padded, so that members of
 -- one score (one µs) sort as they were admitted.
@@ -89,6 +96,13 @@ local function log_check(key, j0, j1, now, cost, peek)
     end
   end
   local fits = true
+  local full = 0
+  if om and total - log_b(om) >= LOG_MAX_ENTRIES then
+    -- Enough units for the entry cap to matter: count the entries.
+    if redis.call("ZCARD", key) - 2 >= LOG_MAX_ENTRIES then
+      full = ot + maxw - now
+    end
+  end
   for j = j0, j1 do
     local w, limit = wlen[j], wlim[j]
     local m, t, r0 = om, ot, 2
@@ -112,6 +126,12 @@ local function log_check(key, j0, j1, now, cost, peek)
         retry = w
       else
         retry = log_retry(key, r0, b0, total + cost - limit, w, now)
+      end
+    end
+    if full > 0 and w == maxw then
+      fits = false
+      if full > retry then
+        retry = full
       end
     end
     cnt[j], rty[j], rst[j] = count, retry, reset

@@ -59,9 +59,11 @@ local function tb_due(tat, wi, wb, now, burst, interval)
 end
 
 -- tb_check fills windows j0..j1 from the hash fields f; record needs s1
--- (B), s2 (T) and s3 (d).
+-- (B), s2 (T) and s3 (d). It also reports whether a state was written
+-- under another T or B (to be rewritten under the new ones).
 local function tb_check(f, j0, j1, now, cost)
   local fits = true
+  local stale = false
   for j = j0, j1 do
     local w, ls, limit = wlen[j], wname[j], wlim[j]
     local burst = wburst[j]
@@ -75,7 +77,11 @@ local function tb_check(f, j0, j1, now, cost)
     local d = 0
     local tat = tonumber(f[ls .. "t"])
     if tat then
-      d = tb_due(tat, tonumber(f[ls .. "i"]), tonumber(f[ls .. "b"]), now, burst, interval)
+      local wi, wb = tonumber(f[ls .. "i"]), tonumber(f[ls .. "b"])
+      d = tb_due(tat, wi, wb, now, burst, interval)
+      if wi ~= interval or wb ~= burst then
+        stale = true
+      end
     else
       -- A window whose length changed: the units in use of the one it
       -- replaced (the most of them).
@@ -104,7 +110,7 @@ local function tb_check(f, j0, j1, now, cost)
     cnt[j], rty[j], rst[j] = tb_in_use(d, burst, interval), retry, d
     s1[j], s2[j], s3[j] = burst, interval, d
   end
-  return fits
+  return fits, stale
 end
 
 -- tb_record takes cost tokens from windows j0..j1 and queues their fields.

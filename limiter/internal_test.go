@@ -1,0 +1,111 @@
+package limiter
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+)
+
+// TestBatchKeepsEachChecksDeadline: a batch holds a check with a short
+// deadline and one without. Redis is slow for a while: the check without a
+// deadline gets its answer when Redis answers, not its neighbour's
+// deadline error.
+func TestBatchKeepsEachChecksDeadline(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--enable-debug-command", "yes")
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, ReadTimeout: 10 * time.Second})
+	t.Cleanup(func() { client.Close() })
+	s := NewRedisStore(client)
+	b := newBatcher(s, 1, 8)
+	t.Cleanup(b.close)
+	op := func(key string) *batchOp {
+		o := &batchOp{done: make(chan struct{}, 1)}
+		o.c = newCheck(&Op{Cost: 1, Parts: []Part{{Key: key, Kind: KindLog,
+			Windows: []Win{{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}}}}, 0)
+		return o
+	}
+	short, open := op("t:{short}"), op("t:{open}")
+	var cancel context.CancelFunc
+	short.ctx, cancel = context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	open.ctx = context.Background()
+
+	sleeper := srv.Client(t)
+	go sleeper.Do(context.Background(), "DEBUG", "SLEEP", "0.5")
+	time.Sleep(50 * time.Millisecond) // Redis is asleep
+	began := time.Now()
+	b.run([]*batchOp{short, open})
+	<-open.done
+	if took := time.Since(began); took < 300*time.Millisecond {
+		t.Fatalf("the batch took %s: Redis was not asleep, the test shows nothing", took)
+	}
+	if open.err != nil {
+		t.Fatalf("the check without a deadline failed with its neighbour's: %v", open.err)
+	}
+	if _, err := s.reply(open.raw, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
+		t.Fatalf("its reply: %v", err)
+	}
+}
+
+// TestMemoryStoreIsBounded: a store bounded to 640 keys holds at most that
+// many, however many identities come, and counts what it evicted.
+func TestMemoryStoreIsBounded(t *testing.T) {
+	t.Parallel()
+	s := NewMemoryStore(WithMaxKeys(640))
+	t.Cleanup(func() { s.Close() })
+	ctx := context.Background()
+	now := time.Now().UnixMicro()
+	for i := 0; i < 20000; i++ {
+		op := &Op{Now: now, Cost: 1, Parts: []Part{{Key: "t:{" + strconv.Itoa(i) + "}", Kind: KindFixed,
+			Windows: []Win{{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 5}}}}}
+		if _, err := s.Do(ctx, op); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.Len(); n > 640 || n < 320 {
+		t.Fatalf("%d keys held, bound 640", n)
+	}
+	if e := s.Evictions(); e < 20000-640 {
+		t.Fatalf("%d evictions for 20000 keys over a bound of 640", e)
+	}
+}
+
+// TestMemoryExpiryIsIncremental: expired keys go without a sweep that walks
+// every key: one janitor pass over a shard drops at most 16 samples of 20,
+// and passes keep going until they are gone; live keys stay.
+func TestMemoryExpiryIsIncremental(t *testing.T) {
+	t.Parallel()
+	s := NewMemoryStore()
+	t.Cleanup(func() { s.Close() })
+	sh := &s.shards[0]
+	past := time.Now().Add(-time.Second).UnixNano()
+	future := time.Now().Add(time.Hour).UnixNano()
+	sh.mu.Lock()
+	for i := 0; i < 5000; i++ {
+		sh.m["old:"+strconv.Itoa(i)] = &memKey{wall: past}
+	}
+	for i := 0; i < 100; i++ {
+		sh.m["live:"+strconv.Itoa(i)] = &memKey{wall: future}
+	}
+	sh.mu.Unlock()
+	s.expireSome(sh)
+	sh.mu.Lock()
+	left := len(sh.m)
+	sh.mu.Unlock()
+	if dropped := 5100 - left; dropped == 0 || dropped > 16*20 {
+		t.Fatalf("one pass dropped %d keys, want 1..320", dropped)
+	}
+	for pass := 0; pass < 1000; pass++ {
+		s.expireSome(sh)
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if len(sh.m) != 100 {
+		t.Fatalf("%d keys left after the passes, want the 100 live ones", len(sh.m))
+	}
+}

@@ -1,0 +1,392 @@
+package limiter_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
+)
+
+// TestRedisClock runs every algorithm on Redis TIME (clock redis: the
+// Policy has no app clock, so the script reads the time).
+func TestRedisClock(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	store := limiter.NewRedisStore(srv.Client(t))
+	ctx := context.Background()
+	const window = time.Hour
+	for _, alg := range allAlgorithms {
+		t.Run(alg.String(), func(t *testing.T) {
+			t.Parallel()
+			l, err := limiter.New(limiter.Policy{Name: "clock", Algorithm: alg, Windows: []limiter.Window{{Duration: window}}},
+				limiter.Backend{Store: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A fixed window could turn over during the run; that happens
+			// once an hour, so try again then.
+			for attempt := 0; ; attempt++ {
+				start := time.Now()
+				in := &limiter.Input{Identity: randomID(t), Limits: []int64{3}}
+				var ds [4]limiter.Decision
+				for i := range ds {
+					if ds[i], err = l.Decide(ctx, in); err != nil || ds[i].Err != nil {
+						t.Fatal(err, ds[i].Err)
+					}
+				}
+				if start.Truncate(window) != time.Now().Truncate(window) && attempt < 2 {
+					continue
+				}
+				for i, d := range ds[:3] {
+					if !d.Pass || d.Windows[0].Count != int64(i+1) {
+						t.Fatalf("request %d: %+v, want allowed with count %d", i+1, d, i+1)
+					}
+				}
+				d := ds[3]
+				if d.Pass || d.Windows[0].Count != 3 {
+					t.Fatalf("request 4: %+v, want denied with count 3", d)
+				}
+				// Plausible: at most a window (the counter's estimate may
+				// need part of the next one), for the token bucket about
+				// one emission interval (20 min).
+				lo, hi := time.Duration(0), window
+				switch alg {
+				case limiter.TokenBucket:
+					lo, hi = window/3-time.Minute, window/3
+				case limiter.SlidingCounter:
+					hi = 2 * window
+				}
+				if d.RetryAfter <= lo || d.RetryAfter > hi {
+					t.Fatalf("request 4: retry after %s, want in (%s, %s]", d.RetryAfter, lo, hi)
+				}
+				peek, err := l.Peek(ctx, in)
+				if err != nil || peek.Pass || peek.Windows[0].Count != 3 {
+					t.Fatalf("peek: %+v, %v; want denied with count 3", peek, err)
+				}
+				return
+			}
+		})
+	}
+}
+
+// TestRedisTTL: every key the script writes (a bucket of each algorithm,
+// calendar periods, a global ceiling, a ban, a lease) has a TTL, and once
+// it has run out the keys are gone.
+func TestRedisTTL(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	store := limiter.NewRedisStore(client)
+	ctx := context.Background()
+	const window = 300 * time.Millisecond
+	for _, alg := range allAlgorithms {
+		l, err := limiter.New(limiter.Policy{Name: "ttl-" + alg.String(), KeyPrefix: "ttl:", Algorithm: alg, Regions: true,
+			Windows:       []limiter.Window{{Duration: window}},
+			GlobalWindows: []limiter.Window{{Duration: window}},
+			Ban:           &limiter.Ban{After: 2, Within: window, For: window},
+			Concurrency:   true, LeaseTimeout: window,
+		}, limiter.Backend{Store: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := &limiter.Input{Identity: "id", Region: "eu", Limits: []int64{2}, GlobalLimits: []int64{100}, MaxConcurrent: 100}
+		for i := 0; i < 5; i++ { // admitted, then denied into the ban
+			if _, err := l.Decide(ctx, in); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	cal, err := limiter.New(limiter.Policy{Name: "ttl-cal", KeyPrefix: "ttl:", Windows: []limiter.Window{{Period: limiter.PeriodHour}}},
+		limiter.Backend{Store: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cal.Decide(ctx, &limiter.Input{Identity: "id", Limits: []int64{5}}); err != nil {
+		t.Fatal(err)
+	}
+	keys := client.Keys(ctx, "ttl:*").Val()
+	kinds := map[string]bool{}
+	var longest time.Duration
+	for _, k := range keys {
+		ttl := client.PTTL(ctx, k).Val()
+		if ttl <= 0 {
+			t.Errorf("key %s has PTTL %s, want > 0", k, ttl)
+		}
+		if !strings.Contains(k, ":calendar:") {
+			longest = max(longest, ttl)
+		}
+		kinds[strings.Split(k, ":")[2]] = true
+	}
+	for _, k := range []string{"log", "counter", "fixed", "token", "calendar", "ban", "lease"} {
+		if !kinds[k] {
+			t.Errorf("no %s key written (keys: %v)", k, keys)
+		}
+	}
+	time.Sleep(longest + 100*time.Millisecond) // a real TTL: real time must pass
+	for _, k := range keys {
+		if !strings.Contains(k, ":calendar:") && client.Exists(ctx, k).Val() != 0 {
+			t.Errorf("key %s still exists after its TTL", k)
+		}
+	}
+}
+
+// TestRedisMemoryPerKey: what one key of each algorithm holds in a real
+// Redis, full at limit 100 and 1000 (MEMORY USAGE), within the figures the
+// README gives.
+func TestRedisMemoryPerKey(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	store := limiter.NewRedisStore(client)
+	ctx := context.Background()
+	clock := &testClock{t: t0}
+	bounds := map[string]map[int64]int64{ // bytes, from the README's table with 15% to spare
+		"sliding_log":     {100: 3700, 1000: 137000},
+		"sliding_counter": {100: 160, 1000: 160},
+		"fixed_window":    {100: 140, 1000: 140},
+		"token_bucket":    {100: 160, 1000: 160},
+	}
+	for _, limit := range []int64{100, 1000} {
+		for _, alg := range allAlgorithms {
+			l, err := limiter.New(limiter.Policy{Name: "default", Algorithm: alg, Windows: []limiter.Window{{Duration: time.Minute}},
+				AppClock: true, Now: clock.Now}, limiter.Backend{Store: store, Source: limiter.SourceRedis})
+			if err != nil {
+				t.Fatal(err)
+			}
+			id := fmt.Sprintf("203.0.113.7-%d", limit)
+			in := &limiter.Input{Identity: id, Limits: []int64{limit}}
+			for i := int64(0); i < limit; i++ {
+				clock.Set(t0.Add(time.Duration(i) * time.Millisecond))
+				if d, err := l.Decide(ctx, in); err != nil || !d.Pass {
+					t.Fatalf("%s: %+v, %v", alg, d, err)
+				}
+			}
+			key := l.Keys().Key([]string{"log", "counter", "fixed", "token"}[alg], id, false, "")
+			bytes, err := client.MemoryUsage(ctx, key, 0).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			enc := client.ObjectEncoding(ctx, key).Val()
+			t.Logf("MEMORY USAGE %-16s limit %4d, full: %6d bytes (%s; key %d bytes)", alg, limit, bytes, enc, len(key))
+			if b := bounds[alg.String()][limit]; bytes > b {
+				t.Errorf("%s at limit %d: %d bytes, more than the README's %d", alg, limit, bytes, b)
+			}
+		}
+	}
+}
+
+// TestSlidingLogRebase: a log whose running total of units nears 2^52 (a
+// key that admitted that much without going idle) rewrites its members
+// from zero, and its counts and retry times stay exact.
+func TestSlidingLogRebase(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	for _, s := range []struct {
+		name  string
+		store limiter.Store
+	}{{"redis-server", limiter.NewRedisStore(client)}, {"memory", limiter.NewMemoryStore()}} {
+		key := "rebase:{" + s.name + "}"
+		now := t0.UnixMicro()
+		op := func(cost, at int64) limiter.Reply {
+			o := logOp(key, 10*time.Second, 1<<50, now+at)
+			o.Cost = cost
+			r, err := s.store.Do(ctx, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r
+		}
+		op(1, 0)
+		if s.name == "redis-server" {
+			// Bring T (the units ever admitted) to just under 2^52.
+			client.ZAdd(ctx, key, redis.Z{Score: -(1<<52 - 5) - 1, Member: "#n"})
+			client.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%016d:%d", 1<<52-6, 1)})
+			client.ZRem(ctx, key, fmt.Sprintf("%016d:1", 0))
+		} else {
+			for i := 0; i < 4; i++ { // the in-process store keeps int64: no rebase to reach
+				op(1<<50, 0)
+			}
+		}
+		before := op(3, 1000).Usage[0].Count
+		r := op(4, 2000)
+		if r.Status != limiter.StatusAllowed || r.Usage[0].Count != before+4 {
+			t.Fatalf("%s: across the rebase: %+v, want count %d", s.name, r, before+4)
+		}
+		if s.name == "redis-server" {
+			members := client.ZRange(ctx, key, 2, -1).Val()
+			if len(members) == 0 || !strings.HasPrefix(members[0], "0000000000000000:") {
+				t.Fatalf("members after the rebase: %v, want them counted from 0", members)
+			}
+		}
+	}
+}
+
+// TestScriptsNeedRedis5: every command the script runs, and the forms it
+// runs them in, exist in Redis 5.0, the oldest version the README states
+// (where a script may write after reading TIME without further ado). Read
+// from the running redis-server's COMMAND DOCS.
+func TestScriptsNeedRedis5(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	call := regexp.MustCompile(`redis\.p?call\(\s*"([A-Za-z]+)"`)
+	seen := map[string]bool{}
+	for name, src := range lua.Files {
+		for _, m := range call.FindAllStringSubmatch(src, -1) {
+			cmd := strings.ToLower(m[1])
+			if seen[cmd] {
+				continue
+			}
+			seen[cmd] = true
+			since, history := commandDocs(t, client, cmd)
+			if versionAbove(since, "5.0.0") {
+				t.Errorf("%s runs %s, which Redis has since %s", name, cmd, since)
+			}
+			for _, h := range history {
+				// Forms added after 5.0 would be ones the script relies on.
+				if versionAbove(h[0], "5.0.0") {
+					t.Logf("%s: %s since %s (a form the script does not use)", cmd, h[1], h[0])
+				}
+			}
+		}
+	}
+	if len(seen) < 10 {
+		t.Fatalf("found only %d commands in the script", len(seen))
+	}
+}
+
+// commandDocs reads COMMAND DOCS cmd: the version the command appeared in,
+// and its history (version, change).
+func commandDocs(t *testing.T, client *redis.Client, cmd string) (since string, history [][2]string) {
+	t.Helper()
+	raw, err := client.Do(context.Background(), "COMMAND", "DOCS", cmd).Result()
+	if err != nil {
+		t.Fatalf("COMMAND DOCS %s: %v", cmd, err)
+	}
+	// RESP2 gives arrays of name/value pairs, RESP3 maps.
+	pairs := func(v any) map[string]any {
+		out := map[string]any{}
+		switch x := v.(type) {
+		case map[any]any:
+			for k, v := range x {
+				out[fmt.Sprint(k)] = v
+			}
+		case []any:
+			for i := 0; i+1 < len(x); i += 2 {
+				out[fmt.Sprint(x[i])] = x[i+1]
+			}
+		}
+		return out
+	}
+	fields := pairs(pairs(raw)[cmd])
+	since, _ = fields["since"].(string)
+	for k := range fields {
+		switch k {
+		case "history":
+			hs, _ := fields[k].([]any)
+			for _, h := range hs {
+				if pair, ok := h.([]any); ok && len(pair) == 2 {
+					v, _ := pair[0].(string)
+					d, _ := pair[1].(string)
+					history = append(history, [2]string{v, d})
+				}
+			}
+		}
+	}
+	if since == "" {
+		t.Fatalf("COMMAND DOCS %s: no since in %v", cmd, fields)
+	}
+	return since, history
+}
+
+// versionAbove reports whether version a is later than b.
+func versionAbove(a, b string) bool {
+	pa, pb := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; i < 3; i++ {
+		x, _ := strconv.Atoi(pa[min(i, len(pa)-1)])
+		y, _ := strconv.Atoi(pb[min(i, len(pb)-1)])
+		if x != y {
+			return x > y
+		}
+	}
+	return false
+}
+
+// TestCluster runs the whole conformance table (every algorithm, regions,
+// the global ceiling, several windows, the ban) against a real 3-master
+// Redis Cluster, on the bare store and through the production stack (whose
+// batches are grouped by hash slot): every script call is legal on a
+// cluster (no CROSSSLOT). Then it shows that identities spread over all
+// three masters, each identity's keys on one.
+func TestCluster(t *testing.T) {
+	t.Parallel()
+	cluster := redistest.StartCluster(t, 3)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs()})
+	t.Cleanup(func() { _ = client.Close() })
+	for _, be := range []backend{
+		{"bare store", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client), Source: limiter.SourceRedis}
+		}},
+		{"production stack", func(t *testing.T) limiter.Backend { return productionStack(t, client) }},
+	} {
+		t.Run(be.name, func(t *testing.T) {
+			b := be.open(t)
+			for _, cc := range conformance {
+				t.Run(cc.name, func(t *testing.T) {
+					t.Parallel()
+					runCase(t, b, cc)
+				})
+			}
+		})
+	}
+
+	t.Run("keys spread over every master", func(t *testing.T) {
+		ctx := context.Background()
+		const ids = 60
+		l, err := limiter.New(limiter.Policy{Name: "cluster", KeyPrefix: "spread:", Regions: true,
+			Windows: []limiter.Window{{Duration: time.Minute}}, GlobalWindows: []limiter.Window{{Duration: time.Minute}}},
+			productionStack(t, client))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range ids {
+			in := &limiter.Input{Identity: "user-" + strconv.Itoa(i), Region: "eu", Limits: []int64{5}, GlobalLimits: []int64{7}}
+			d, err := l.Decide(ctx, in)
+			if err != nil || d.Err != nil || !d.Pass || d.Windows[0].Count != 1 || d.Windows[1].Count != 1 {
+				t.Fatalf("identity %d: %+v %v, want admitted with counts 1/1", i, d, err)
+			}
+		}
+		total := 0
+		for _, srv := range cluster.Servers {
+			keys := srv.Client(t).Keys(ctx, "spread:*").Val()
+			if len(keys) == 0 {
+				t.Errorf("master %s holds none of the %d identities' keys", srv.Addr(), ids)
+			}
+			onNode := map[string]bool{}
+			for _, k := range keys {
+				onNode[k] = true
+			}
+			for i := range ids {
+				id := "user-" + strconv.Itoa(i)
+				if onNode[l.Keys().Key("log", id, true, "eu")] != onNode[l.Keys().Global("log", id)] {
+					t.Errorf("identity %s: bucket and global ceiling on different nodes", id)
+				}
+			}
+			total += len(keys)
+		}
+		if total != 2*ids {
+			t.Errorf("%d keys over the masters, want %d (a bucket and a ceiling per identity)", total, 2*ids)
+		}
+	})
+}
