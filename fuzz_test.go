@@ -12,8 +12,9 @@ import (
 )
 
 // FuzzCaddyfile: any sliding_ratelimit block either fails to parse with an
-// error, or parses into a config that Validate accepts. Never a panic, and
-// never a config that parses but is refused later.
+// error, or parses into a config that Caddy then provisions and validates
+// (in that order, as Caddy does). Never a panic, and never a config that
+// parses but is refused later.
 func FuzzCaddyfile(f *testing.F) {
 	for _, s := range []string{
 		"limit 5\nwindow 1m",
@@ -47,15 +48,27 @@ func FuzzCaddyfile(f *testing.F) {
 		if err := h.UnmarshalCaddyfile(d); err != nil {
 			return
 		}
+		if h.Redis != nil && strings.Contains(h.Redis.URL, "{") {
+			// A placeholder in the URL ({env.REDIS_URL}) is resolved, and
+			// the URL checked, when the config loads, not when it parses.
+			return
+		}
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+		defer cancel()
+		if err := h.Provision(ctx); err != nil {
+			t.Fatalf("parsed, then refused by Provision: %v\n%s", err, body)
+		}
+		defer h.Cleanup()
 		if err := h.Validate(); err != nil {
-			t.Fatalf("parsed, then refused by Validate: %v\n%s", err, body)
+			t.Fatalf("parsed and provisioned, then refused by Validate: %v\n%s", err, body)
 		}
 	})
 }
 
 // FuzzHostileHeaders: header values of any bytes, as key, region, cost
-// and limit, never panic the handler, never make it fail open silently,
-// and answer 200, 429, 413 or a 500 for a limit that is not a number.
+// and limit, never panic the handler, never make it fail open (every 200 and
+// 429 is decided by the store: {http.sliding_ratelimit.source} says so), and
+// answer 200, 429, 413, or a 500 for a limit or cost that is not a number.
 func FuzzHostileHeaders(f *testing.F) {
 	for _, s := range hostileValues() {
 		f.Add(s, s, "1", "5")
@@ -66,7 +79,8 @@ func FuzzHostileHeaders(f *testing.F) {
 		Limit: "{http.request.header.X-Limit}", Cost: "{http.request.header.X-Cost}", Window: caddy.Duration(time.Minute)}
 	provisionF(f, h)
 	f.Fuzz(func(t *testing.T, key, region, cost, limit string) {
-		w, err := serveErr(t, h, map[string]string{"X-Key": key, "X-Region": region, "X-Cost": cost, "X-Limit": limit})
+		w, r, repl := newRequest(map[string]string{"X-Key": key, "X-Region": region, "X-Cost": cost, "X-Limit": limit})
+		err := h.ServeHTTP(w, r, nextOK)
 		if err != nil {
 			if _, perr := parsePositive(cost); perr == nil {
 				if _, lerr := parsePositive(limit); lerr == nil {
@@ -75,8 +89,13 @@ func FuzzHostileHeaders(f *testing.F) {
 			}
 			return
 		}
+		source, _ := repl.GetString(phSource)
 		switch w.Code {
-		case http.StatusOK, http.StatusTooManyRequests, http.StatusRequestEntityTooLarge:
+		case http.StatusOK, http.StatusTooManyRequests:
+			if source != "memory" {
+				t.Fatalf("status %d decided by %q, want the store (memory)", w.Code, source)
+			}
+		case http.StatusRequestEntityTooLarge:
 		default:
 			t.Fatalf("status %d", w.Code)
 		}

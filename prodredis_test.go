@@ -328,11 +328,13 @@ func TestTLS(t *testing.T) {
 			}
 		}
 	}
-	// A generous timeout: a TLS handshake under -race on a busy machine may
-	// take longer than the default 100ms, and only the first error of a
-	// burst is logged, so a timeout would hide the x509 cause.
+	// Generous timeouts: a TLS handshake under -race on a busy machine may
+	// take longer than the default 250ms dial and 100ms call, and only the
+	// first error of a burst is logged, so a timeout would hide the x509
+	// cause.
 	base := func(r *RedisConfig) *Handler {
 		r.Timeout = caddy.Duration(5 * time.Second)
+		r.DialTimeout = caddy.Duration(5 * time.Second)
 		return &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: r}
 	}
 
@@ -350,6 +352,8 @@ func TestTLS(t *testing.T) {
 			fail closed
 			redis {
 				address ` + srv.Addr() + `
+				timeout 5s
+				dial_timeout 5s
 				tls {
 					ca ` + certs.CAFile + `
 				}
