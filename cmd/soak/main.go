@@ -3,8 +3,8 @@
 //
 //	go run ./cmd/soak [-duration 3m] [-window 5s] [-rate 2000] [-hot 200] [-hot-rate 1000]
 //
-// It starts its own redis-server (a free 127.0.0.1 port, never 6379, a
-// temporary directory, killed at the end), and decides every request on four
+// It starts its own redis-server with internal/redistest's Launch (a free
+// 127.0.0.1 port, never 6379, a temporary directory, killed at the end), and decides every request on four
 // limiters built directly on the engine: the Redis store
 // (limiter.NewRedisStore) and the in-process store (limiter.NewMemoryStore),
 // each with sliding_log and sliding_counter, all with the same short window,
@@ -43,6 +43,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
@@ -148,17 +149,21 @@ func run(ctx context.Context, cfg config, out io.Writer) (ok bool, err error) {
 		return false, errors.New("bad flags: -window >= 1ms, -interval > 0, -workers > 0, rates >= 0, -hot > 0 with -hot-rate")
 	}
 
-	srv, err := startRedis(cfg.RedisBin)
+	srv, err := redistest.Launch(redistest.LaunchOptions{Bin: cfg.RedisBin})
 	if err != nil {
 		return false, err
 	}
-	defer srv.stop()
+	defer srv.Stop()
 	client := redis.NewClient(&redis.Options{
-		Addr: srv.addr, PoolSize: 2 * cfg.Workers, DialTimeout: time.Second,
+		Addr: srv.Addr(), PoolSize: 2 * cfg.Workers, DialTimeout: time.Second,
 		ReadTimeout: cfg.CallLimit, WriteTimeout: cfg.CallLimit, ContextTimeoutEnabled: true,
 		MaxRetries: -1, DisableIdentity: true, Protocol: 2,
 	})
 	defer client.Close()
+	version := "?"
+	if info, err := redistest.Info(ctx, client, "server"); err == nil {
+		version = info["redis_version"]
+	}
 	mem := limiter.NewMemoryStore()
 	defer mem.Close()
 
@@ -181,7 +186,7 @@ func run(ctx context.Context, cfg config, out io.Writer) (ok bool, err error) {
 	}
 
 	fmt.Fprintf(out, "soak: redis-server %s on %s; %v of traffic, window %v: %d new keys/s (limit %d) + %d req/s over %d hot keys (limit %d), each decided by %d limiters (redis and memory × sliding_log and sliding_counter)\n",
-		srv.version, srv.addr, cfg.Duration, cfg.Window, cfg.Rate, cfg.Limit, cfg.HotRate, cfg.Hot, cfg.HotLimit, len(specs))
+		version, srv.Addr(), cfg.Duration, cfg.Window, cfg.Rate, cfg.Limit, cfg.HotRate, cfg.Hot, cfg.HotLimit, len(specs))
 	fmt.Fprintf(out, "%8s %10s %14s %9s %10s %12s\n", "elapsed", "requests", "redis_used_mem", "dbsize", "mem_keys", "heap_inuse")
 
 	var c counters
@@ -303,11 +308,11 @@ func measure(ctx context.Context, client *redis.Client, mem *limiter.MemoryStore
 	var s sample
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	info, err := client.Info(ctx, "memory").Result()
+	info, err := redistest.Info(ctx, client, "memory")
 	if err != nil {
-		return s, fmt.Errorf("INFO memory: %w", err)
+		return s, err
 	}
-	if s.usedMem, err = infoInt(info, "used_memory"); err != nil {
+	if s.usedMem, err = redistest.InfoInt(info, "used_memory"); err != nil {
 		return s, err
 	}
 	if s.dbsize, err = client.DBSize(ctx).Result(); err != nil {
@@ -319,15 +324,6 @@ func measure(ctx context.Context, client *redis.Client, mem *limiter.MemoryStore
 	runtime.ReadMemStats(&ms)
 	s.heapInuse = int64(ms.HeapInuse)
 	return s, nil
-}
-
-func infoInt(info, field string) (int64, error) {
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
-			return strconv.ParseInt(v, 10, 64)
-		}
-	}
-	return 0, fmt.Errorf("INFO has no %s", field)
 }
 
 // verdict checks the samples after warm-up in the second half of the run

@@ -48,7 +48,7 @@ func (s *Sentinel) MasterAddr(t testing.TB) string {
 		if err == nil && len(f) == 2 {
 			return net.JoinHostPort(f[0], f[1])
 		}
-		errs = append(errs, fmt.Sprintf("%s: %v %q", sn.addr, err, out))
+		errs = append(errs, fmt.Sprintf("%s: %v %q", sn.Addr(), err, out))
 	}
 	t.Fatalf("redistest: no Sentinel knows the master: %s", strings.Join(errs, "; "))
 	return ""
@@ -81,7 +81,7 @@ func StartSentinel(t testing.TB, n int) *Sentinel {
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("redistest: sentinel setup: %s not reached after %v: %s %s (err %v):\n%s\n%s",
-					what, sentinelTimeout, srv.addr, strings.Join(args, " "), err, out, srv.logTail())
+					what, sentinelTimeout, srv.Addr(), strings.Join(args, " "), err, out, srv.logTail())
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -92,7 +92,7 @@ func StartSentinel(t testing.TB, n int) *Sentinel {
 
 	quorum := n/2 + 1
 	for range n {
-		sn := startProc(t, freePort, nil, func(port int, dir string) ([]string, error) {
+		sn := startTB(t, LaunchOptions{ArgsFor: func(port int, dir string) ([]string, error) {
 			conf := filepath.Join(dir, "sentinel.conf")
 			body := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\n"+
 				"sentinel monitor %s 127.0.0.1 %d %d\n"+
@@ -103,7 +103,7 @@ func StartSentinel(t testing.TB, n int) *Sentinel {
 				return nil, err
 			}
 			return []string{conf, "--sentinel"}, nil
-		})
+		}})
 		s.Sentinels = append(s.Sentinels, sn)
 	}
 	for _, sn := range s.Sentinels {

@@ -122,19 +122,20 @@ func (c *Certs) ClientTLS(t testing.TB) *tls.Config {
 func StartTLS(t testing.TB, certs *Certs, extraArgs ...string) *Server {
 	t.Helper()
 	clientTLS := certs.ClientTLS(t)
-	return startProc(t, freePort, func(s *Server) {
-		s.tlsConfig = clientTLS
-		s.cliArgs = []string{"--tls", "--cacert", certs.CAFile, "--cert", certs.ClientCertFile, "--key", certs.ClientKeyFile}
-	}, func(port int, dir string) ([]string, error) {
-		return append([]string{
-			"--save", "", "--appendonly", "no",
-			"--bind", "127.0.0.1", "--port", "0", "--dir", dir,
-			"--tls-port", strconv.Itoa(port),
-			"--tls-cert-file", certs.CertFile,
-			"--tls-key-file", certs.KeyFile,
-			"--tls-ca-cert-file", certs.CAFile,
-			"--tls-auth-clients", "no",
-		}, extraArgs...), nil
+	return startTB(t, LaunchOptions{
+		TLS:     clientTLS,
+		CLIArgs: []string{"--tls", "--cacert", certs.CAFile, "--cert", certs.ClientCertFile, "--key", certs.ClientKeyFile},
+		ArgsFor: func(port int, dir string) ([]string, error) {
+			return append([]string{
+				"--save", "", "--appendonly", "no",
+				"--bind", "127.0.0.1", "--port", "0", "--dir", dir,
+				"--tls-port", strconv.Itoa(port),
+				"--tls-cert-file", certs.CertFile,
+				"--tls-key-file", certs.KeyFile,
+				"--tls-ca-cert-file", certs.CAFile,
+				"--tls-auth-clients", "no",
+			}, extraArgs...), nil
+		},
 	})
 }
 
