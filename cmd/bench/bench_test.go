@@ -2,14 +2,20 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
 func TestHistQuantiles(t *testing.T) {
@@ -93,11 +99,177 @@ BENCH_STATUS 92270 5 2
 	}
 }
 
-func TestParseScriptCalls(t *testing.T) {
-	info := "# Commandstats\r\ncmdstat_ping:calls=3,usec=1\r\ncmdstat_evalsha:calls=100,usec=900,usec_per_call=9.00,rejected_calls=0,failed_calls=0\r\n" +
-		"cmdstat_eval:calls=2,usec=30\r\ncmdstat_zadd:calls=100,usec=50\r\n"
-	if got := parseScriptCalls(info); got != 102 {
-		t.Fatalf("got %d, want 102", got)
+// TestRedisFigures: a run's Redis figures come from the shared INFO
+// helpers (EVALSHA + EVAL of INFO commandstats, INFO cpu), and the trivial
+// EVAL baseline counts its own calls.
+func TestRedisFigures(t *testing.T) {
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	before := snap(ctx, os.Getpid(), c)
+	triv, err := trivialEval(ctx, c, 1000, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if triv.Calls != 1000 || triv.UsecPerCall <= 0 || triv.Pipeline != 50 {
+		t.Errorf("trivial baseline %+v", triv)
+	}
+	if err := c.Eval(ctx, "return redis.call('incr', KEYS[1])", []string{"k"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	after := snap(ctx, os.Getpid(), c)
+	var smp sample
+	smp.fill(before, after)
+	if !smp.RedisOK || smp.Scripts.Calls != 1001 || smp.RedisCPU < 0 || smp.CaddyCPU < 0 {
+		t.Errorf("sample %+v", smp)
+	}
+	// No Redis: only the process's CPU time.
+	if s := snap(ctx, os.Getpid(), nil); s.redisOK || !s.caddyOK {
+		t.Errorf("snapshot without Redis: %+v", s)
+	}
+}
+
+func TestParseStatTicks(t *testing.T) {
+	stat := "9556 (we (i)rd) R 9512 9512 6189 0 -1 4194304 102 0 0 0 25 7 0 0 20 0 1 0 196731 3133440 387\n"
+	if n, err := parseStatTicks(stat); err != nil || n != 32 {
+		t.Fatalf("got %d, %v; want 32", n, err)
+	}
+	if _, err := parseStatTicks("1 (x) R 2 3"); err == nil {
+		t.Fatal("short stat line: want an error")
+	}
+	if d, err := procCPU(os.Getpid()); err != nil || d < 0 {
+		t.Fatalf("procCPU(self) = %v, %v", d, err)
+	}
+}
+
+func TestCPUList(t *testing.T) {
+	got, err := parseCPUList("0-2,8, 5,1")
+	if err != nil || !slices.Equal(got, []int{0, 1, 2, 5, 8}) || cpuList(got) != "0,1,2,5,8" {
+		t.Fatalf("got %v, %v", got, err)
+	}
+	for _, bad := range []string{"", "a", "3-1", "1-x"} {
+		if _, err := parseCPUList(bad); err == nil {
+			t.Errorf("%q: want an error", bad)
+		}
+	}
+	if cpus, err := allowedCPUs(os.Getpid()); err != nil || len(cpus) == 0 {
+		t.Errorf("allowedCPUs(self) = %v, %v", cpus, err)
+	}
+}
+
+func TestSelectLayouts(t *testing.T) {
+	ls, note, err := selectLayouts("shared")
+	if err != nil || len(ls) != 1 || ls[0].pinned() || note != "" {
+		t.Fatalf("shared: %v %q %v", ls, note, err)
+	}
+	if _, _, err := selectLayouts("sideways"); err == nil {
+		t.Fatal("unknown layout: want an error")
+	}
+	ls, note, err = selectLayouts("all")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, perr := pinnedLayout(); perr != nil {
+		// One CPU or no taskset: the pinned layout falls back, saying why.
+		if len(ls) != 1 || !strings.Contains(note, "pinned layout unavailable") {
+			t.Fatalf("no pinning: %v %q", ls, note)
+		}
+	} else if len(ls) != 2 || !ls[1].pinned() || ls[1].CaddyCPU == ls[1].LoadCPU || note != "" {
+		t.Fatalf("all: %v %q", ls, note)
+	}
+	p := layout{Name: "pinned", CaddyCPU: 0, LoadCPU: 1}
+	if d := p.describe(2); !strings.Contains(d, "GOMAXPROCS=1") || !strings.Contains(d, "taskset -c 1") {
+		t.Errorf("describe: %s", d)
+	}
+	if w := wrap(1); !slices.Equal(w, []string{"taskset", "-c", "1"}) || wrap(-1) != nil {
+		t.Errorf("wrap: %v", w)
+	}
+}
+
+func TestSpreadAndSummary(t *testing.T) {
+	sp, ok := spreadOf([]float64{0.5, 0.7, math.NaN(), 0.6, 0.4})
+	if !ok || sp.N != 4 || sp.Median != 0.55 || sp.Min != 0.4 || sp.Max != 0.7 || math.Abs(sp.Q1-0.475) > 1e-9 {
+		t.Fatalf("spread %+v", sp)
+	}
+	if _, ok := spreadOf([]float64{math.NaN()}); ok {
+		t.Fatal("no valid value: want !ok")
+	}
+	mk := func(rps float64, resp uint64, cpu time.Duration, calls int64) sample {
+		return sample{
+			measurement: measurement{Generator: "go", ReqPerSec: rps, Responses: resp, S2xx: resp, P50: time.Millisecond, P99: 2 * time.Millisecond},
+			CaddyCPU:    cpu, RedisOK: true, RedisCPU: cpu / 2, Scripts: redistest.CommandStat{Calls: calls, Usec: calls * 10},
+		}
+	}
+	pairs := []pair{
+		{Site: mk(500, 1000, 30*time.Millisecond, 500), Bare: mk(1000, 2000, 40*time.Millisecond, 0)},
+		{Site: mk(600, 1000, 30*time.Millisecond, 500), Bare: mk(1000, 2000, 40*time.Millisecond, 0), SiteFirst: true},
+		{Site: mk(700, 1000, 30*time.Millisecond, 500), Bare: mk(0, 0, 0, 0)}, // a bare run that failed
+	}
+	sm := summarize(pairs)
+	if !sm.RatioOK || sm.Ratio.N != 2 || sm.Ratio.Median != 0.55 || sm.ReqPerSec != 600 || sm.Responses != 3000 {
+		t.Fatalf("summary %+v", sm)
+	}
+	if sm.CaddyCPUPerReq != 30*time.Microsecond || sm.BareCaddyCPUPerReq != 20*time.Microsecond {
+		t.Errorf("Caddy CPU/req %v, bare %v", sm.CaddyCPUPerReq, sm.BareCaddyCPUPerReq)
+	}
+	if v, _ := sm.callsPerReq(); v != 0.5 {
+		t.Errorf("calls/req %v", v)
+	}
+	if v, _ := sm.redisCPUPerReq(); v != 15*time.Microsecond {
+		t.Errorf("Redis CPU/req %v", v)
+	}
+	if v, _ := sm.redisCPUPerCall(); v != 30*time.Microsecond {
+		t.Errorf("Redis CPU/call %v", v)
+	}
+	if v, _ := sm.scriptUsecPerCall(); v != 10 {
+		t.Errorf("script µs/call %v", v)
+	}
+	rep := siteReportOf(siteResult{Site: siteByName("redis_log"), Pairs: pairs}, &trivial{UsecPerCall: 2.5})
+	if v, _ := sm.scriptUsecPerReq(); v != 5 {
+		t.Errorf("script µs/req %v", v)
+	}
+	if rep.XTrivial == nil || *rep.XTrivial != 2 || rep.PairRatios != nil || rep.Ratio == nil {
+		t.Errorf("report %+v", rep)
+	}
+}
+
+func TestParseBench(t *testing.T) {
+	out := `goos: linux
+goarch: amd64
+pkg: github.com/sliding-ratelimit/sliding_ratelimit
+cpu: AMD EPYC
+BenchmarkHandler/baseline-2         	    2000	      1825 ns/op	    1520 B/op	      20 allocs/op
+BenchmarkHandler/redis/sliding_log/admitted-2         	    2000	     41234 ns/op	    2873 B/op	      32 allocs/op
+BenchmarkHandler/memory/sliding_log/hot_denied        	    2000	       812.5 ns/op
+--- FAIL: BenchmarkHandler/redis/token_bucket/admitted
+    bench_test.go:53: sliding_ratelimit: bad limit
+--- FAIL: BenchmarkHandler
+FAIL
+exit status 1
+FAIL	github.com/sliding-ratelimit/sliding_ratelimit	3.1s
+`
+	bs := parseBench(out)
+	if len(bs) != 4 {
+		t.Fatalf("got %+v", bs)
+	}
+	if b := bs[1]; b.Name != "BenchmarkHandler/redis/sliding_log/admitted" || *b.NsPerOp != 41234 || *b.BytesPerOp != 2873 || *b.AllocsPerOp != 32 {
+		t.Errorf("line 2: %+v", b)
+	}
+	if b := bs[2]; b.Name != "BenchmarkHandler/memory/sliding_log/hot_denied" || *b.NsPerOp != 812.5 || b.AllocsPerOp != nil {
+		t.Errorf("line 3: %+v", b)
+	}
+	if b := bs[3]; b.Name != "BenchmarkHandler/redis/token_bucket/admitted" || b.Failed != "bench_test.go:53: sliding_ratelimit: bad limit" || b.NsPerOp != nil {
+		t.Errorf("failed sub-benchmark: %+v", b)
+	}
+	// A run that cannot work reports n/a, it does not fail.
+	if r := runMicro(context.Background(), "", "", "1x"); r.Err == "" {
+		t.Errorf("no go: %+v", r)
+	}
+	var buf bytes.Buffer
+	printReport(&buf, &report{Micro: &microResult{Command: "go test", Err: "build failed", Benches: bs}})
+	if !strings.Contains(buf.String(), "allocs/op: n/a (build failed)") || !strings.Contains(buf.String(), "| 32 |") ||
+		!strings.Contains(buf.String(), "| n/a (failed: bench_test.go:53: sliding_ratelimit: bad limit) |") {
+		t.Errorf("report:\n%s", buf.String())
 	}
 }
 
@@ -117,7 +289,8 @@ func TestSelectSitesAndCaddyfile(t *testing.T) {
 	cf := caddyfile(19999, all, ports, "redis://127.0.0.1:1234")
 	for _, want := range []string{
 		"admin 127.0.0.1:19999", "auto_https off", "http://127.0.0.1:20000 {", "bind 127.0.0.1",
-		"redis redis://127.0.0.1:1234", "algorithm token_bucket", "deny_cache off", `respond "ok" 200`,
+		"redis redis://127.0.0.1:1234", "algorithm token_bucket", "algorithm fixed_window", "algorithm sliding_counter",
+		"limit 100\n", "limit 10000\n", "deny_cache off", "pipeline off", `respond "ok" 200`,
 	} {
 		if !strings.Contains(cf, want) {
 			t.Errorf("Caddyfile lacks %q:\n%s", want, cf)

@@ -1,30 +1,23 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 const (
-	sharedRedisPort = 6379 // a Redis someone else runs: never used
-	redisReady      = 5 * time.Second
-	caddyReady      = 30 * time.Second
-	buildTimeout    = 15 * time.Minute
+	caddyReady   = 30 * time.Second
+	buildTimeout = 15 * time.Minute
 )
 
 // cleaner runs cleanup functions once, last added first. It is global so a
@@ -117,6 +110,16 @@ func (p *proc) stop() {
 	})
 }
 
+// killGroup kills a command's process group (for exec.Cmd.Cancel).
+func killGroup(cmd *exec.Cmd) error {
+	if cmd.Process == nil {
+		return nil
+	}
+	return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
 func (p *proc) exited() bool {
 	select {
 	case <-p.done:
@@ -137,35 +140,6 @@ func logTail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return "--- " + path + " (last lines) ---\n" + strings.Join(lines, "\n")
-}
-
-// freePorts returns n distinct currently free 127.0.0.1 ports, never 6379.
-// They are free when picked; another process could take one before use.
-func freePorts(n int) ([]int, error) {
-	seen := map[int]bool{sharedRedisPort: true}
-	var ports []int
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			_ = l.Close()
-		}
-	}()
-	for tries := 0; len(ports) < n && tries < 50*n; tries++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l) // held until all are picked: no duplicates
-		p := l.Addr().(*net.TCPAddr).Port
-		if !seen[p] {
-			seen[p] = true
-			ports = append(ports, p)
-		}
-	}
-	if len(ports) < n {
-		return nil, errors.New("could not find free 127.0.0.1 ports")
-	}
-	return ports, nil
 }
 
 // moduleRoot returns the directory of this repository's go.mod, checking it
@@ -205,103 +179,6 @@ func buildCaddy(ctx context.Context, goBin, root, dir string) (string, error) {
 var errRedisMissing = errors.New("redis-server not found on PATH: install it (e.g. apt-get install redis-server), " +
 	"or run only sites without Redis (-sites none,memory_log); the benchmark starts its own server on a free port " +
 	"and never uses 127.0.0.1:6379")
-
-// redisServer is the benchmark's own redis-server.
-type redisServer struct {
-	*proc
-	addr   string
-	client *redis.Client
-}
-
-// startRedis starts redis-server on a free 127.0.0.1 port (never 6379) in
-// dir, without persistence, and waits until it answers PING.
-func startRedis(ctx context.Context, dir string) (*redisServer, error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return nil, errRedisMissing
-	}
-	var lastErr error
-	for attempt := 1; attempt <= 5; attempt++ {
-		ports, err := freePorts(1)
-		if err != nil {
-			return nil, err
-		}
-		port := strconv.Itoa(ports[0])
-		rdir := filepath.Join(dir, "redis-"+port)
-		if err := os.MkdirAll(rdir, 0o755); err != nil {
-			return nil, err
-		}
-		logPath := filepath.Join(rdir, "redis.log")
-		p, err := startProc("redis-server", logPath, rdir, os.Environ(), bin,
-			"--save", "", "--appendonly", "no", "--bind", "127.0.0.1", "--port", port,
-			"--dir", rdir, "--protected-mode", "yes")
-		if err != nil {
-			return nil, err
-		}
-		addr := "127.0.0.1:" + port
-		client := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1})
-		deadline := time.Now().Add(redisReady)
-		for {
-			pctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
-			lastErr = client.Ping(pctx).Err()
-			cancel()
-			if lastErr == nil {
-				cleanup.add(func() { _ = client.Close() })
-				return &redisServer{proc: p, addr: addr, client: client}, nil
-			}
-			if p.exited() || time.Now().After(deadline) || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		_ = client.Close()
-		p.stop()
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		b, _ := os.ReadFile(logPath)
-		if !strings.Contains(string(b), "Address already in use") {
-			return nil, fmt.Errorf("redis-server on %s did not come up: %v\n%s", addr, lastErr, logTail(logPath, 20))
-		}
-	}
-	return nil, fmt.Errorf("redis-server: no free port after 5 attempts: %v", lastErr)
-}
-
-// scriptCalls returns the EVALSHA + EVAL calls Redis has executed (INFO
-// commandstats): one per rate limit check that reached Redis.
-func scriptCalls(ctx context.Context, c *redis.Client) (int64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	info, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	return parseScriptCalls(info), nil
-}
-
-func parseScriptCalls(info string) int64 {
-	var total int64
-	sc := bufio.NewScanner(strings.NewReader(info))
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		name, rest, ok := strings.Cut(line, ":")
-		if !ok {
-			continue
-		}
-		switch name {
-		case "cmdstat_evalsha", "cmdstat_eval", "cmdstat_evalsha_ro", "cmdstat_eval_ro":
-		default:
-			continue
-		}
-		for _, kv := range strings.Split(rest, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				total += n
-			}
-		}
-	}
-	return total
-}
 
 // validateCaddyfile runs `caddy validate` (adapt, then load and provision
 // every module without serving) on a Caddyfile; the error carries Caddy's

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -14,51 +16,91 @@ import (
 
 // report is everything printed, and what -json writes.
 type report struct {
-	Machine  machine         `json:"machine"`
-	Config   reportConfig    `json:"config"`
-	Sites    []siteReport    `json:"sites"`
-	Skipped  []skippedSite   `json:"skipped,omitempty"`
-	HalfLoad *halfLoadReport `json:"half_load,omitempty"`
+	Machine machine        `json:"machine"`
+	Config  reportConfig   `json:"config"`
+	Layouts []layoutReport `json:"layouts"`
+	Skipped []skippedSite  `json:"skipped,omitempty"`
+	Micro   *microResult   `json:"micro_benchmark,omitempty"`
 }
 
 type machine struct {
-	NProc     int     `json:"nproc"`
-	CPU       string  `json:"cpu"`
-	Go        string  `json:"go"`
-	OSArch    string  `json:"os_arch"`
-	Kernel    string  `json:"kernel,omitempty"`
-	Redis     string  `json:"redis_server,omitempty"`
-	Date      string  `json:"date"`
-	LoadAvg   float64 `json:"load_avg_1m_before"`
-	Generator string  `json:"generator"`
+	NProc      int     `json:"nproc"`
+	CPU        string  `json:"cpu"`
+	Go         string  `json:"go"`
+	OSArch     string  `json:"os_arch"`
+	Kernel     string  `json:"kernel,omitempty"`
+	Redis      string  `json:"redis_server,omitempty"`
+	Date       string  `json:"date"`
+	LoadAvg    float64 `json:"load_avg_1m_before"`
+	Generator  string  `json:"generator"`
+	LayoutNote string  `json:"layout_note,omitempty"`
 }
 
 type reportConfig struct {
-	DurationS float64 `json:"duration_s"`
-	WarmupS   float64 `json:"warmup_s"`
-	Conns     int     `json:"conns"`
-	Keys      int     `json:"keys"`
-	Rounds    int     `json:"rounds"`
+	Pairs         int     `json:"pairs"`
+	PairDurationS float64 `json:"pair_duration_s"`
+	WarmupS       float64 `json:"warmup_s"`
+	Conns         int     `json:"conns"`
+	Keys          int     `json:"keys"`
+}
+
+type layoutReport struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description"`
+	CaddyCPU    *int            `json:"caddy_cpu,omitempty"`
+	LoadCPU     *int            `json:"load_and_redis_cpu,omitempty"`
+	Verified    string          `json:"pinning_checked,omitempty"`
+	Trivial     *trivialJSON    `json:"trivial_eval,omitempty"`
+	TrivialErr  string          `json:"trivial_eval_error,omitempty"`
+	Sites       []siteReport    `json:"sites"`
+	HalfLoad    *halfLoadReport `json:"half_load,omitempty"`
+}
+
+type trivialJSON struct {
+	Calls       int64   `json:"calls"`
+	Pipeline    int     `json:"pipeline_depth"`
+	UsPerCall   float64 `json:"commandstats_us_per_call"`
+	CPUUsPerCal float64 `json:"redis_cpu_us_per_call"`
 }
 
 type siteReport struct {
-	Site      string   `json:"site"`
-	Generator string   `json:"generator"`
-	ReqPerSec float64  `json:"req_per_sec"`
-	P50Ms     float64  `json:"p50_ms"`
-	P99Ms     float64  `json:"p99_ms"`
-	S2xx      uint64   `json:"status_2xx"`
-	S429      uint64   `json:"status_429"`
-	Errors    uint64   `json:"errors"` // transport errors + other statuses
-	Ratio     *float64 `json:"ratio_to_none,omitempty"`
-	// CaddyErrors counts error lines in Caddy's log during the site's run.
+	Site          string    `json:"site"`
+	Description   string    `json:"description,omitempty"`
+	Generator     string    `json:"generator"`
+	Ratio         *spread   `json:"ratio_to_bare,omitempty"`
+	PairRatios    []float64 `json:"pair_ratios"`
+	ReqPerSec     float64   `json:"req_per_sec_median"`
+	BareReqPerSec float64   `json:"bare_req_per_sec_median"`
+	P50Ms         float64   `json:"p50_ms_median"`
+	P99Ms         float64   `json:"p99_ms_median"`
+	S2xx          uint64    `json:"status_2xx"`
+	S429          uint64    `json:"status_429"`
+	Errors        uint64    `json:"errors"` // transport errors + other statuses
+	// Caddy's CPU time per response over the site's runs, and over the
+	// bare runs of the same pairs.
+	CaddyCPUUsPerReq     *float64 `json:"caddy_cpu_us_per_req,omitempty"`
+	BareCaddyCPUUsPerReq *float64 `json:"bare_caddy_cpu_us_per_req,omitempty"`
+	// Redis figures over the site's runs (absent for sites without Redis).
+	RedisCalls        *int64    `json:"redis_script_calls,omitempty"`
+	RedisCallsPerReq  *float64  `json:"redis_calls_per_req,omitempty"`
+	RedisCallsPer429  *float64  `json:"redis_calls_per_denied_req,omitempty"`
+	RedisCPUUsPerReq  *float64  `json:"redis_cpu_us_per_req,omitempty"`
+	RedisCPUUsPerCall *float64  `json:"redis_cpu_us_per_call,omitempty"`
+	ScriptUsPerCall   *float64  `json:"script_us_per_call,omitempty"`
+	ScriptUsPerReq    *float64  `json:"script_us_per_req,omitempty"`
+	XTrivial          *float64  `json:"script_us_per_req_x_trivial_eval,omitempty"`
+	Fill              *fillJSON `json:"fill,omitempty"`
+	// CaddyErrors counts error lines in Caddy's log during the site's runs.
 	CaddyErrors int    `json:"caddy_error_log_lines,omitempty"`
 	CaddyError  string `json:"caddy_first_error,omitempty"`
-	// RedisCalls is EVALSHA+EVAL executed by Redis during the measured
-	// period (INFO commandstats); absent for sites without Redis.
-	RedisCalls       *int64   `json:"redis_script_calls,omitempty"`
-	RedisCallsPerReq *float64 `json:"redis_calls_per_request,omitempty"`
-	RedisCallsPer429 *float64 `json:"redis_calls_per_denied_request,omitempty"`
+	LastErr     string `json:"last_transport_error,omitempty"`
+}
+
+type fillJSON struct {
+	Seconds   float64 `json:"seconds"`
+	Responses uint64  `json:"responses"`
+	Share429  float64 `json:"last_step_share_429"`
+	Reached   bool    `json:"at_limit"`
 }
 
 type skippedSite struct {
@@ -86,46 +128,41 @@ type halfLoadJSON struct {
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func buildReport(b *bench, sites []site, skipped map[string]string, results map[string]measurement, half *halfLoad) *report {
+func ptr[T any](v T) *T { return &v }
+
+func buildReport(b *bench, layouts []*layoutResult, micro *microResult) *report {
 	rep := &report{
 		Machine: machineInfo(b),
 		Config: reportConfig{
-			DurationS: b.o.duration.Seconds(), WarmupS: b.o.warmup.Seconds(),
-			Conns: b.o.conns, Keys: b.o.keys, Rounds: b.o.rounds,
+			Pairs: b.o.pairs, PairDurationS: b.o.pairDuration.Seconds(), WarmupS: b.o.warmup.Seconds(),
+			Conns: b.o.conns, Keys: b.o.keys,
 		},
+		Micro: micro,
 	}
-	none, haveNone := results["none"]
-	for _, s := range sites {
-		m := results[s.Name]
-		sr := siteReport{
-			Site: s.Name, Generator: m.Generator, ReqPerSec: m.ReqPerSec,
-			P50Ms: ms(m.P50), P99Ms: ms(m.P99), S2xx: m.S2xx, S429: m.S429, Errors: m.Errors + m.SOther,
-			CaddyErrors: m.CaddyErrors, CaddyError: m.CaddyError,
-		}
-		if haveNone && none.ReqPerSec > 0 {
-			r := m.ReqPerSec / none.ReqPerSec
-			sr.Ratio = &r
-		}
-		if s.Redis && m.RedisCalls >= 0 {
-			c := m.RedisCalls
-			sr.RedisCalls = &c
-			if m.Responses > 0 {
-				v := float64(c) / float64(m.Responses)
-				sr.RedisCallsPerReq = &v
-			}
-			if m.S429 > 0 {
-				v := float64(c) / float64(m.S429)
-				sr.RedisCallsPer429 = &v
-			}
-		}
-		rep.Sites = append(rep.Sites, sr)
+	for _, lr := range layouts {
+		rep.Layouts = append(rep.Layouts, layoutReportOf(lr, runtime.NumCPU()))
 	}
 	for _, s := range allSites {
-		if reason, ok := skipped[s.Name]; ok {
+		if reason, ok := b.skipped[s.Name]; ok {
 			rep.Skipped = append(rep.Skipped, skippedSite{Site: s.Name, Reason: reason})
 		}
 	}
-	if half != nil && len(half.Sites) == 2 {
+	return rep
+}
+
+func layoutReportOf(lr *layoutResult, ncpu int) layoutReport {
+	l := lr.Layout
+	out := layoutReport{Name: l.Name, Description: l.describe(ncpu), Verified: lr.Verified, TrivialErr: lr.TrivialErr}
+	if l.pinned() {
+		out.CaddyCPU, out.LoadCPU = ptr(l.CaddyCPU), ptr(l.LoadCPU)
+	}
+	if t := lr.Trivial; t != nil {
+		out.Trivial = &trivialJSON{Calls: t.Calls, Pipeline: t.Pipeline, UsPerCall: t.UsecPerCall, CPUUsPerCal: us(t.CPUPerCall)}
+	}
+	for _, sr := range lr.Sites {
+		out.Sites = append(out.Sites, siteReportOf(sr, lr.Trivial))
+	}
+	if half := lr.Half; half != nil && len(half.Sites) == 2 {
 		h := &halfLoadReport{TargetReqPerSec: half.Rate, Generator: "go (open loop, paced)"}
 		for _, s := range half.Sites {
 			h.Sites = append(h.Sites, halfLoadJSON{
@@ -135,9 +172,74 @@ func buildReport(b *bench, sites []site, skipped map[string]string, results map[
 		}
 		h.P99AddedMs = ms(half.Sites[1].P99 - half.Sites[0].P99)
 		h.SchedP99AddedMs = ms(half.Sites[1].SchedP99 - half.Sites[0].SchedP99)
-		rep.HalfLoad = h
+		out.HalfLoad = h
 	}
-	return rep
+	return out
+}
+
+func siteReportOf(sr siteResult, triv *trivial) siteReport {
+	sm := summarize(sr.Pairs)
+	out := siteReport{
+		Site: sr.Site.Name, Description: sr.Site.Desc, Generator: sm.Generator,
+		ReqPerSec: sm.ReqPerSec, BareReqPerSec: sm.BareReqPerSec, P50Ms: ms(sm.P50), P99Ms: ms(sm.P99),
+		S2xx: sm.S2xx, S429: sm.S429, Errors: sm.Errors,
+		CaddyErrors: sm.CaddyErrors, CaddyError: sm.CaddyError, LastErr: sm.LastErr,
+	}
+	for _, p := range sr.Pairs {
+		r, ok := p.ratio()
+		if !ok {
+			r = math.NaN()
+		}
+		out.PairRatios = append(out.PairRatios, r)
+	}
+	if slices.ContainsFunc(out.PairRatios, math.IsNaN) {
+		out.PairRatios = nil // JSON has no NaN; Ratio still summarizes the valid ones
+	}
+	if sm.RatioOK {
+		out.Ratio = ptr(sm.Ratio)
+	}
+	if sm.CaddyCPUPerReq > 0 {
+		out.CaddyCPUUsPerReq = ptr(us(sm.CaddyCPUPerReq))
+	}
+	if sm.BareCaddyCPUPerReq > 0 {
+		out.BareCaddyCPUUsPerReq = ptr(us(sm.BareCaddyCPUPerReq))
+	}
+	if sr.Site.Redis && sm.RedisOK {
+		out.RedisCalls = ptr(sm.RedisCalls)
+		if v, ok := sm.callsPerReq(); ok {
+			out.RedisCallsPerReq = ptr(v)
+		}
+		if sm.S429 > 0 {
+			out.RedisCallsPer429 = ptr(float64(sm.RedisCalls) / float64(sm.S429))
+		}
+		if v, ok := sm.redisCPUPerReq(); ok {
+			out.RedisCPUUsPerReq = ptr(us(v))
+		}
+		if v, ok := sm.redisCPUPerCall(); ok {
+			out.RedisCPUUsPerCall = ptr(us(v))
+		}
+		if v, ok := sm.scriptUsecPerCall(); ok {
+			out.ScriptUsPerCall = ptr(v)
+		}
+		if v, ok := sm.scriptUsecPerReq(); ok {
+			out.ScriptUsPerReq = ptr(v)
+			if triv != nil && triv.UsecPerCall > 0 {
+				out.XTrivial = ptr(v / triv.UsecPerCall)
+			}
+		}
+	}
+	if f := sr.Fill; f != nil {
+		out.Fill = &fillJSON{Seconds: f.Elapsed.Seconds(), Responses: f.Responses, Share429: f.Share429, Reached: f.Reached}
+	}
+	return out
+}
+
+// cell formats an optional figure, "–" when absent.
+func cell[T any](v *T, format string) string {
+	if v == nil {
+		return "–"
+	}
+	return fmt.Sprintf(format, *v)
 }
 
 func printReport(w io.Writer, rep *report) {
@@ -151,23 +253,20 @@ func printReport(w io.Writer, rep *report) {
 		fmt.Fprintf(w, ", redis-server %s", mc.Redis)
 	}
 	fmt.Fprintf(w, ", %s, load average %.2f before the run.\n", mc.Date, mc.LoadAvg)
-	fmt.Fprintf(w, "Load: %s; %d connections, %gs warm-up + %gs measured per site, %d keys (hot_* sites: 1 key), loopback.",
-		mc.Generator, rep.Config.Conns, rep.Config.WarmupS, rep.Config.DurationS, rep.Config.Keys)
-	if rep.Config.Rounds > 1 {
-		fmt.Fprintf(w, " %d rounds; each row is the site's median-req/s run.", rep.Config.Rounds)
+	fmt.Fprintf(w, "Load: %s; %d connections, %d keys (hot_* sites: 1 key, redis_log_100/10000: %d keys), loopback.\n",
+		mc.Generator, rep.Config.Conns, rep.Config.Keys, fillKeys)
+	fmt.Fprintf(w, "Each site: %gs warm-up, then %d pairs of a %gs site run and a %gs bare-Caddy run (site `none`), alternating which goes first. "+
+		"ratio = the median of the pairs' site req/s ÷ bare req/s (min–max of the pairs in brackets); req/s, p50 and p99 are medians of the site's runs; "+
+		"CPU and Redis figures are totals over the site's runs divided by its requests or script calls. See docs/bench.md.\n",
+		rep.Config.WarmupS, rep.Config.Pairs, rep.Config.PairDurationS, rep.Config.PairDurationS)
+	if mc.LayoutNote != "" {
+		fmt.Fprintf(w, "**%s.**\n", mc.LayoutNote)
 	}
-	fmt.Fprintf(w, "\n\n")
 
-	fmt.Fprintln(w, "| site | generator | req/s | p50 | p99 | 2xx | 429 | errors | ratio |")
-	fmt.Fprintln(w, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-	for _, s := range rep.Sites {
-		ratio := "n/a"
-		if s.Ratio != nil {
-			ratio = fmt.Sprintf("%.2f", *s.Ratio)
-		}
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.2f ms | %.2f ms | %d | %d | %d | %s |\n",
-			s.Site, s.Generator, s.ReqPerSec, s.P50Ms, s.P99Ms, s.S2xx, s.S429, s.Errors, ratio)
+	for _, l := range rep.Layouts {
+		printLayout(w, l)
 	}
+
 	if len(rep.Skipped) > 0 {
 		fmt.Fprintln(w, "\nSkipped (this Caddy build rejects their config):")
 		for _, s := range rep.Skipped {
@@ -175,48 +274,101 @@ func printReport(w io.Writer, rep *report) {
 		}
 	}
 
-	var logLines []string
-	for _, s := range rep.Sites {
-		if s.CaddyErrors > 0 {
-			logLines = append(logLines, fmt.Sprintf("- %s: %d error lines, first: %s", s.Site, s.CaddyErrors, s.CaddyError))
+	if m := rep.Micro; m != nil {
+		fmt.Fprintf(w, "\n### Handler micro-benchmark (`%s`)\n\n", m.Command)
+		if m.Err != "" {
+			fmt.Fprintf(w, "allocs/op: n/a (%s)\n", m.Err)
 		}
-	}
-	if len(logLines) > 0 {
-		fmt.Fprintln(w, "\nCaddy logged errors during these runs (its logging is rate limited; e.g. a Redis timeout applies the fail mode, so a hot_* site may show a few 2xx):")
-		for _, l := range logLines {
-			fmt.Fprintln(w, l)
-		}
-	}
-
-	var redisLines []string
-	for _, s := range rep.Sites {
-		if s.RedisCalls == nil {
-			continue
-		}
-		line := fmt.Sprintf("- %s: %d calls", s.Site, *s.RedisCalls)
-		if s.RedisCallsPerReq != nil {
-			line += fmt.Sprintf(", %.3f per request", *s.RedisCallsPerReq)
-		}
-		if strings.HasPrefix(s.Site, "hot_") && s.RedisCallsPer429 != nil {
-			line += fmt.Sprintf(", **%.4f per denied request** (%d denied)", *s.RedisCallsPer429, s.S429)
-			if s.Site == "hot_denied" {
-				line += ", deny cache on"
-			} else {
-				line += ", deny cache off"
+		if len(m.Benches) > 0 {
+			if m.Err != "" {
+				fmt.Fprintln(w)
+			}
+			fmt.Fprintln(w, "| benchmark | ns/op | B/op | allocs/op |")
+			fmt.Fprintln(w, "| --- | ---: | ---: | ---: |")
+			for _, b := range m.Benches {
+				allocs := cellOr(b.AllocsPerOp, "%.0f", "n/a")
+				if b.Failed != "" {
+					allocs = "n/a (failed: " + b.Failed + ")"
+				}
+				fmt.Fprintf(w, "| %s | %s | %s | %s |\n", b.Name, cellOr(b.NsPerOp, "%.0f", "n/a"), cellOr(b.BytesPerOp, "%.0f", "n/a"), allocs)
 			}
 		}
-		redisLines = append(redisLines, line)
 	}
-	if len(redisLines) > 0 {
-		fmt.Fprintln(w, "\nRedis script calls (EVALSHA + EVAL, from INFO commandstats) during each measured period:")
-		for _, l := range redisLines {
-			fmt.Fprintln(w, l)
+	fmt.Fprintln(w)
+}
+
+func cellOr[T any](v *T, format, none string) string {
+	if v == nil {
+		return none
+	}
+	return fmt.Sprintf(format, *v)
+}
+
+func printLayout(w io.Writer, l layoutReport) {
+	fmt.Fprintf(w, "\n### Layout %s: %s\n\n", l.Name, l.Description)
+	if l.Verified != "" {
+		fmt.Fprintf(w, "Pinning %s.\n", l.Verified)
+	}
+	if t := l.Trivial; t != nil {
+		fmt.Fprintf(w, "Trivial-script baseline (same redis-server, same layout): `EVAL \"return 1\" 0` costs %.2f µs per call in INFO commandstats "+
+			"(%.2f µs of Redis CPU per call over the burst: %d calls pipelined %d deep). \"× trivial\" below is script µs/req ÷ %.2f.\n",
+			t.UsPerCall, t.CPUUsPerCal, t.Calls, t.Pipeline, t.UsPerCall)
+	} else if l.TrivialErr != "" {
+		fmt.Fprintf(w, "Trivial-script baseline: n/a (%s).\n", l.TrivialErr)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| site | ratio to bare | req/s | p50 | p99 | 2xx | 429 | errors | Caddy CPU µs/req (vs bare) | Redis calls/req | Redis CPU µs/req | Redis CPU µs/call | script µs/req | × trivial |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+	for _, s := range l.Sites {
+		ratio := "n/a"
+		if s.Ratio != nil {
+			ratio = fmt.Sprintf("**%.2f** (%.2f–%.2f)", s.Ratio.Median, s.Ratio.Min, s.Ratio.Max)
+		}
+		caddy := "n/a"
+		if s.CaddyCPUUsPerReq != nil {
+			caddy = fmt.Sprintf("%.1f", *s.CaddyCPUUsPerReq)
+			if s.BareCaddyCPUUsPerReq != nil {
+				caddy += fmt.Sprintf(" (%+.1f)", *s.CaddyCPUUsPerReq-*s.BareCaddyCPUUsPerReq)
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.2f ms | %.2f ms | %d | %d | %d | %s | %s | %s | %s | %s | %s |\n",
+			s.Site, ratio, s.ReqPerSec, s.P50Ms, s.P99Ms, s.S2xx, s.S429, s.Errors, caddy,
+			cell(s.RedisCallsPerReq, "%.3f"), cell(s.RedisCPUUsPerReq, "%.1f"), cell(s.RedisCPUUsPerCall, "%.1f"),
+			cell(s.ScriptUsPerReq, "%.2f"), cell(s.XTrivial, "%.1f×"))
+	}
+
+	var notes []string
+	for _, s := range l.Sites {
+		if f := s.Fill; f != nil {
+			state := "its keys held at their limit"
+			if !f.Reached {
+				state = "**not at its limit** (raise -fill-max): sets smaller than the limit"
+			}
+			notes = append(notes, fmt.Sprintf("- %s: filled for %.1fs (%d responses, %.0f%% 429 at the end): %s", s.Site, f.Seconds, f.Responses, 100*f.Share429, state))
+		}
+		if strings.HasPrefix(s.Site, "hot_") && s.RedisCallsPer429 != nil {
+			cache := "deny cache on"
+			if strings.HasSuffix(s.Site, "_nocache") {
+				cache = "deny cache off"
+			}
+			notes = append(notes, fmt.Sprintf("- %s: %d Redis script calls, **%.4f per denied request** (%d denied), %s", s.Site, *s.RedisCalls, *s.RedisCallsPer429, s.S429, cache))
+		}
+		if s.CaddyErrors > 0 {
+			notes = append(notes, fmt.Sprintf("- %s: Caddy logged %d error lines (its logging is rate limited), first: %s", s.Site, s.CaddyErrors, s.CaddyError))
+		}
+		if s.Errors > 0 && s.LastErr != "" {
+			notes = append(notes, fmt.Sprintf("- %s: %d errors, last transport error: %s", s.Site, s.Errors, s.LastErr))
+		}
+	}
+	if len(notes) > 0 {
+		fmt.Fprintln(w)
+		for _, n := range notes {
+			fmt.Fprintln(w, n)
 		}
 	}
 
-	if h := rep.HalfLoad; h != nil {
-		fmt.Fprintf(w, "\np99 added at half load: open loop at %.0f req/s (half of redis_log's max), %s, %d connections:\n",
-			h.TargetReqPerSec, h.Generator, rep.Config.Conns)
+	if h := l.HalfLoad; h != nil {
+		fmt.Fprintf(w, "\np99 added at half load: open loop at %.0f req/s (half of redis_log's median), %s:\n", h.TargetReqPerSec, h.Generator)
 		for _, s := range h.Sites {
 			fmt.Fprintf(w, "- %s: %.0f req/s, p50 %.2f ms, p99 %.2f ms (p99 from scheduled send: %.2f ms)", s.Site, s.ReqPerSec, s.P50Ms, s.P99Ms, s.SchedP99Ms)
 			if s.Non2xx+s.Errors > 0 {
@@ -232,23 +384,23 @@ func printReport(w io.Writer, rep *report) {
 			}
 		}
 	}
-	fmt.Fprintln(w)
 }
 
 func machineInfo(b *bench) machine {
 	m := machine{
-		NProc:     nproc(),
-		CPU:       cpuModel(),
-		Go:        goVersion(),
-		OSArch:    runtime.GOOS + "/" + runtime.GOARCH,
-		Date:      time.Now().Format("2006-01-02 15:04 MST"),
-		Generator: b.genDesc,
-		LoadAvg:   b.loadAvg,
+		NProc:      nproc(),
+		CPU:        cpuModel(),
+		Go:         goVersion(),
+		OSArch:     runtime.GOOS + "/" + runtime.GOARCH,
+		Date:       time.Now().Format("2006-01-02 15:04 MST"),
+		Generator:  b.genDesc,
+		LoadAvg:    b.loadAvg,
+		LayoutNote: b.layoutNote,
 	}
 	if k, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
 		m.Kernel = strings.TrimSpace(string(k))
 	}
-	if b.redis != nil {
+	if b.redisUsed {
 		m.Redis = redisVersion()
 	}
 	return m

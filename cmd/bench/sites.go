@@ -9,12 +9,33 @@ import (
 // checking and recording, never a denial.
 const manyKeysLimit = "1000000000"
 
+// manyKeysLogLimit is the many-key sliding_log sites' limit: the most
+// entries a log may hold per key (the engine rejects more). Spread over
+// -keys keys, no key comes near it, so every request is admitted too.
+const manyKeysLogLimit = "10000"
+
+// bareSite is the name of the site without a limiter: every other site is
+// measured in pairs with it.
+const bareSite = "none"
+
+// fillKeys is how many keys the at-limit sites (Fill) spread their traffic
+// over: few, so each key sees enough traffic to hold a set of its limit.
+const fillKeys = 10
+
 // site is one Caddy site of the benchmark.
 type site struct {
 	Name string
+	// Desc says what the site measures, for the report.
+	Desc string
 	// Hot sends every request with one X-Key (a key over its limit);
 	// otherwise each request picks a random key from the pool.
 	Hot bool
+	// Keys, when > 0, replaces -keys as the size of the key pool.
+	Keys int
+	// Fill drives the site until its keys are at their limit (most
+	// responses 429) before it is measured, so sliding_log's sets hold
+	// about limit entries each.
+	Fill bool
 	// Redis: the limiter uses the benchmark's redis-server.
 	Redis bool
 	// Limiter is the sliding_ratelimit block body, one subdirective a line,
@@ -26,27 +47,53 @@ type site struct {
 
 // allSites is every site, in the order they run and print.
 var allSites = []site{
-	{Name: "none"},
-	{Name: "memory_log", Limiter: manyKeys("bench_memory_log", "sliding_log", false)},
-	{Name: "redis_log", Redis: true, Limiter: manyKeys("bench_redis_log", "sliding_log", true)},
-	{Name: "redis_log_nopipe", Redis: true, Needs: "redis { pipeline off }",
+	{Name: bareSite, Desc: "Caddy without a limiter, paired with itself: the noise floor"},
+	{Name: "memory_log", Desc: "in-process sliding_log, many keys", Limiter: manyKeys("bench_memory_log", "sliding_log", false)},
+	{Name: "redis_log", Desc: "Redis sliding_log, many keys (sets of a few entries), pipelined",
+		Redis: true, Limiter: manyKeys("bench_redis_log", "sliding_log", true)},
+	{Name: "redis_log_nopipe", Desc: "as redis_log with `pipeline off`", Redis: true, Needs: "redis { pipeline off }",
 		Limiter: append(manyKeys("bench_redis_log_nopipe", "sliding_log", false), "redis %REDIS% {", "pipeline off", "}")},
-	{Name: "redis_counter", Redis: true, Limiter: manyKeys("bench_redis_counter", "sliding_counter", true),
-		Needs: "algorithm sliding_counter"},
-	{Name: "redis_token", Redis: true, Limiter: manyKeys("bench_redis_token", "token_bucket", true),
-		Needs: "algorithm token_bucket"},
-	{Name: "hot_denied", Hot: true, Redis: true, Limiter: hotKey("bench_hot_denied", false),
-		Needs: "the deny cache (on by default)"},
-	{Name: "hot_denied_nocache", Hot: true, Redis: true, Limiter: hotKey("bench_hot_denied_nocache", true),
-		Needs: "subdirective deny_cache off"},
+	{Name: "redis_log_100", Desc: "Redis sliding_log, limit 100: 10 keys held at their limit (sets of 100), deny cache off",
+		Redis: true, Keys: fillKeys, Fill: true, Limiter: atLimit("bench_redis_log_100", 100), Needs: "subdirective deny_cache off"},
+	{Name: "redis_log_10000", Desc: "Redis sliding_log, limit 10000: 10 keys held at their limit (sets of 10000), deny cache off",
+		Redis: true, Keys: fillKeys, Fill: true, Limiter: atLimit("bench_redis_log_10000", 10000), Needs: "subdirective deny_cache off"},
+	{Name: "redis_counter", Desc: "Redis sliding_counter, many keys", Redis: true,
+		Limiter: manyKeys("bench_redis_counter", "sliding_counter", true), Needs: "algorithm sliding_counter"},
+	{Name: "redis_fixed", Desc: "Redis fixed_window, many keys", Redis: true,
+		Limiter: manyKeys("bench_redis_fixed", "fixed_window", true), Needs: "algorithm fixed_window"},
+	{Name: "redis_token", Desc: "Redis token_bucket, many keys", Redis: true,
+		Limiter: manyKeys("bench_redis_token", "token_bucket", true), Needs: "algorithm token_bucket"},
+	{Name: "hot_denied", Desc: "one key over its limit, deny cache on", Hot: true, Redis: true,
+		Limiter: hotKey("bench_hot_denied", false), Needs: "the deny cache (on by default)"},
+	{Name: "hot_denied_nocache", Desc: "one key over its limit, `deny_cache off`", Hot: true, Redis: true,
+		Limiter: hotKey("bench_hot_denied_nocache", true), Needs: "subdirective deny_cache off"},
+}
+
+// atLimit is a Redis sliding_log whose few keys are kept at their limit
+// (see Fill), without the deny cache, so every request runs the script
+// against a set of about limit entries.
+func atLimit(name string, limit int) []string {
+	return []string{
+		"name " + name,
+		"algorithm sliding_log",
+		"key {http.request.header.X-Key}",
+		fmt.Sprintf("limit %d", limit),
+		"window 1m",
+		"redis %REDIS%",
+		"deny_cache off",
+	}
 }
 
 func manyKeys(name, algorithm string, onRedis bool) []string {
+	limit := manyKeysLimit
+	if algorithm == "sliding_log" {
+		limit = manyKeysLogLimit
+	}
 	l := []string{
 		"name " + name,
 		"algorithm " + algorithm,
 		"key {http.request.header.X-Key}",
-		"limit " + manyKeysLimit,
+		"limit " + limit,
 		"window 1m",
 	}
 	if onRedis {
@@ -72,6 +119,16 @@ func hotKey(name string, noCache bool) []string {
 
 // hotKeyFor is the one X-Key sent to a hot site.
 func hotKeyFor(s site) string { return "hot-" + s.Name }
+
+// siteByName returns the site of that name (the zero site if none).
+func siteByName(name string) site {
+	for _, s := range allSites {
+		if s.Name == name {
+			return s
+		}
+	}
+	return site{}
+}
 
 // siteNames lists the known site names.
 func siteNames() []string {

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,7 +69,8 @@ func wrkSeconds(d time.Duration) int {
 }
 
 // runWrk runs wrk once against url for d, with the script for spec.
-func runWrk(ctx context.Context, wrkPath, dir, url string, spec loadSpec, threads int, d time.Duration) (measurement, error) {
+// wrapper, if set, is the command wrk runs under (taskset -c N).
+func runWrk(ctx context.Context, wrapper []string, wrkPath, dir, url string, spec loadSpec, threads int, d time.Duration) (measurement, error) {
 	name := "wrk-keys.lua"
 	if spec.HotKey != "" {
 		name = "wrk-" + spec.HotKey + ".lua"
@@ -84,10 +86,14 @@ func runWrk(ctx context.Context, wrkPath, dir, url string, spec loadSpec, thread
 		"-t", strconv.Itoa(min(threads, spec.Conns)), "-c", strconv.Itoa(spec.Conns),
 		"-d", strconv.Itoa(secs) + "s", "--timeout", "5s", "--latency", "-s", script, url,
 	}
-	cmd := exec.CommandContext(ctx, wrkPath, args...)
+	argv := append(append(slices.Clone(wrapper), wrkPath), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.SysProcAttr = childAttr()
+	cmd.Cancel = func() error { return killGroup(cmd) }
+	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return measurement{}, fmt.Errorf("wrk %s: %v\n%s", strings.Join(args, " "), err, out)
+		return measurement{}, fmt.Errorf("%s: %v\n%s", strings.Join(argv, " "), err, out)
 	}
 	m, err := parseWrk(string(out))
 	if err != nil {
