@@ -3,12 +3,18 @@ package slidingratelimit
 import (
 	"crypto/sha1"
 	"encoding/hex"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -114,4 +120,92 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(caddyBuild.dir)
 	}
 	os.Exit(code)
+}
+
+// reqOutcome is one request through a handler, as seen by the client and by
+// later handlers (the placeholders).
+type reqOutcome struct {
+	code   int
+	source string // {http.sliding_ratelimit.source}
+	header http.Header
+	repl   *caddy.Replacer
+	took   time.Duration
+	err    error // ServeHTTP's error
+}
+
+// serveOutcome sends one request with the given headers through h (next answers
+// 200). Unlike serve it never calls t.Fatal, so goroutines may use it.
+func serveOutcome(h *Handler, hdr map[string]string) reqOutcome {
+	w, r, repl := newRequest(hdr)
+	start := time.Now()
+	err := h.ServeHTTP(w, r, nextOK)
+	o := reqOutcome{code: w.Code, header: w.Header(), repl: repl, took: time.Since(start), err: err}
+	o.source, _ = repl.GetString(phSource)
+	return o
+}
+
+// mustServe is serveOutcome for the test goroutine: a handler error fails the test.
+func mustServe(t *testing.T, h *Handler, hdr map[string]string) reqOutcome {
+	t.Helper()
+	o := serveOutcome(h, hdr)
+	if o.err != nil {
+		t.Fatalf("ServeHTTP: %v", o.err)
+	}
+	return o
+}
+
+// expectOutcome checks status and source of one outcome.
+func expectOutcome(t *testing.T, what string, o reqOutcome, code int, source string) {
+	t.Helper()
+	if o.code != code || o.source != source {
+		t.Fatalf("%s: status %d, source %q; want %d from %q", what, o.code, o.source, code, source)
+	}
+}
+
+// errorLogged returns the error field of the first logged line whose
+// message or error holds want, and whether there is one.
+func errorLogged(logs *observer.ObservedLogs, want string) (string, bool) {
+	for _, e := range logs.All() {
+		msg := fmt.Sprint(e.ContextMap()["error"])
+		if strings.Contains(msg, want) || strings.Contains(e.Message, want) {
+			return msg, true
+		}
+	}
+	return "", false
+}
+
+// renderLogs renders the observed log lines for a failure message.
+func renderLogs(logs *observer.ObservedLogs) string {
+	var b strings.Builder
+	for _, e := range logs.All() {
+		fmt.Fprintf(&b, "  %s %s %v\n", e.Level, e.Message, e.ContextMap())
+	}
+	return b.String()
+}
+
+// allAlgorithms lists every algorithm the engine knows, so the tests cover
+// the table however it grows.
+func allAlgorithms(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for a := limiter.Algorithm(0); ; a++ {
+		if _, err := limiter.ParseAlgorithm(a.String()); err != nil {
+			break
+		}
+		names = append(names, a.String())
+	}
+	if len(names) == 0 {
+		t.Fatal("no algorithm")
+	}
+	return names
+}
+
+// redisBreaker returns the circuit breaker around h's Redis store (shared by
+// every handler with the same Redis config).
+func redisBreaker(t *testing.T, h *Handler) *limiter.Breaker {
+	t.Helper()
+	if h.breaker == nil {
+		t.Fatal("handler has no circuit breaker")
+	}
+	return h.breaker
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
-// TestGlobalCeiling is issue 4's case: region limit 5, global 7, two
+// TestGlobalCeiling: region limit 5, global 7, two
 // regions. 5 admitted in us, 2 in gb, then gb is denied by the global
 // ceiling while us's count is unchanged; after the window both recover.
 func TestGlobalCeiling(t *testing.T) {

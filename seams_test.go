@@ -5,7 +5,6 @@ package slidingratelimit
 
 import (
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -18,68 +17,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
-
-// adminDelete resets key in region through the admin API, as an operator
-// would.
-func adminDelete(t *testing.T, name, key, region string) {
-	t.Helper()
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodDelete, "/sliding_ratelimit/"+name+"?key="+key+"&region="+region, nil)
-	if err := (&AdminAPI{}).serve(w, r); err != nil || w.Code != http.StatusOK {
-		t.Fatalf("DELETE: %v (status %d, %s)", err, w.Code, w.Body)
-	}
-}
-
-// adminGet asks the admin API what key's next request would get.
-func adminGet(t *testing.T, name, query string) (int, string) {
-	t.Helper()
-	w := httptest.NewRecorder()
-	r := httptest.NewRequest(http.MethodGet, "/sliding_ratelimit/"+name+"?"+query, nil)
-	if err := (&AdminAPI{}).serve(w, r); err != nil {
-		var ae caddy.APIError
-		if errorsAs(err, &ae) {
-			return ae.HTTPStatus, ae.Err.Error()
-		}
-		t.Fatal(err)
-	}
-	return w.Code, w.Body.String()
-}
-
-// TestResetClearsDenialsOfEveryRegion: the global ceiling denies K in gb,
-// and the denial is cached. An operator resets K in us, which clears K's
-// global ceiling: gb must get through at once, not after the cached
-// retry time.
-func TestResetClearsDenialsOfEveryRegion(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
-		Limit: "5", GlobalLimit: "7", Window: caddy.Duration(time.Minute),
-		Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(2 * time.Second)}}
-	provision(t, h, newTestClock())
-	us := map[string]string{"X-API-Key": "K", "X-Region": "us"}
-	gb := map[string]string{"X-API-Key": "K", "X-Region": "gb"}
-	for i := 0; i < 5; i++ {
-		serve(t, h, us)
-	}
-	for i := 0; i < 2; i++ {
-		serve(t, h, gb)
-	}
-	for i := 0; i < 3; i++ { // the global ceiling: denied, then from the cache
-		if w := serve(t, h, gb); w.Code != http.StatusTooManyRequests {
-			t.Fatalf("gb over the global ceiling: %d", w.Code)
-		}
-	}
-	adminDelete(t, h.Name, "K", "us")
-	if w := serve(t, h, gb); w.Code != http.StatusOK {
-		t.Fatalf("gb after K's reset: %d %s (a cached denial outlived the reset)", w.Code, w.Body)
-	}
-}
 
 // TestOneRequestCannotStallRedis: no request holds Redis long. A sliding
 // log request of cost 1,000,000 is one member, not a million; the worst a
@@ -143,96 +84,6 @@ func TestOneRequestCannotStallRedis(t *testing.T) {
 	// catches a script that writes a member per unit (seconds).
 	if worst > 25*time.Millisecond {
 		t.Errorf("one command held Redis for %s (%s)", worst, worstCmd)
-	}
-}
-
-// TestTokenBucketCapacity: the bucket's capacity is its burst everywhere:
-// the 413 check, the load check and the headers.
-func TestTokenBucketCapacity(t *testing.T) {
-	t.Parallel()
-	// Limit 10, burst 20: a cost of 15 fits a full bucket.
-	wide := &Handler{Name: uniqueName(), Algorithm: "token_bucket", Limit: "10", Burst: 20, Cost: "15", Window: caddy.Duration(10 * time.Second)}
-	provision(t, wide, newTestClock())
-	w := serve(t, wide, nil)
-	if w.Code != http.StatusOK {
-		t.Fatalf("cost 15 in a bucket of 20: %d %s", w.Code, w.Body)
-	}
-	if got := w.Header().Get("X-RateLimit-Limit"); got != "20" {
-		t.Errorf("X-RateLimit-Limit %q, want 20 (the capacity)", got)
-	}
-	if got := w.Header().Get("RateLimit-Policy"); got != `"`+wide.Name+`";q=20;w=20` {
-		t.Errorf("RateLimit-Policy %q, want q=20 (the capacity) and w=20 (the time to fill it)", got)
-	}
-	if got, want := w.Header().Get("RateLimit"), `"`+wide.Name+`";r=5;t=15`; got != want {
-		t.Errorf("RateLimit %q, want %q", got, want)
-	}
-	if got := w.Header().Get("X-RateLimit-Remaining"); got != "5" {
-		t.Errorf("X-RateLimit-Remaining %q, want 5", got)
-	}
-
-	// Limit 10, burst 2: a cost of 3 can never fit: 413, not a 429 with a
-	// retry time that never comes.
-	narrow := &Handler{Name: uniqueName(), Algorithm: "token_bucket", Limit: "10", Burst: 2, Cost: "{http.request.header.X-Cost}", Window: caddy.Duration(10 * time.Second)}
-	provision(t, narrow, newTestClock())
-	if w := serve(t, narrow, map[string]string{"X-Cost": "3"}); w.Code != http.StatusRequestEntityTooLarge {
-		t.Fatalf("cost 3 in a bucket of 2: %d, want 413", w.Code)
-	}
-	bad := &Handler{Algorithm: "token_bucket", Limit: "10", Burst: 2, Cost: "3", Window: caddy.Duration(10 * time.Second)}
-	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "burst 2") {
-		t.Errorf("static cost 3 over burst 2: Validate() = %v, want it refused naming the burst", err)
-	}
-}
-
-// TestDryRunNeverBlocksWhenRedisIsDown: a dry run with fail closed lets
-// the request through while Redis is down.
-func TestDryRunNeverBlocksWhenRedisIsDown(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	srv.Kill()
-	h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), DryRun: true, Fail: "closed",
-		Redis: &RedisConfig{Addresses: []string{srv.Addr()}}}
-	provision(t, h, nil)
-	w, r, repl := newRequest(nil)
-	if err := h.ServeHTTP(w, r, nextOK); err != nil || w.Code != http.StatusOK {
-		t.Fatalf("dry run, Redis down, fail closed: %d %v", w.Code, err)
-	}
-	if got, _ := repl.GetString(phDryRun); got != "true" {
-		t.Errorf("{%s} = %q, want true", phDryRun, got)
-	}
-}
-
-// TestCachedDenialSaysWhatItKnows: a denial served from the deny cache
-// does not repeat the global ceiling's usage as it was when it was cached.
-func TestCachedDenialSaysWhatItKnows(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
-		Limit: "2", GlobalLimit: "10", Window: caddy.Duration(time.Minute),
-		Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(2 * time.Second)}}
-	provision(t, h, newTestClock())
-	us := map[string]string{"X-API-Key": "K", "X-Region": "us"}
-	for i := 0; i < 2; i++ {
-		serve(t, h, us)
-	}
-	if w := serve(t, h, us); w.Code != http.StatusTooManyRequests {
-		t.Fatalf("us over its limit: %d", w.Code)
-	}
-	for _, reg := range []string{"gb", "de", "fr"} {
-		for i := 0; i < 2; i++ {
-			serve(t, h, map[string]string{"X-API-Key": "K", "X-Region": reg})
-		}
-	}
-	// The global ceiling now has 2 left; us is still denied, from the cache.
-	w := serve(t, h, us)
-	if w.Code != http.StatusTooManyRequests {
-		t.Fatalf("us: %d", w.Code)
-	}
-	rl := w.Header().Get("RateLimit")
-	if strings.Contains(rl, `-global";r=8`) {
-		t.Errorf("RateLimit %q repeats the global ceiling as it was when the denial was cached (r=8; it is 2 now)", rl)
-	}
-	if i := strings.Index(rl, `-global";r=`); i >= 0 && !strings.Contains(rl, `-global";r=2;`) {
-		t.Errorf("RateLimit %q: the global ceiling has 2 left", rl)
 	}
 }
 
@@ -322,35 +173,6 @@ func TestReloadKeepsBudgetsSane(t *testing.T) {
 	}
 }
 
-// TestAdminGetTellsTheTruth: a limiter whose limit comes from a placeholder
-// cannot guess a client's limit: the admin GET says which value it needs,
-// and with it answers what the client's next request would get.
-func TestAdminGetTellsTheTruth(t *testing.T) {
-	t.Parallel()
-	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: "{http.request.header.X-Tier}", Window: caddy.Duration(time.Minute)}
-	provision(t, h, newTestClock())
-	for i := 0; i < 3; i++ {
-		serve(t, h, map[string]string{"X-API-Key": "K", "X-Tier": "5"})
-	}
-	code, body := adminGet(t, h.Name, "key=K")
-	if code != http.StatusBadRequest || !strings.Contains(body, "limit ({http.request.header.X-Tier})") {
-		t.Fatalf("GET without the client's limit: %d %s, want 400 naming the placeholder", code, body)
-	}
-	code, body = adminGet(t, h.Name, "key=K&limit=5")
-	var u struct {
-		Allowed bool `json:"allowed"`
-		Windows []struct {
-			Count, Limit, Remaining int64
-		} `json:"windows"`
-	}
-	if err := json.Unmarshal([]byte(body), &u); err != nil || code != http.StatusOK || len(u.Windows) != 1 {
-		t.Fatalf("GET with limit=5: %d %s (%v)", code, body, err)
-	}
-	if w := u.Windows[0]; !u.Allowed || w.Count != 3 || w.Limit != 5 || w.Remaining != 2 {
-		t.Errorf("GET with limit=5: %+v, want allowed with 3 of 5 used, 2 left", u)
-	}
-}
-
 // TestValuesAtTheEdges: limits, costs and windows the scripts cannot
 // compute exactly (Lua's doubles hold 2^53) are refused at load, or, from a
 // placeholder, answered 500.
@@ -378,33 +200,6 @@ func TestValuesAtTheEdges(t *testing.T) {
 	}
 }
 
-// TestEachResponseOwnsItsHeaderValues: a later handler that rewrites a
-// header value in place (Caddy's `header` does) changes its own response,
-// never the next one's.
-func TestEachResponseOwnsItsHeaderValues(t *testing.T) {
-	t.Parallel()
-	h := &Handler{Name: uniqueName(), Limit: "1", Window: caddy.Duration(time.Minute)}
-	provision(t, h, newTestClock())
-	serve(t, h, nil)
-	first := serve(t, h, nil)
-	for k, vs := range first.Header() {
-		for i := range vs {
-			vs[i] = "rewritten " + k
-		}
-	}
-	second := serve(t, h, nil)
-	if second.Code != http.StatusTooManyRequests {
-		t.Fatalf("second denial: %d", second.Code)
-	}
-	for k, vs := range second.Header() {
-		for _, v := range vs {
-			if strings.HasPrefix(v, "rewritten") {
-				t.Errorf("%s of a later 429 is %q: it shares its value with an earlier response", k, v)
-			}
-		}
-	}
-}
-
 // TestGoRedisLogsLeftAlone: importing the plugin changes nothing for other
 // go-redis users in the same process: go-redis still logs a failed dial
 // through its own logger (to stderr). The test runs itself as a child
@@ -418,11 +213,15 @@ func TestGoRedisLogsLeftAlone(t *testing.T) {
 	t.Parallel()
 	// A socket nobody listens on: the dial fails, whatever else runs.
 	sock := filepath.Join(t.TempDir(), "nobody.sock")
-	cmd := exec.Command(os.Args[0], "-test.run", "^TestGoRedisLogsLeftAlone$")
+	self, err := os.Executable() // not os.Args[0]: Caddy's tests set it to "caddy"
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(self, "-test.run", "^TestGoRedisLogsLeftAlone$")
 	cmd.Env = append(os.Environ(), "SLIDING_RATELIMIT_CHILD_DIAL="+sock)
-	out, _ := cmd.CombinedOutput()
+	out, err := cmd.CombinedOutput()
 	if !strings.Contains(string(out), "failed to dial") {
-		t.Errorf("go-redis's own log line is gone: the plugin replaced go-redis's process-wide logger\n%s", out)
+		t.Errorf("go-redis's own log line is gone: the plugin replaced go-redis's process-wide logger (child: %v)\n%s", err, out)
 	}
 }
 
@@ -502,89 +301,3 @@ func TestLateChecksAreNeverCharged(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
-
-// TestCircuitGaugeAtScrape: two limiters share a Redis; both see it fail,
-// only one serves requests after it recovers. A scrape shows both circuits
-// closed, and every store error kind exists (at zero) from the start.
-func TestCircuitGaugeAtScrape(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	mk := func() *Handler {
-		h := &Handler{Name: uniqueName(), Limit: "100", Window: caddy.Duration(time.Minute),
-			Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(50 * time.Millisecond), PoolSize: 7}}
-		provision(t, h, nil)
-		return h
-	}
-	busy, idle := mk(), mk()
-	if errs := gather(t, "caddy_sliding_ratelimit_store_errors_total", idle.Name); len(errs) < 6 {
-		t.Errorf("store_errors_total of a new limiter: %v, want every kind at 0", errs)
-	}
-	srv.Kill()
-	for i := 0; i < 10; i++ {
-		serve(t, busy, nil)
-		serve(t, idle, nil)
-	}
-	if g := gather(t, "caddy_sliding_ratelimit_circuit_state", idle.Name); len(g) != 1 || g[0] != 1 {
-		t.Fatalf("circuit_state during the outage: %v, want open (1)", g)
-	}
-	srv.Restart()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		w, r, repl := newRequest(nil)
-		_ = busy.ServeHTTP(w, r, nextOK)
-		if src, _ := repl.GetString(phSource); src == "redis" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Redis did not come back")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if g := gather(t, "caddy_sliding_ratelimit_circuit_state", idle.Name); len(g) != 1 || g[0] != 0 {
-		t.Errorf("circuit_state of the idle limiter after Redis recovered: %v, want closed (0)", g)
-	}
-}
-
-// gather scrapes the plugin's metrics as Prometheus would and returns the
-// values of metric for one limiter.
-func gather(t *testing.T, metric, name string) []float64 {
-	t.Helper()
-	reg := prometheus.NewRegistry()
-	if err := registerMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []float64
-	for _, mf := range mfs {
-		if mf.GetName() != metric {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "limiter" && l.GetValue() == name {
-					switch {
-					case m.GetGauge() != nil:
-						out = append(out, m.GetGauge().GetValue())
-					case m.GetCounter() != nil:
-						out = append(out, m.GetCounter().GetValue())
-					}
-				}
-			}
-		}
-	}
-	return out
-}
-
-// statusOf is the HTTP status of a handler error (0 for none).
-func statusOf(err error) int {
-	var he caddyhttp.HandlerError
-	if errors.As(err, &he) {
-		return he.StatusCode
-	}
-	return 0
-}
-
-func errorsAs(err error, target any) bool { return errors.As(err, target) }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -28,22 +27,10 @@ func (c *countingStore) Do(ctx context.Context, op *limiter.Op) (limiter.Reply, 
 	return c.Store.Do(ctx, op)
 }
 
-// scriptCalls sums EVALSHA and EVAL calls from INFO commandstats.
+// scriptCalls is the EVALSHA and EVAL calls srv has run.
 func scriptCalls(t *testing.T, srv *redistest.Server) int64 {
 	t.Helper()
-	var n int64
-	for _, line := range strings.Split(srv.CLI(t, "INFO", "commandstats"), "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		for _, f := range strings.Split(strings.SplitN(line, ":", 2)[1], ",") {
-			if v, ok := strings.CutPrefix(strings.TrimSpace(f), "calls="); ok {
-				c, _ := strconv.ParseInt(v, 10, 64)
-				n += c
-			}
-		}
-	}
-	return n
+	return srv.CommandStats(t).Scripts().Calls
 }
 
 // TestDenyCacheNeverDeniesWhatTheStoreWouldAdmit runs one random sequence

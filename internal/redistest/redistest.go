@@ -213,3 +213,20 @@ func containsAll(s string, subs []string) bool {
 	}
 	return true
 }
+
+// CommandStats reads the server's INFO commandstats (through redis-cli).
+func (s *Server) CommandStats(t testing.TB) CommandStats {
+	t.Helper()
+	return ParseCommandStats(s.CLI(t, "INFO", "commandstats"))
+}
+
+// InfoInt reads an integer field of an INFO section.
+func (s *Server) InfoInt(t testing.TB, section, field string) int64 {
+	t.Helper()
+	info := s.CLI(t, "INFO", section)
+	n, err := InfoInt(ParseInfo(info), field)
+	if err != nil {
+		t.Fatalf("redistest: INFO %s: %v\n%s", section, err, info)
+	}
+	return n
+}

@@ -1,10 +1,10 @@
 package slidingratelimit
 
+// Metrics, as Prometheus scrapes them from Caddy's admin endpoint.
+
 import (
 	"bufio"
-	"encoding/json"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,7 +13,10 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
 const opsGlobal = `{
@@ -85,7 +88,11 @@ func get(t *testing.T, tester *caddytest.Tester, url string, hdr map[string]stri
 func TestMetricsScrape(t *testing.T) {
 	mem, dead := uniqueName(), uniqueName()
 	// A port nobody listens on: connection refused at once.
-	deadAddr := freeAddr(t)
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := "127.0.0.1:" + strconv.Itoa(port)
 	config := func(limit int) string {
 		return opsGlobal + `
 http://localhost:9080 {
@@ -146,18 +153,6 @@ http://localhost:9080 {
 	check(mem, "denied", 3)
 }
 
-// freeAddr returns a loopback address nobody listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 func TestNearLimit(t *testing.T) {
 	t.Parallel()
 	h := &Handler{Name: uniqueName(), Limit: "10", WarnAt: 0.8, Window: caddy.Duration(time.Minute)}
@@ -185,135 +180,77 @@ func TestNearLimit(t *testing.T) {
 	}
 }
 
-func TestDryRun(t *testing.T) {
+// TestCircuitGaugeAtScrape: two limiters share a Redis; both see it fail,
+// only one serves requests after it recovers. A scrape shows both circuits
+// closed, and every store error kind exists (at zero) from the start.
+func TestCircuitGaugeAtScrape(t *testing.T) {
 	t.Parallel()
-	h := &Handler{Name: uniqueName(), Limit: "5", DryRun: true, Window: caddy.Duration(time.Minute)}
-	logs := provision(t, h, newTestClock())
-	for i := 0; i < 20; i++ {
-		w := serve(t, h, nil)
-		if w.Code != http.StatusOK {
-			t.Fatalf("dry run request %d: status %d", i+1, w.Code)
+	srv := redistest.Start(t)
+	mk := func() *Handler {
+		h := &Handler{Name: uniqueName(), Limit: "100", Window: caddy.Duration(time.Minute),
+			Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(50 * time.Millisecond), PoolSize: 7}}
+		provision(t, h, nil)
+		return h
+	}
+	busy, idle := mk(), mk()
+	if errs := gather(t, "caddy_sliding_ratelimit_store_errors_total", idle.Name); len(errs) < 6 {
+		t.Errorf("store_errors_total of a new limiter: %v, want every kind at 0", errs)
+	}
+	srv.Kill()
+	for i := 0; i < 10; i++ {
+		serve(t, busy, nil)
+		serve(t, idle, nil)
+	}
+	if g := gather(t, "caddy_sliding_ratelimit_circuit_state", idle.Name); len(g) != 1 || g[0] != 1 {
+		t.Fatalf("circuit_state during the outage: %v, want open (1)", g)
+	}
+	srv.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		w, r, repl := newRequest(nil)
+		_ = busy.ServeHTTP(w, r, nextOK)
+		if src, _ := repl.GetString(phSource); src == "redis" {
+			break
 		}
-		if w.Header().Get("Retry-After") != "" || w.Header().Get("RateLimit") != "" {
-			t.Fatalf("dry run sent rate limit headers: %v", w.Header())
+		if time.Now().After(deadline) {
+			t.Fatal("Redis did not come back")
 		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	if got := testutil.ToFloat64(metrics.requests.WithLabelValues(h.Name, resultDryRunDenied)); got != 15 {
-		t.Errorf("dry-run denials %v, want 15", got)
-	}
-	if got := testutil.ToFloat64(metrics.requests.WithLabelValues(h.Name, resultAllowed)); got != 5 {
-		t.Errorf("allowed %v, want 5", got)
-	}
-	if n := h.usage(t, "", ""); n != 5 {
-		t.Errorf("store count %d, want 5: would-be denials must not be recorded", n)
-	}
-	if len(logs.FilterMessage("dry run: request would have been rate limited").All()) != 1 {
-		t.Error("want one (rate-limited) dry-run log line")
+	if g := gather(t, "caddy_sliding_ratelimit_circuit_state", idle.Name); len(g) != 1 || g[0] != 0 {
+		t.Errorf("circuit_state of the idle limiter after Redis recovered: %v, want closed (0)", g)
 	}
 }
 
-// TestAdminAPI: GET shows count 5 after 5 requests; DELETE resets; the next
-// 5 are admitted.
-func TestAdminAPI(t *testing.T) {
-	name := uniqueName()
-	tester := caddytest.NewTester(t)
-	tester.InitServer(opsGlobal+`
-http://localhost:9080 {
-	sliding_ratelimit {
-		name   `+name+`
-		key    {http.request.header.X-API-Key}
-		region {http.request.header.X-Region}
-		limit  5
-		window 1m
-	}
-	respond "ok"
-}
-`, "caddyfile")
-	hdr := map[string]string{"X-API-Key": "cust-42", "X-Region": "us"}
-	admitted := func(n int) int {
-		ok := 0
-		for i := 0; i < n; i++ {
-			if get(t, tester, "http://localhost:9080/", hdr).StatusCode == http.StatusOK {
-				ok++
-			}
-		}
-		return ok
-	}
-	if got := admitted(6); got != 5 {
-		t.Fatalf("%d admitted of 6, want 5", got)
-	}
-	url := "http://localhost:2999/sliding_ratelimit/" + name + "?key=cust-42&region=us"
-	var u usageInfo
-	resp := get(t, tester, url, nil)
-	if err := json.NewDecoder(resp.Body).Decode(&u); err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: %d %v", url, resp.StatusCode, err)
-	}
-	if w := u.Windows[0]; w.Count != 5 || w.Remaining != 0 || w.Limit != 5 || u.RetryAfter < 1 || u.Allowed {
-		t.Fatalf("usage %+v, want count 5, remaining 0, a retry time", u)
-	}
-	// GET consumed nothing.
-	resp = get(t, tester, url, nil)
-	json.NewDecoder(resp.Body).Decode(&u)
-	if u.Windows[0].Count != 5 {
-		t.Fatalf("second GET: count %d", u.Windows[0].Count)
-	}
-
-	req, _ := http.NewRequest(http.MethodDelete, url, nil)
-	req.Header.Set("Origin", "http://localhost:2999")
-	dresp, err := tester.Client.Do(req)
-	if err != nil || dresp.StatusCode != http.StatusOK {
-		t.Fatalf("DELETE: %v %v", dresp.Status, err)
-	}
-	dresp.Body.Close()
-	if got := admitted(6); got != 5 {
-		t.Fatalf("after reset: %d admitted of 6, want 5", got)
-	}
-
-	resp = get(t, tester, "http://localhost:2999/sliding_ratelimit/", nil)
-	var list []limiterInfo
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+// gather scrapes the plugin's metrics as Prometheus would and returns the
+// values of metric for one limiter.
+func gather(t *testing.T, metric, name string) []float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := registerMetrics(reg); err != nil {
 		t.Fatal(err)
 	}
-	found := false
-	for _, l := range list {
-		found = found || (l.Name == name && len(l.Windows) == 1 && l.Windows[0].Limit == "5" && l.Store == "memory")
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !found {
-		t.Errorf("limiter list %+v does not show %s", list, name)
+	var out []float64
+	for _, mf := range mfs {
+		if mf.GetName() != metric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "limiter" && l.GetValue() == name {
+					switch {
+					case m.GetGauge() != nil:
+						out = append(out, m.GetGauge().GetValue())
+					case m.GetCounter() != nil:
+						out = append(out, m.GetCounter().GetValue())
+					}
+				}
+			}
+		}
 	}
-	if resp := get(t, tester, "http://localhost:2999/sliding_ratelimit/nope?key=x", nil); resp.StatusCode != http.StatusNotFound {
-		t.Errorf("unknown limiter: status %d, want 404", resp.StatusCode)
-	}
-}
-
-// TestOnLimitError: with on_limit error, handle_errors renders the denial:
-// its own body, status 429, and Retry-After still set.
-func TestOnLimitError(t *testing.T) {
-	tester := caddytest.NewTester(t)
-	tester.InitServer(opsGlobal+`
-http://localhost:9080 {
-	sliding_ratelimit {
-		name     `+uniqueName()+`
-		limit    1
-		window   1m
-		on_limit error
-	}
-	respond "ok"
-	handle_errors 429 {
-		respond "slow down, retry in {http.sliding_ratelimit.retry_after}s" 429
-	}
-}
-`, "caddyfile")
-	get(t, tester, "http://localhost:9080/", nil)
-	resp := get(t, tester, "http://localhost:9080/", nil)
-	body, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("status %d, want 429", resp.StatusCode)
-	}
-	if string(body) != "slow down, retry in 60s" {
-		t.Errorf("body %q, want the handle_errors page", body)
-	}
-	if resp.Header.Get("Retry-After") != "60" {
-		t.Errorf("Retry-After %q, want 60", resp.Header.Get("Retry-After"))
-	}
+	return out
 }

@@ -1,0 +1,149 @@
+package slidingratelimit
+
+// ACL: a limiter works as a Redis user limited to its keys, channels and
+// commands.
+
+import (
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
+)
+
+// redisCallRE matches a command name in redis.call("NAME", ...).
+var redisCallRE = regexp.MustCompile(`redis\.p?call\(\s*["']([A-Za-z]+)["']`)
+
+// limiterACLCommands is the least a limiter's ACL user needs: the script
+// commands, PING, DEL (the admin API's reset), PUBLISH and SUBSCRIBE (reset
+// notices between nodes), and every command the scripts call, read from the
+// scripts themselves (Redis checks a script's calls against the caller's
+// ACL too, so EVALSHA/EVAL/SCRIPT alone cannot work).
+func limiterACLCommands(t *testing.T) []string {
+	t.Helper()
+	cmds := []string{"+evalsha", "+eval", "+script|load", "+ping", "+del", "+publish", "+subscribe"}
+	seen := map[string]bool{}
+	for _, src := range lua.Files {
+		for _, m := range redisCallRE.FindAllStringSubmatch(src, -1) {
+			if c := strings.ToLower(m[1]); !seen[c] {
+				seen[c] = true
+				cmds = append(cmds, "+"+c)
+			}
+		}
+	}
+	if len(seen) == 0 {
+		t.Fatal("found no redis.call in the scripts")
+	}
+	return cmds
+}
+
+// createLimiterACLUser creates the ACL user "limiter" with password "s3cret", limited
+// to keys under the default key prefix and to limiterACLCommands.
+func createLimiterACLUser(t *testing.T, srv *redistest.Server) {
+	t.Helper()
+	cmds := limiterACLCommands(t)
+	args := append([]string{"ACL", "SETUSER", "limiter", "reset", "on", ">s3cret", "~" + limiter.DefaultKeyPrefix + "*",
+		"resetchannels", "&" + limiter.DefaultKeyPrefix + "*", "-@all"}, cmds...)
+	if got := srv.CLI(t, args...); got != "OK" {
+		t.Fatalf("ACL SETUSER: %s", got)
+	}
+	t.Logf("ACL user: ~%s* -@all %s", limiter.DefaultKeyPrefix, strings.Join(cmds, " "))
+}
+
+// TestACL: an ACL user restricted to the default key prefix and to the
+// commands above works end to end with every algorithm (clock redis, so
+// TIME too); the restriction is real (another prefix gets NOPERM); a wrong
+// password is a clear WRONGPASS error in the log, with the fail mode.
+func TestACL(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	createLimiterACLUser(t, srv)
+	user := func(password string) *RedisConfig {
+		return &RedisConfig{Addresses: []string{srv.Addr()}, Username: "limiter", Password: password, Timeout: caddy.Duration(5 * time.Second)}
+	}
+
+	for _, alg := range allAlgorithms(t) {
+		t.Run(alg, func(t *testing.T) {
+			t.Parallel()
+			h := &Handler{Name: uniqueName(), Algorithm: alg, Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: user("s3cret")}
+			logs := provision(t, h, nil) // clock redis: the scripts call TIME
+			for i := range 3 {
+				o := mustServe(t, h, nil)
+				if o.code != http.StatusOK || o.source != "redis" {
+					t.Fatalf("request %d: status %d source %q, want 200 from redis\n%s", i+1, o.code, o.source, renderLogs(logs))
+				}
+			}
+			expectOutcome(t, "4th", mustServe(t, h, nil), http.StatusTooManyRequests, "redis")
+		})
+	}
+	t.Run("wrong password", func(t *testing.T) {
+		t.Parallel()
+		for _, mode := range []string{"closed", "open"} {
+			h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), Fail: mode, Redis: user("wrong")}
+			logs := provision(t, h, nil)
+			o := mustServe(t, h, nil)
+			if mode == "closed" {
+				expectOutcome(t, "fail closed", o, http.StatusServiceUnavailable, "fail_closed")
+			} else {
+				expectOutcome(t, "fail open", o, http.StatusOK, "fail_open")
+			}
+			if msg, ok := errorLogged(logs, "WRONGPASS"); !ok {
+				t.Errorf("fail %s: no logged error names WRONGPASS:\n%s", mode, renderLogs(logs))
+			} else {
+				t.Logf("fail %s, logged: %s", mode, msg)
+			}
+		}
+	})
+	t.Run("outside the key pattern", func(t *testing.T) {
+		t.Parallel()
+		r := user("s3cret")
+		r.KeyPrefix = "elsewhere:"
+		h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: r}
+		logs := provision(t, h, nil)
+		expectOutcome(t, "request", mustServe(t, h, nil), http.StatusServiceUnavailable, "fail_closed")
+		if msg, ok := errorLogged(logs, "NOPERM"); !ok {
+			t.Errorf("no logged error names NOPERM:\n%s", renderLogs(logs))
+		} else {
+			t.Logf("logged: %s", msg)
+		}
+	})
+}
+
+// TestACLDeniedLimiterDoesNotTripOthers: two limiters share one Redis
+// config (the pool key leaves out key_prefix, so they share a client and
+// its circuit breaker); one has a key_prefix the ACL user may not write.
+// Its NOPERM answers are configuration errors from a Redis that is up, not
+// an outage: they must not open the circuit for the other limiter.
+func TestACLDeniedLimiterDoesNotTripOthers(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	createLimiterACLUser(t, srv)
+	cfg := func(prefix string) *RedisConfig {
+		return &RedisConfig{Addresses: []string{srv.Addr()}, Username: "limiter", Password: "s3cret", KeyPrefix: prefix,
+			Timeout: caddy.Duration(5 * time.Second)}
+	}
+	good := &Handler{Name: uniqueName(), Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: cfg("")}
+	bad := &Handler{Name: uniqueName(), Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: cfg("elsewhere:")}
+	provision(t, good, nil)
+	provision(t, bad, nil)
+	if redisBreaker(t, good) != redisBreaker(t, bad) {
+		t.Fatal("the two limiters do not share a Redis store; the test needs them to")
+	}
+	expectOutcome(t, "good limiter", mustServe(t, good, nil), http.StatusOK, "redis")
+	for range 20 {
+		expectOutcome(t, "denied limiter", mustServe(t, bad, nil), http.StatusServiceUnavailable, "fail_closed")
+	}
+	for i := range 5 {
+		o := mustServe(t, good, nil)
+		if o.code != http.StatusOK || o.source != "redis" {
+			t.Fatalf("good limiter, request %d after the other's NOPERM errors: status %d source %q (circuit %s); "+
+				"a Redis error reply opened the shared circuit breaker", i+1, o.code, o.source, redisBreaker(t, good).State())
+		}
+	}
+}

@@ -1,0 +1,193 @@
+package slidingratelimit
+
+// What a client sees: headers, bodies, dry runs, handle_errors.
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddytest"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+)
+
+func TestDryRun(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Name: uniqueName(), Limit: "5", DryRun: true, Window: caddy.Duration(time.Minute)}
+	logs := provision(t, h, newTestClock())
+	for i := 0; i < 20; i++ {
+		w := serve(t, h, nil)
+		if w.Code != http.StatusOK {
+			t.Fatalf("dry run request %d: status %d", i+1, w.Code)
+		}
+		if w.Header().Get("Retry-After") != "" || w.Header().Get("RateLimit") != "" {
+			t.Fatalf("dry run sent rate limit headers: %v", w.Header())
+		}
+	}
+	if got := testutil.ToFloat64(metrics.requests.WithLabelValues(h.Name, resultDryRunDenied)); got != 15 {
+		t.Errorf("dry-run denials %v, want 15", got)
+	}
+	if got := testutil.ToFloat64(metrics.requests.WithLabelValues(h.Name, resultAllowed)); got != 5 {
+		t.Errorf("allowed %v, want 5", got)
+	}
+	if n := h.usage(t, "", ""); n != 5 {
+		t.Errorf("store count %d, want 5: would-be denials must not be recorded", n)
+	}
+	if len(logs.FilterMessage("dry run: request would have been rate limited").All()) != 1 {
+		t.Error("want one (rate-limited) dry-run log line")
+	}
+}
+
+// TestDryRunNeverBlocksWhenRedisIsDown: a dry run with fail closed lets
+// the request through while Redis is down.
+func TestDryRunNeverBlocksWhenRedisIsDown(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	srv.Kill()
+	h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), DryRun: true, Fail: "closed",
+		Redis: &RedisConfig{Addresses: []string{srv.Addr()}}}
+	provision(t, h, nil)
+	w, r, repl := newRequest(nil)
+	if err := h.ServeHTTP(w, r, nextOK); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("dry run, Redis down, fail closed: %d %v", w.Code, err)
+	}
+	if got, _ := repl.GetString(phDryRun); got != "true" {
+		t.Errorf("{%s} = %q, want true", phDryRun, got)
+	}
+}
+
+// TestOnLimitError: with on_limit error, handle_errors renders the denial:
+// its own body, status 429, and Retry-After still set.
+func TestOnLimitError(t *testing.T) {
+	tester := caddytest.NewTester(t)
+	tester.InitServer(opsGlobal+`
+http://localhost:9080 {
+	sliding_ratelimit {
+		name     `+uniqueName()+`
+		limit    1
+		window   1m
+		on_limit error
+	}
+	respond "ok"
+	handle_errors 429 {
+		respond "slow down, retry in {http.sliding_ratelimit.retry_after}s" 429
+	}
+}
+`, "caddyfile")
+	get(t, tester, "http://localhost:9080/", nil)
+	resp := get(t, tester, "http://localhost:9080/", nil)
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("status %d, want 429", resp.StatusCode)
+	}
+	if string(body) != "slow down, retry in 60s" {
+		t.Errorf("body %q, want the handle_errors page", body)
+	}
+	if resp.Header.Get("Retry-After") != "60" {
+		t.Errorf("Retry-After %q, want 60", resp.Header.Get("Retry-After"))
+	}
+}
+
+// TestEachResponseOwnsItsHeaderValues: a later handler that rewrites a
+// header value in place (Caddy's `header` does) changes its own response,
+// never the next one's.
+func TestEachResponseOwnsItsHeaderValues(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Name: uniqueName(), Limit: "1", Window: caddy.Duration(time.Minute)}
+	provision(t, h, newTestClock())
+	serve(t, h, nil)
+	first := serve(t, h, nil)
+	for k, vs := range first.Header() {
+		for i := range vs {
+			vs[i] = "rewritten " + k
+		}
+	}
+	second := serve(t, h, nil)
+	if second.Code != http.StatusTooManyRequests {
+		t.Fatalf("second denial: %d", second.Code)
+	}
+	for k, vs := range second.Header() {
+		for _, v := range vs {
+			if strings.HasPrefix(v, "rewritten") {
+				t.Errorf("%s of a later 429 is %q: it shares its value with an earlier response", k, v)
+			}
+		}
+	}
+}
+
+// TestCachedDenialSaysWhatItKnows: a denial served from the deny cache
+// does not repeat the global ceiling's usage as it was when it was cached.
+func TestCachedDenialSaysWhatItKnows(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
+		Limit: "2", GlobalLimit: "10", Window: caddy.Duration(time.Minute),
+		Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(2 * time.Second)}}
+	provision(t, h, newTestClock())
+	us := map[string]string{"X-API-Key": "K", "X-Region": "us"}
+	for i := 0; i < 2; i++ {
+		serve(t, h, us)
+	}
+	if w := serve(t, h, us); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("us over its limit: %d", w.Code)
+	}
+	for _, reg := range []string{"gb", "de", "fr"} {
+		for i := 0; i < 2; i++ {
+			serve(t, h, map[string]string{"X-API-Key": "K", "X-Region": reg})
+		}
+	}
+	// The global ceiling now has 2 left; us is still denied, from the cache.
+	w := serve(t, h, us)
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("us: %d", w.Code)
+	}
+	rl := w.Header().Get("RateLimit")
+	if strings.Contains(rl, `-global";r=8`) {
+		t.Errorf("RateLimit %q repeats the global ceiling as it was when the denial was cached (r=8; it is 2 now)", rl)
+	}
+	if i := strings.Index(rl, `-global";r=`); i >= 0 && !strings.Contains(rl, `-global";r=2;`) {
+		t.Errorf("RateLimit %q: the global ceiling has 2 left", rl)
+	}
+}
+
+// TestTokenBucketCapacity: the bucket's capacity is its burst everywhere:
+// the 413 check, the load check and the headers.
+func TestTokenBucketCapacity(t *testing.T) {
+	t.Parallel()
+	// Limit 10, burst 20: a cost of 15 fits a full bucket.
+	wide := &Handler{Name: uniqueName(), Algorithm: "token_bucket", Limit: "10", Burst: 20, Cost: "15", Window: caddy.Duration(10 * time.Second)}
+	provision(t, wide, newTestClock())
+	w := serve(t, wide, nil)
+	if w.Code != http.StatusOK {
+		t.Fatalf("cost 15 in a bucket of 20: %d %s", w.Code, w.Body)
+	}
+	if got := w.Header().Get("X-RateLimit-Limit"); got != "20" {
+		t.Errorf("X-RateLimit-Limit %q, want 20 (the capacity)", got)
+	}
+	if got := w.Header().Get("RateLimit-Policy"); got != `"`+wide.Name+`";q=20;w=20` {
+		t.Errorf("RateLimit-Policy %q, want q=20 (the capacity) and w=20 (the time to fill it)", got)
+	}
+	if got, want := w.Header().Get("RateLimit"), `"`+wide.Name+`";r=5;t=15`; got != want {
+		t.Errorf("RateLimit %q, want %q", got, want)
+	}
+	if got := w.Header().Get("X-RateLimit-Remaining"); got != "5" {
+		t.Errorf("X-RateLimit-Remaining %q, want 5", got)
+	}
+
+	// Limit 10, burst 2: a cost of 3 can never fit: 413, not a 429 with a
+	// retry time that never comes.
+	narrow := &Handler{Name: uniqueName(), Algorithm: "token_bucket", Limit: "10", Burst: 2, Cost: "{http.request.header.X-Cost}", Window: caddy.Duration(10 * time.Second)}
+	provision(t, narrow, newTestClock())
+	if w := serve(t, narrow, map[string]string{"X-Cost": "3"}); w.Code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("cost 3 in a bucket of 2: %d, want 413", w.Code)
+	}
+	bad := &Handler{Algorithm: "token_bucket", Limit: "10", Burst: 2, Cost: "3", Window: caddy.Duration(10 * time.Second)}
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "burst 2") {
+		t.Errorf("static cost 3 over burst 2: Validate() = %v, want it refused naming the burst", err)
+	}
+}
