@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -136,39 +137,71 @@ var caddyBuild struct {
 // a message naming the problem.
 func TestBadCaddyfiles(t *testing.T) {
 	t.Parallel()
+	// The line marked @ is the one the error must point at; without one,
+	// the sliding_ratelimit line (line 2: something is missing).
 	cases := []struct {
 		name, body, want string
 	}{
-		{"unknown subdirective", "limit 5\nwindow 1m\nburstiness 3", "unrecognized sliding_ratelimit subdirective 'burstiness'"},
-		{"limit 0", "limit 0\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got '0'"},
-		{"negative limit", "limit -3\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got '-3'"},
-		{"limit not a number", "limit lots\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got 'lots'"},
-		{"limit above 2^50", "limit 9007199254740993\nwindow 1m", "limit must be a positive integer (at most 2^50)"},
+		{"unknown subdirective", "limit 5\nwindow 1m\n@burstiness 3", "unrecognized sliding_ratelimit subdirective 'burstiness'"},
+		{"limit 0", "@limit 0\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got '0'"},
+		{"negative limit", "@limit -3\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got '-3'"},
+		{"limit not a number", "@limit lots\nwindow 1m", "limit must be a positive integer (at most 2^50) or a placeholder, got 'lots'"},
+		{"limit above 2^50", "@limit 9007199254740993\nwindow 1m", "limit must be a positive integer (at most 2^50)"},
 		{"missing limit", "window 1m", "limit is required"},
-		{"missing window", "limit 5", "limit 5 has no window: set window, or give it one (limit 5 1m)"},
-		{"bad duration", "limit 5\nwindow soon", "window: bad duration 'soon'"},
-		{"window below 1ms", "limit 5\nwindow 100us", "window must be at least 1ms, got 100µs"},
-		{"unknown fail mode", "limit 5\nwindow 1m\nfail sideways", "fail must be open, closed or local, got 'sideways'"},
-		{"unknown clock", "limit 5\nwindow 1m\nclock ntp", "clock must be redis or app, got 'ntp'"},
-		{"unknown headers", "limit 5\nwindow 1m\nheaders some", "headers must be both, ietf, legacy or off, got 'some'"},
-		{"unknown algorithm", "limit 5\nwindow 1m\nalgorithm leaky_bucket", "unknown algorithm 'leaky_bucket'"},
-		{"bad name", "name a:b\nlimit 5\nwindow 1m", "limiter name \"a:b\" may hold only"},
-		{"bad redis URL", "limit 5\nwindow 1m\nredis http://localhost:6379", "redis: bad URL 'http://localhost:6379'"},
-		{"redis URL and address", "limit 5\nwindow 1m\nredis redis://localhost:6379 {\naddress localhost:6380\n}", "either a URL or addresses"},
-		{"redis without address", "limit 5\nwindow 1m\nredis {\ntimeout 1s\n}", "redis: needs a URL or an address"},
-		{"redis bad timeout", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntimeout forever\n}", "redis timeout: bad duration 'forever'"},
-		{"redis bad db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ndb x\n}", "redis db must be a non-negative integer, got 'x'"},
-		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nreplicas 2\n}", "unrecognized sliding_ratelimit redis subdirective 'replicas'"},
-		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\nkey_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
-		{"redis bad pipeline", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\npipeline 0\n}", "redis pipeline must be off or 1 to 64, got '0'"},
-		{"limit with a bad window", "limit 5 6\nwindow 1m", "limit: bad window '6'"},
-		{"limit with three values", "limit 5 1m 6", "limit takes a limit and an optional window"},
-		{"key without value", "key\nlimit 5\nwindow 1m", "key needs a value"},
+		{"missing window", "name x\n@limit 5", "limit 5 has no window: set window, or give it one (limit 5 1m)"},
+		{"bad duration", "limit 5\n@window soon", "window: bad duration 'soon'"},
+		{"window below 1ms", "limit 5\n@window 100us", "window must be at least 1ms, got 100µs"},
+		{"unknown fail mode", "limit 5\nwindow 1m\n@fail sideways", "fail must be open, closed or local, got 'sideways'"},
+		{"unknown clock", "limit 5\nwindow 1m\n@clock ntp", "clock must be redis or app, got 'ntp'"},
+		{"unknown headers", "limit 5\nwindow 1m\n@headers some", "headers must be both, ietf, legacy or off, got 'some'"},
+		{"unknown algorithm", "limit 5\nwindow 1m\n@algorithm leaky_bucket", "unknown algorithm 'leaky_bucket'"},
+		{"bad name", "@name a:b\nlimit 5\nwindow 1m", "limiter name \"a:b\" may hold only"},
+		{"bad redis URL", "limit 5\nwindow 1m\n@redis http://localhost:6379", "redis: bad URL 'http://localhost:6379'"},
+		{"redis URL without a scheme", "limit 5\nwindow 1m\n@redis localhost:6379", "it needs a scheme: write redis://localhost:6379 (or rediss:// for TLS)"},
+		{"redis URL and address", "limit 5\nwindow 1m\nredis redis://localhost:6379 {\n@address localhost:6380\n}", "either a URL or addresses"},
+		{"redis without address", "limit 5\nwindow 1m\n@redis {\ntimeout 1s\n}", "redis: needs a URL or an address"},
+		{"redis bad timeout", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@timeout forever\n}", "redis timeout: bad duration 'forever'"},
+		{"redis bad db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@db x\n}", "redis db must be a non-negative integer, got 'x'"},
+		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@replicas 2\n}", "unrecognized sliding_ratelimit redis subdirective 'replicas'"},
+		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@key_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
+		{"redis bad pipeline", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@pipeline 0\n}", "redis pipeline must be off or 1 to 64, got '0'"},
+		{"redis option twice", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntimeout 1s\n@timeout 2s\n}", "redis timeout given twice"},
+		{"limit with a bad window", "@limit 5 6\nwindow 1m", "limit: bad window '6'"},
+		{"limit with three values", "@limit 5 1m 6", "limit takes a limit and an optional window"},
+		{"key without value", "@key\nlimit 5\nwindow 1m", "key needs a value"},
+		{"key given twice", "key {client_ip}\n@key {http.request.header.X-Key}\nlimit 5\nwindow 1m", "key given twice"},
+		{"limit without window twice", "limit 5\n@limit 6\nwindow 1m", "limit 6 given twice without a window"},
+		{"one window twice", "limit 5 1m\n@limit 6 1m", "two limit lines with the window 1m"},
+		{"cost above the limit", "limit 5\nwindow 1m\n@cost 6", "cost 6 is above limit 5"},
+		{"sliding_log above its entries", "@limit 20000\nwindow 1m", "limit 20000 on sliding_log: the log keeps one entry per request"},
+		{"burst without token_bucket", "limit 5\nwindow 1m\n@burst 9", "burst is the capacity of algorithm token_bucket"},
+		{"burst with two windows", "algorithm token_bucket\nlimit 5 1s\nlimit 50 1m\n@burst 9", "burst needs exactly one duration window"},
+		{"algorithm of calendar periods only", "@algorithm sliding_log\nlimit 5 day", "algorithm sliding_log applies to duration windows"},
+		{"unknown time zone", "limit 5 day\n@timezone Mars/Olympus_Mons", "unknown time zone 'Mars/Olympus_Mons'"},
+		{"time zone without a period", "limit 5\nwindow 1m\n@timezone UTC", "timezone applies to calendar periods"},
+		{"ban without within", "limit 5\nwindow 1m\n@ban 1h after 5", "ban takes: ban <duration> after <n> within <duration>"},
+		{"ban with a bad count", "limit 5\nwindow 1m\n@ban 1h after lots within 10s", "ban 1h after lots within 10s"},
+		{"max_concurrent 0", "limit 5\nwindow 1m\n@max_concurrent 0", "max_concurrent must be a positive integer"},
+		{"lease_timeout alone", "limit 5\nwindow 1m\n@lease_timeout 30s", "lease_timeout applies to max_concurrent"},
+		{"count_only without status", "limit 5\nwindow 1m\n@count_only 401", "count_only takes: count_only status"},
+		{"count_only bad code", "limit 5\nwindow 1m\n@count_only status 4xx 700", "count_only status takes codes (401) or classes (5xx), got '700'"},
+		{"queue bad wait", "limit 5\nwindow 1m\n@queue soon", "queue: bad duration 'soon'"},
+		{"jitter bad", "limit 5\nwindow 1m\n@jitter lots", "jitter must be a duration or a percentage"},
+		{"deny_cache without redis", "limit 5\nwindow 1m\n@deny_cache 100", "deny_cache applies to a Redis store"},
+		{"fail closed without redis", "limit 5\nwindow 1m\n@fail closed", "fail closed applies to a Redis store"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			src := ":8080 {\n\tsliding_ratelimit {\n" + tc.body + "\n\t}\n\trespond ok\n}\n"
+			line := 2
+			var body []string
+			for i, l := range strings.Split(tc.body, "\n") {
+				if rest, ok := strings.CutPrefix(l, "@"); ok {
+					line, l = 3+i, rest
+				}
+				body = append(body, l)
+			}
+			src := ":8080 {\n\tsliding_ratelimit {\n" + strings.Join(body, "\n") + "\n\t}\n\trespond ok\n}\n"
 			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
 			if err == nil {
 				t.Fatalf("adapted without error; want %q", tc.want)
@@ -176,8 +209,8 @@ func TestBadCaddyfiles(t *testing.T) {
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %q does not contain %q", err, tc.want)
 			}
-			if !strings.Contains(err.Error(), "Caddyfile:") {
-				t.Errorf("error %q does not name the file and line", err)
+			if at := "Caddyfile:" + strconv.Itoa(line); !strings.Contains(err.Error(), at) {
+				t.Errorf("error %q does not point at the line to fix, %s", err, at)
 			}
 		})
 	}

@@ -37,6 +37,12 @@ func (c *testClock) Now() time.Time {
 	return c.t
 }
 
+func (c *testClock) Set(t time.Time) {
+	c.mu.Lock()
+	c.t = t
+	c.mu.Unlock()
+}
+
 func (c *testClock) Advance(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)

@@ -284,6 +284,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		return err
 	}
 	h.compile()
+	h.statusIn = p.CountOnly
 
 	storeLabel := "memory"
 	if h.Redis != nil {

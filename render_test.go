@@ -191,3 +191,34 @@ func TestTokenBucketCapacity(t *testing.T) {
 		t.Errorf("static cost 3 over burst 2: Validate() = %v, want it refused naming the burst", err)
 	}
 }
+
+// TestGRPCRefusals: a gRPC request is refused the gRPC way: HTTP 200,
+// trailers only, grpc-status 8 (RESOURCE_EXHAUSTED) with a retry hint for a
+// rate limit, 14 (UNAVAILABLE) when the store is down and fail is closed.
+func TestGRPCRefusals(t *testing.T) {
+	t.Parallel()
+	grpcReq := map[string]string{"Content-Type": "application/grpc+proto"}
+	h := &Handler{Name: uniqueName(), Limit: "1", Window: caddy.Duration(time.Minute)}
+	provision(t, h, newTestClock())
+	serve(t, h, grpcReq)
+	w := serve(t, h, grpcReq)
+	if w.Code != http.StatusOK || w.Header().Get("Grpc-Status") != "8" || w.Body.Len() != 0 {
+		t.Errorf("rate limited gRPC call: %d grpc-status %q body %q", w.Code, w.Header().Get("Grpc-Status"), w.Body)
+	}
+	if got := w.Header().Get("Grpc-Retry-Pushback-Ms"); got != "60000" {
+		t.Errorf("grpc-retry-pushback-ms %q, want 60000", got)
+	}
+	if w.Header().Get("Retry-After") == "" || w.Header().Get("RateLimit") == "" {
+		t.Errorf("the rate limit headers are missing: %v", w.Header())
+	}
+
+	srv := redistest.Start(t)
+	srv.Kill()
+	down := &Handler{Name: uniqueName(), Limit: "1", Window: caddy.Duration(time.Minute), Fail: "closed",
+		Redis: &RedisConfig{Addresses: []string{srv.Addr()}}}
+	provision(t, down, nil)
+	w = serve(t, down, grpcReq)
+	if w.Code != http.StatusOK || w.Header().Get("Grpc-Status") != "14" {
+		t.Errorf("fail closed gRPC call: %d grpc-status %q", w.Code, w.Header().Get("Grpc-Status"))
+	}
+}
