@@ -51,6 +51,20 @@ func register(h *Handler) error {
 	return nil
 }
 
+// predecessor is the newest live handler of h's name from another config:
+// the one a reload replaces.
+func predecessor(h *Handler) *Handler {
+	registry.Lock()
+	defer registry.Unlock()
+	hs := registry.byName[h.Name]
+	for i := len(hs) - 1; i >= 0; i-- {
+		if hs[i].configID != h.configID {
+			return hs[i]
+		}
+	}
+	return nil
+}
+
 func unregister(h *Handler) {
 	registry.Lock()
 	defer registry.Unlock()

@@ -89,3 +89,55 @@ func TestExceededEvent(t *testing.T) {
 		t.Error("event carries the key without log_key")
 	}
 }
+
+// TestBannedEvent: a key put in the penalty box emits one
+// sliding_ratelimit_banned event, and counts in bans_total.
+func TestBannedEvent(t *testing.T) {
+	name := uniqueName()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(`{
+		"admin": {"listen": "localhost:2999"},
+		"apps": {
+			"events": {"subscriptions": [{
+				"events": ["sliding_ratelimit_banned"],
+				"handlers": [{"handler": "sliding_ratelimit_test_recorder"}]
+			}]},
+			"http": {"http_port": 9080, "servers": {"srv0": {
+				"listen": [":9080"],
+				"routes": [{"handle": [
+					{"handler": "sliding_ratelimit", "name": "`+name+`", "key": "{http.request.header.X-API-Key}",
+					 "limit": 1, "window": "1m", "ban": {"for": "1h", "after": 3, "within": "1m"}},
+					{"handler": "static_response", "body": "ok"}
+				]}]
+			}}}
+		}
+	}`, "json")
+	codes := []int{}
+	for i := 0; i < 8; i++ {
+		req, _ := http.NewRequest(http.MethodGet, "http://localhost:9080/", nil)
+		req.Header.Set("X-API-Key", "abuser")
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		codes = append(codes, resp.StatusCode)
+	}
+	recorded.Lock()
+	var mine []caddy.Event
+	for _, e := range recorded.events {
+		if e.Name() == eventBanned && e.Data["limiter"] == name {
+			mine = append(mine, e)
+		}
+	}
+	recorded.Unlock()
+	if len(mine) != 1 {
+		t.Fatalf("%d %s events (statuses %v), want 1", len(mine), eventBanned, codes)
+	}
+	if left, _ := mine[0].Data["ban_left"].(int64); left < 3590 || left > 3600 {
+		t.Errorf("event data %v: ban_left %v, want about an hour", mine[0].Data, mine[0].Data["ban_left"])
+	}
+	if got := gather(t, "caddy_sliding_ratelimit_bans_total", name); len(got) != 1 || got[0] != 1 {
+		t.Errorf("bans_total %v, want 1", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -422,5 +423,40 @@ func TestPlaceholders(t *testing.T) {
 		if got, _ := repl.GetString(k); got != v {
 			t.Errorf("store down: {%s} = %q, want %q", k, got, v)
 		}
+	}
+}
+
+// TestWindowPlaceholders: with several windows, each has placeholders of
+// its own, and the tightest is what count, limit and remaining show.
+func TestWindowPlaceholders(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Name: uniqueName(), Region: "{http.request.header.X-Region}",
+		Limits:       []LimitConfig{{Limit: "2", Window: caddy.Duration(time.Second)}, {Limit: "10", Window: caddy.Duration(time.Minute)}},
+		GlobalLimits: []LimitConfig{{Limit: "100", Period: "day"}}}
+	provision(t, h, newTestClock())
+	w, r, repl := newRequest(map[string]string{"X-Region": "eu"})
+	if err := h.ServeHTTP(w, r, nextOK); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"http.sliding_ratelimit.name":                 h.Name,
+		"http.sliding_ratelimit.outcome":              "allowed",
+		"http.sliding_ratelimit.window.1s.remaining":  "1",
+		"http.sliding_ratelimit.window.1s.limit":      "2",
+		"http.sliding_ratelimit.window.1m.count":      "1",
+		"http.sliding_ratelimit.window.1m.remaining":  "9",
+		"http.sliding_ratelimit.global.day.remaining": "99",
+		"http.sliding_ratelimit.remaining":            "1",
+		"http.sliding_ratelimit.limit":                "2",
+		"http.sliding_ratelimit.global_remaining":     "99",
+		"http.sliding_ratelimit.window.1h.remaining":  "",
+	}
+	for k, v := range want {
+		if got, _ := repl.GetString(k); got != v {
+			t.Errorf("{%s} = %q, want %q", k, got, v)
+		}
+	}
+	if got := w.Header().Get("RateLimit-Policy"); !strings.Contains(got, `"`+h.Name+`-1s";q=2;w=1, "`+h.Name+`-1m";q=10;w=60, "`+h.Name+`-global";q=100;w=86400`) {
+		t.Errorf("RateLimit-Policy %q", got)
 	}
 }

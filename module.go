@@ -247,7 +247,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // store.
 func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	h.ctx = ctx
-	h.logger = ctx.Logger()
+	if h.logger == nil { // tests may watch the log
+		h.logger = ctx.Logger()
+	}
 	h.logs = newLogGates()
 	if h.Name == "" {
 		h.Name = DefaultName
@@ -309,6 +311,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	h.headers = planHeaders(h, &p)
 	h.configID = ctx.GetMetricsRegistry()
+	h.warnRestart(&p)
 	cfg, _ := json.Marshal(h)
 	h.fingerprt = string(cfg)
 	if err := register(h); err != nil {
@@ -624,6 +627,35 @@ func (h *Handler) compile() {
 	h.concurrent = compileAmount(h.MaxConcurrent, 0)
 	h.keyTmpl = compileTemplate(h.Key)
 	h.regionTmpl = compileTemplate(h.Region)
+}
+
+// warnRestart logs, at a reload, what makes every budget of the limiter
+// start again: its keys change (another algorithm, key prefix, key or
+// region template), so the state under the old keys is not read. Windows
+// and limits that change keep their budgets (see the README).
+func (h *Handler) warnRestart(p *limiter.Policy) {
+	prev := predecessor(h)
+	if prev == nil {
+		return
+	}
+	old := prev.lim.Policy()
+	var changed []string
+	if old.Algorithm != p.Algorithm {
+		changed = append(changed, "algorithm "+old.Algorithm.String()+" -> "+p.Algorithm.String())
+	}
+	if prev.lim.Keys().Namespace() != h.lim.Keys().Namespace() {
+		changed = append(changed, "key_prefix")
+	}
+	if prev.Key != h.Key {
+		changed = append(changed, "key")
+	}
+	if prev.Region != h.Region {
+		changed = append(changed, "region")
+	}
+	if len(changed) > 0 {
+		h.logger.Warn("limiter's keys changed at this reload: every client's budget starts again",
+			zap.String("limiter", h.Name), zap.Strings("changed", changed))
+	}
 }
 
 // statusMatcher compiles count_only's codes (401) and classes (5xx).

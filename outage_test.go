@@ -231,3 +231,60 @@ func runOutageUnderLoad(t *testing.T, mode string, hang bool) {
 		t.Errorf("no cold request admitted by Redis after the restart: %v", counts)
 	}
 }
+
+// TestFailLocalBound is the bound fail local keeps across an outage: one
+// node admits at most the limit from Redis and the limit again from its
+// in-process store in any window: 2x the limit, never more. (N nodes:
+// (N+1)x; and a Redis that comes back without its data counts from zero
+// again.) Redis does not learn what the node admitted alone. The outage
+// here is a Redis that hangs and comes back with its data.
+func TestFailLocalBound(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	clock := newTestClock() // frozen: everything below falls in one window
+	h := &Handler{Name: uniqueName(), Limit: "5", Window: caddy.Duration(time.Minute), Fail: "local",
+		Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(100 * time.Millisecond)}}
+	provision(t, h, clock)
+	admitted := map[string]int{}
+	send := func(n int) {
+		for i := 0; i < n; i++ {
+			w, r, repl := newRequest(nil)
+			if err := h.ServeHTTP(w, r, nextOK); err != nil {
+				t.Fatal(err)
+			}
+			if w.Code == http.StatusOK {
+				src, _ := repl.GetString(phSource)
+				admitted[src]++
+			}
+		}
+	}
+	// Exactly the limit before the outage: a denial now would be cached,
+	// and the deny cache would answer it during the outage too, as Redis
+	// would (the bound is for keys Redis had room for).
+	send(5)
+	srv.Pause()
+	send(20)
+	srv.Resume()
+	deadline := time.Now().Add(10 * time.Second) // until the breaker probes Redis again
+	for {
+		w, r, repl := newRequest(nil)
+		_ = h.ServeHTTP(w, r, nextOK)
+		if src, _ := repl.GetString(phSource); src == "redis" || src == sourceDenyCache {
+			if w.Code == http.StatusOK {
+				admitted["redis"]++
+			}
+			break
+		}
+		if w.Code == http.StatusOK {
+			admitted[sourceLocal]++
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Redis did not come back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	send(20)
+	if admitted["redis"] != 5 || admitted[sourceLocal] != 5 {
+		t.Fatalf("admitted %v in one window, want 5 by Redis and 5 by the node alone: 2x the limit", admitted)
+	}
+}

@@ -13,7 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddytest"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
@@ -288,5 +292,39 @@ func TestReloadUnderLoad(t *testing.T) {
 	}
 	if r := mustGet("/memory", "steady"); remaining(r) != "5" {
 		t.Errorf("in-process limiter after the final load: remaining %s, want 5", remaining(r))
+	}
+}
+
+// TestReloadWarnsWhenBudgetsRestart: a reload that changes a limiter's
+// algorithm changes its keys, so every budget starts again: Caddy says so
+// in its log, naming what changed. A reload that changes only a limit or a
+// window says nothing (budgets carry over).
+func TestReloadWarnsWhenBudgetsRestart(t *testing.T) {
+	t.Parallel()
+	name := uniqueName()
+	old := &Handler{Name: name, Limit: "5", Window: caddy.Duration(time.Minute)}
+	provision(t, old, newTestClock())
+	for _, c := range []struct {
+		next *Handler
+		want string
+	}{
+		{&Handler{Name: name, Limit: "7", Window: caddy.Duration(time.Hour)}, ""},
+		{&Handler{Name: name, Algorithm: "sliding_counter", Limit: "5", Window: caddy.Duration(time.Minute)}, "algorithm sliding_log -> sliding_counter"},
+	} {
+		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
+		core, logs := observer.New(zapcore.WarnLevel)
+		c.next.logger = zap.New(core)
+		if err := c.next.Provision(ctx); err != nil {
+			t.Fatal(err)
+		}
+		warns := logs.FilterMessageSnippet("budget starts again").All()
+		switch {
+		case c.want == "" && len(warns) != 0:
+			t.Errorf("a reload of limits and windows warned: %v", warns[0].ContextMap())
+		case c.want != "" && (len(warns) != 1 || !strings.Contains(fmt.Sprint(warns[0].ContextMap()["changed"]), c.want)):
+			t.Errorf("reload to %s: warnings %v, want one naming %q", c.next.Algorithm, warns, c.want)
+		}
+		c.next.Cleanup()
+		cancel()
 	}
 }
