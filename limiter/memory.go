@@ -24,7 +24,7 @@ const DefaultMemoryKeys = 1 << 20
 //     clock (its TTL, refreshed on write), whatever clock the requests
 //     carry. A request finds an expired key gone; a janitor expires keys
 //     incrementally, sampling a few keys per shard every 100 ms and sampling
-//     again while more than a quarter of a sample had expired (Redis's own
+//     again while more than a tenth of a sample had expired (Redis's own
 //     active expiry), so a sweep never walks every key.
 //   - by count: at most maxKeys keys. A new key in a full shard evicts, of
 //     8 sampled keys, the one that would expire first (the least recently
@@ -430,24 +430,22 @@ func (s *MemoryStore) janitor(every time.Duration) {
 	defer close(s.done)
 	tick := time.NewTicker(every)
 	defer tick.Stop()
-	next := 0
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-tick.C:
-			// A quarter of the shards per tick: each shard every 400 ms.
-			for i := 0; i < memoryShards/4; i++ {
-				s.expireSome(&s.shards[next])
-				next = (next + 1) % memoryShards
+			for i := range s.shards {
+				s.expireSome(&s.shards[i])
 			}
 		}
 	}
 }
 
 // expireSome drops expired keys of one shard by sampling, as Redis's active
-// expiry does: 20 keys at a time, again while more than 5 of them had
-// expired, at most 16 rounds.
+// expiry does: 20 keys at a time, again while more than 2 of them had
+// expired, at most 16 rounds (so a shard is never held for long, and about a
+// tenth of its keys at most wait for a later pass).
 func (s *MemoryStore) expireSome(sh *memShard) {
 	now := time.Now().UnixNano()
 	sh.mu.Lock()
@@ -463,7 +461,7 @@ func (s *MemoryStore) expireSome(sh *memShard) {
 				break
 			}
 		}
-		if dropped <= 5 {
+		if dropped <= 2 {
 			return
 		}
 	}
