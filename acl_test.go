@@ -17,8 +17,9 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
-// redisCallRE matches a command name in redis.call("NAME", ...).
-var redisCallRE = regexp.MustCompile(`redis\.p?call\(\s*["']([A-Za-z]+)["']`)
+// redisCallRE matches a command name in redis.call("NAME", ...) and in
+// call("NAME", ...) (the script keeps redis.call in a local).
+var redisCallRE = regexp.MustCompile(`\bp?call\(\s*["']([A-Za-z]+)["']`)
 
 // limiterACLCommands is the least a limiter's ACL user needs: the script
 // commands, PING, DEL (the admin API's reset), PUBLISH and SUBSCRIBE (reset

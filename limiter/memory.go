@@ -293,7 +293,10 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 			}
 			continue
 		}
-		stale := k != nil && (restate[i] || hasStale(k.wins, p.Windows))
+		// As hash_read: the hash holds fields of other windows when one of
+		// its windows has none (and a token bucket's under another interval
+		// or burst); then it is rewritten from scratch, else updated.
+		stale := k != nil && (restate[i] || !complete(k.wins, p.Windows) && hasStale(k.wins, p.Windows))
 		if !recording && (!stale || peek) {
 			continue
 		}
@@ -310,17 +313,26 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		if k == nil {
 			k = &memKey{}
 		}
+		var fresh []winState
 		var ttl int64
 		switch p.Kind {
 		case KindCounter:
-			k.wins, ttl = ctrRecord(p.Windows, pe, c, k.wins[:0])
+			fresh, ttl = ctrRecord(p.Windows, pe, c, nil)
 		case KindFixed:
-			k.wins, ttl = fixRecord(p.Windows, pe, fnow, c, k.wins[:0])
+			fresh, ttl = fixRecord(p.Windows, pe, fnow, c, nil)
 		case KindToken:
-			k.wins, ttl = tbRecord(p.Windows, pe, fnow, c, k.wins[:0])
+			fresh, ttl = tbRecord(p.Windows, pe, fnow, c, nil)
 		default:
-			k.wins, ttl = calRecord(p.Windows, pe, fnow, c, k.wins[:0])
+			fresh, ttl = calRecord(p.Windows, pe, fnow, c, nil)
 		}
+		if !stale {
+			for _, old := range k.wins {
+				if !isWindow(old.name, p.Windows) {
+					fresh = append(fresh, old)
+				}
+			}
+		}
+		k.wins = fresh
 		if !recording {
 			for j := range pe {
 				pe[j].reset = resets[j]
@@ -383,6 +395,16 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		reply.Usage = append(reply.Usage, Usage{Count: ev.count, Retry: ev.retry, Reset: ev.reset})
 	}
 	return reply, nil
+}
+
+// complete reports whether every window of wins has a state.
+func complete(states []winState, wins []Win) bool {
+	for j := range wins {
+		if stateOf(states, wins[j].Name) == nil {
+			return false
+		}
+	}
+	return true
 }
 
 // hasStale reports whether states hold a window wins no longer has.

@@ -211,8 +211,8 @@ func TestSlidingLogRebase(t *testing.T) {
 		if s.name == "redis-server" {
 			// Bring T (the units ever admitted) to just under 2^52.
 			client.ZAdd(ctx, key, redis.Z{Score: -(1<<52 - 5) - 1, Member: "#n"})
-			client.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%016d:%d", 1<<52-6, 1)})
-			client.ZRem(ctx, key, fmt.Sprintf("%016d:1", 0))
+			client.ZAdd(ctx, key, redis.Z{Score: float64(now), Member: fmt.Sprintf("%016d", 1<<52-6)})
+			client.ZRem(ctx, key, fmt.Sprintf("%016d", 0))
 		} else {
 			for i := 0; i < 4; i++ { // the in-process store keeps int64: no rebase to reach
 				op(1<<50, 0)
@@ -225,7 +225,7 @@ func TestSlidingLogRebase(t *testing.T) {
 		}
 		if s.name == "redis-server" {
 			members := client.ZRange(ctx, key, 2, -1).Val()
-			if len(members) == 0 || !strings.HasPrefix(members[0], "0000000000000000:") {
+			if len(members) == 0 || !strings.HasPrefix(members[0], "0000000000000000") {
 				t.Fatalf("members after the rebase: %v, want them counted from 0", members)
 			}
 		}
@@ -240,7 +240,7 @@ func TestScriptsNeedRedis5(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
-	call := regexp.MustCompile(`redis\.p?call\(\s*"([A-Za-z]+)"`)
+	call := regexp.MustCompile(`\bp?call\(\s*"([A-Za-z]+)"`)
 	seen := map[string]bool{}
 	for name, src := range lua.Files {
 		for _, m := range call.FindAllStringSubmatch(src, -1) {

@@ -3,8 +3,11 @@ package limiter_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -367,4 +370,92 @@ func TestBatchingHonoursDeadlines(t *testing.T) {
 func logOp(key string, window time.Duration, limit, now int64) *limiter.Op {
 	return &limiter.Op{Now: now, Cost: 1, Parts: []limiter.Part{{Key: key, Kind: limiter.KindLog,
 		Windows: []limiter.Win{{Name: limiter.WindowName(window), Len: window.Microseconds(), Limit: limit}}}}}
+}
+
+// TestBatchesDecideAsSingleCalls: the same random checks, wave after wave,
+// on two stores of one redis-server: one call per check, and batched (the
+// checks of a wave sent at once, so they share script calls). Every reply
+// is the same: decisions, every window of the region and global buckets
+// (all or nothing), bans, leases. A check whose key holds the wrong type
+// fails alone: its neighbours in the batch are decided as usual.
+func TestBatchesDecideAsSingleCalls(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	single := limiter.NewRedisStore(client)
+	batched := limiter.NewRedisStore(client, limiter.WithBatching(1, 64))
+	t.Cleanup(func() { batched.Close() })
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 3))
+	now := t0.UnixMicro()
+	const waves, width = 150, 16
+	before := scriptCalls(t, srv)
+	for wave := 0; wave < waves; wave++ {
+		now += rng.Int64N(2_000_000)
+		ops := [2][]*limiter.Op{}
+		broken := -1
+		if wave%25 == 24 {
+			broken = rng.IntN(width)
+		}
+		for i := 0; i < width; i++ {
+			for s, prefix := range []string{"single:", "batched:"} {
+				kb, _ := limiter.NewKeyBuilder(prefix, "w")
+				id := strconv.Itoa(i)
+				wins := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: 10_000_000, Limit: 5},
+					{Name: limiter.WindowName(time.Minute), Len: 60_000_000, Limit: 12}}
+				op := &limiter.Op{Now: now, Cost: 1 + int64(i%2), Mode: limiter.ModeCheck,
+					Parts: []limiter.Part{
+						{Key: kb.Key("log", id, true, "eu"), Kind: limiter.KindLog, Windows: wins},
+						{Key: kb.Global("log", id), Kind: limiter.KindLog, Windows: wins[1:]},
+					},
+					Ban:   &limiter.BanOp{Key: kb.Key("ban", id, true, "eu"), After: 6, Within: 30_000_000, For: 20_000_000},
+					Lease: &limiter.LeaseOp{Key: kb.Key("lease", id, true, "eu"), Max: 3, Timeout: 5_000_000, ID: fmt.Sprint("L", wave, "-", i)}}
+				if i%5 == 0 {
+					op.Mode = limiter.ModePeek
+				}
+				if i == broken {
+					client.Set(ctx, op.Parts[0].Key, "not a sorted set", time.Minute)
+				}
+				ops[s] = append(ops[s], op)
+			}
+		}
+		want := make([]limiter.Reply, width)
+		wantErr := make([]error, width)
+		for i, op := range ops[0] {
+			want[i], wantErr[i] = single.Do(ctx, op)
+		}
+		got := make([]limiter.Reply, width)
+		gotErr := make([]error, width)
+		var wg sync.WaitGroup
+		for i, op := range ops[1] {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[i], gotErr[i] = batched.Do(ctx, op)
+			}()
+		}
+		wg.Wait()
+		for i := range want {
+			switch {
+			case i == broken:
+				if wantErr[i] == nil || gotErr[i] == nil || !strings.Contains(gotErr[i].Error(), "WRONGTYPE") {
+					t.Fatalf("wave %d, the broken check: %v / %v, want WRONGTYPE from both", wave, wantErr[i], gotErr[i])
+				}
+			case wantErr[i] != nil || gotErr[i] != nil:
+				t.Fatalf("wave %d, check %d: errors %v / %v", wave, i, wantErr[i], gotErr[i])
+			case !reflect.DeepEqual(want[i], got[i]):
+				t.Fatalf("wave %d, check %d:\n  single  %+v\n  batched %+v", wave, i, want[i], got[i])
+			}
+		}
+		if broken >= 0 {
+			for s := range ops {
+				client.Del(ctx, ops[s][broken].Parts[0].Key)
+			}
+		}
+	}
+	calls := scriptCalls(t, srv) - before
+	t.Logf("%d checks: %d script calls in all (one per check single, batched the rest)", 2*waves*width, calls)
+	if calls >= 2*waves*width-width {
+		t.Errorf("%d script calls for %d checks: the batched store did not batch", calls, 2*waves*width)
+	}
 }

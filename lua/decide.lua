@@ -57,6 +57,11 @@
 -- every window and takes a lease, or, when one of them says no, nothing is
 -- recorded and no lease is taken. Rejected requests are never recorded.
 
+-- Globals are used as globals: a chunk-level local captured by the
+-- functions below would make every call dearer (Lua walks its open upvalues
+-- for each closure the script defines, and the script defines its functions
+-- on every call).
+
 local now_redis = false
 local function clock()
   if not now_redis then
@@ -87,18 +92,60 @@ local function is_window(name, j0, j1)
   return false
 end
 
--- hset queues a field for the hash write of the part being recorded.
+-- hset queues a field for the hash write of the part being recorded (its
+-- names come from hash_read's table of them).
 local hf, hn = {}, 0
 local function hset(field, value)
   hf[hn + 1], hf[hn + 2] = field, value
   hn = hn + 2
 end
 
+-- The fields each hash kind keeps per window, by the window's name; the
+-- names are built once per call.
+local fieldsuffix = {[2] = {"w", "c", "p"}, [3] = {"w", "n"}, [4] = {"t", "i", "b"}, [5] = {"s", "e", "n"}}
+local fieldnames = {}
+local flist = {}
+
 -- @algorithms
 
--- hash_read reads a hash part into a field table, and whether it holds
--- fields of windows the part no longer has.
-local function hash_read(key, j0, j1)
+-- hash_read reads the fields of a hash part's windows (HMGET: the values
+-- in order, the fields of each window in a row). When a window has none
+-- (new, or its length changed) it also reads every field (HGETALL), as a
+-- map, to carry over what the windows a reload replaced hold, and reports
+-- whether the hash holds such fields. (Fields of a window merely removed
+-- stay until the key goes idle.)
+local function hash_read(key, kind, j0, j1)
+  local names = fieldnames[kind]
+  if not names then
+    names = {}
+    fieldnames[kind] = names
+  end
+  local suffix = fieldsuffix[kind]
+  local n = 0
+  for j = j0, j1 do
+    local fs = names[wname[j]]
+    if not fs then
+      fs = {}
+      for i = 1, #suffix do
+        fs[i] = wname[j] .. suffix[i]
+      end
+      names[wname[j]] = fs
+    end
+    for i = 1, #fs do
+      n = n + 1
+      flist[n] = fs[i]
+    end
+  end
+  local v = redis.call("HMGET", key, unpack(flist, 1, n))
+  local complete = true
+  for i = 1, n, #suffix do
+    if not v[i] then
+      complete = false
+    end
+  end
+  if complete then
+    return v, false, false
+  end
   local raw = redis.call("HGETALL", key)
   local f, stale = {}, false
   for i = 1, #raw, 2 do
@@ -108,7 +155,7 @@ local function hash_read(key, j0, j1)
       stale = true
     end
   end
-  return f, stale
+  return v, f, stale
 end
 
 -- hash_write writes the queued fields with the TTL in ms, dropping the
@@ -231,18 +278,18 @@ local function decide(a, k)
     if kind == 1 then
       ok, ptot[p], pnew[p], pmax[p] = log_check(key, j0, j1, now, cost, peek)
     else
-      local f
-      f, pstale[p] = hash_read(key, j0, j1)
+      local v, f
+      v, f, pstale[p] = hash_read(key, kind, j0, j1)
       if kind == 2 then
-        ok = ctr_check(f, j0, j1, now, cost)
+        ok = ctr_check(v, f, j0, j1, now, cost)
       elseif kind == 3 then
-        ok = fix_check(f, j0, j1, now, cost)
+        ok = fix_check(v, f, j0, j1, now, cost)
       elseif kind == 4 then
         local restate
-        ok, restate = tb_check(f, j0, j1, now, cost)
+        ok, restate = tb_check(v, f, j0, j1, now, cost)
         pstale[p] = pstale[p] or restate
       else
-        ok = cal_check(f, j0, j1, now, cost)
+        ok = cal_check(v, j0, j1, now, cost)
       end
     end
     if not ok then

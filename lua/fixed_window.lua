@@ -39,21 +39,23 @@ local function fix_carry(f, now, j0, j1)
   return most
 end
 
--- fix_check fills duration windows j0..j1 from the hash fields f; record
--- needs s1 (the window index) and s2 (its end).
-local function fix_check(f, j0, j1, now, cost)
+-- fix_check fills duration windows j0..j1 from their fields v (w, n in a
+-- row per window; f, the whole hash, when a window has none); record needs
+-- s1 (the window index) and s2 (its end).
+local function fix_check(v, f, j0, j1, now, cost)
   local fits = true
   local carried = false
   for j = j0, j1 do
     local w, ls, limit = wlen[j], wname[j], wlim[j]
     local idx = math.floor(now / w)
     local count = 0
-    local sw = tonumber(f[ls .. "w"])
+    local o = (j - j0) * 2
+    local sw = tonumber(v[o + 1])
     if sw then
       if sw == idx then
-        count = tonumber(f[ls .. "n"])
+        count = tonumber(v[o + 2])
       elseif sw > idx then
-        idx, count = sw, tonumber(f[ls .. "n"])
+        idx, count = sw, tonumber(v[o + 2])
       end
     else
       if carried == false then
@@ -84,11 +86,11 @@ end
 local function fix_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
-    local ls = wname[j]
+    local fs = fieldnames[3][wname[j]]
     cnt[j] = cnt[j] + cost
     rst[j] = s2[j] - now
-    hset(ls .. "w", s1[j])
-    hset(ls .. "n", cnt[j])
+    hset(fs[1], s1[j])
+    hset(fs[2], cnt[j])
     local t = math.ceil((s2[j] - now) / 1000) + 1000
     if t > ttl then
       ttl = t
@@ -97,14 +99,15 @@ local function fix_record(j0, j1, now, cost)
   return ttl
 end
 
--- cal_check fills calendar windows j0..j1. The caller sends each period's
--- bounds around its own clock: b0 < b1 < b2 < b3, three periods in a row;
--- the one holding now is used (the first or last when now is outside them,
--- a clock skew of more than a period).
-local function cal_check(f, j0, j1, now, cost)
+-- cal_check fills calendar windows j0..j1 from their fields v (s, e, n in
+-- a row per period). The caller sends each period's bounds around its own
+-- clock: b0 < b1 < b2 < b3, three periods in a row; the one holding now is
+-- used (the first or last when now is outside them, a clock skew of more
+-- than a period).
+local function cal_check(v, j0, j1, now, cost)
   local fits = true
   for j = j0, j1 do
-    local p, limit = wname[j], wlim[j]
+    local limit = wlim[j]
     local s, e = cb1[j], cb2[j]
     if now < cb1[j] then
       s, e = cb0[j], cb1[j]
@@ -112,9 +115,10 @@ local function cal_check(f, j0, j1, now, cost)
       s, e = cb2[j], cb3[j]
     end
     local count = 0
-    local ss, se = tonumber(f[p .. "s"]), tonumber(f[p .. "e"])
+    local o = (j - j0) * 3
+    local ss, se = tonumber(v[o + 1]), tonumber(v[o + 2])
     if ss and (ss == s or (ss <= now and now < se)) then
-      count = tonumber(f[p .. "n"]) or 0
+      count = tonumber(v[o + 3]) or 0
     end
     local retry, reset = 0, 0
     if count > 0 then
@@ -138,12 +142,12 @@ end
 local function cal_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
-    local p = wname[j]
+    local fs = fieldnames[5][wname[j]]
     cnt[j] = cnt[j] + cost
     rst[j] = s2[j] - now
-    hset(p .. "s", s1[j])
-    hset(p .. "e", s2[j])
-    hset(p .. "n", cnt[j])
+    hset(fs[1], s1[j])
+    hset(fs[2], s2[j])
+    hset(fs[3], cnt[j])
     local t = math.ceil((s2[j] - now) / 1000) + 1000
     if t > ttl then
       ttl = t

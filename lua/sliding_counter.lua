@@ -103,24 +103,26 @@ local function ctr_carry(f, now, j0, j1)
   return most
 end
 
--- ctr_check fills windows j0..j1 from the hash fields f; the per-window
+-- ctr_check fills windows j0..j1 from their fields v (w, c, p in a row
+-- per window; f, the whole hash, when a window has none); the per-window
 -- state record needs goes to s1..s4 (idx, base, cur, prev).
-local function ctr_check(f, j0, j1, now, cost)
+local function ctr_check(v, f, j0, j1, now, cost)
   local fits = true
   local carried = false
   for j = j0, j1 do
     local w, ls, limit = wlen[j], wname[j], wlim[j]
     local idx = math.floor(now / w)
     local base, cur, prev = now, 0, 0
-    local sw = tonumber(f[ls .. "w"])
+    local o = (j - j0) * 3
+    local sw = tonumber(v[o + 1])
     if sw then
       if sw == idx then
-        cur, prev = tonumber(f[ls .. "c"]), tonumber(f[ls .. "p"])
+        cur, prev = tonumber(v[o + 2]), tonumber(v[o + 3])
       elseif sw == idx - 1 then
-        prev = tonumber(f[ls .. "c"])
+        prev = tonumber(v[o + 2])
       elseif sw > idx then
         idx, base = sw, sw * w
-        cur, prev = tonumber(f[ls .. "c"]), tonumber(f[ls .. "p"])
+        cur, prev = tonumber(v[o + 2]), tonumber(v[o + 3])
       end
     else
       if carried == false then
@@ -155,12 +157,12 @@ end
 local function ctr_record(j0, j1, cost)
   local ttl = 0
   for j = j0, j1 do
-    local w, ls = wlen[j], wname[j]
+    local w, fs = wlen[j], fieldnames[2][wname[j]]
     s3[j] = s3[j] + cost
     cnt[j] = cnt[j] + cost
-    hset(ls .. "w", s1[j])
-    hset(ls .. "c", s3[j])
-    hset(ls .. "p", s4[j])
+    hset(fs[1], s1[j])
+    hset(fs[2], s3[j])
+    hset(fs[3], s4[j])
     local t = math.ceil(2 * w / 1000) + 1000
     if t > ttl then
       ttl = t

@@ -4,10 +4,10 @@
 -- rty, rst) these functions read and fill.
 --
 -- State (ZSET), one member per admitted request whatever its cost:
---   "<B>:<cost>"  score t           t: when it was admitted; B: the units admitted
+--   "<B>[:<cost>]" score t          t: when it was admitted; B: the units admitted
 --                                   to the key before it (cumulative), in 16
 --                                   digits so requests admitted at the same µs
---                                   sort by B
+--                                   sort by B; ":<cost>" when the cost is not 1
 --   "#n"          score -(T + 1)    T: units admitted to the key so far (the next B)
 --   "#t"          score -(tn + 1)   tn: the newest admission time
 -- The two bookkeeping members score below zero, so they sort first:
@@ -35,14 +35,17 @@ local LOG_MAX_T = 4503599627370496 -- 2^52: rebase B before doubles lose units
 local LOG_MAX_ENTRIES = 10000
 
 -- log_member names a request's member: B zero-padded, so that members of
--- one score (one µs) sort as they were admitted.
+-- one score (one µs) sort as they were admitted, and its cost unless 1.
 local function log_member(b, cost)
+  if cost == 1 then
+    return string.format("%016.0f", b)
+  end
   return string.format("%016.0f:%.0f", b, cost)
 end
 
--- log_b is B of a member "<B>:<cost>".
+-- log_b is B of a member: its first 16 digits.
 local function log_b(m)
-  return tonumber(string.sub(m, 1, string.find(m, ":", 1, true) - 1))
+  return tonumber(string.sub(m, 1, 16))
 end
 
 -- log_retry is the time until the window whose first entry has rank r0 and
@@ -156,8 +159,11 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw)
     redis.call("ZREMRANGEBYRANK", key, 2, -1)
     for i = 1, #all, 2 do
       local m = all[i]
-      local c = string.find(m, ":", 1, true)
-      redis.call("ZADD", key, all[i + 1], log_member(tonumber(string.sub(m, 1, c - 1)) - b0, tonumber(string.sub(m, c + 1))))
+      local c = 1
+      if #m > 16 then
+        c = tonumber(string.sub(m, 18))
+      end
+      redis.call("ZADD", key, all[i + 1], log_member(log_b(m) - b0, c))
     end
     total = total - b0
   end

@@ -58,10 +58,11 @@ local function tb_due(tat, wi, wb, now, burst, interval)
   return d
 end
 
--- tb_check fills windows j0..j1 from the hash fields f; record needs s1
--- (B), s2 (T) and s3 (d). It also reports whether a state was written
--- under another T or B (to be rewritten under the new ones).
-local function tb_check(f, j0, j1, now, cost)
+-- tb_check fills windows j0..j1 from their fields v (t, i, b in a row per
+-- window; f, the whole hash, when a window has none); record needs s1 (B),
+-- s2 (T) and s3 (d). It also reports whether a state was written under
+-- another T or B (to be rewritten under the new ones).
+local function tb_check(v, f, j0, j1, now, cost)
   local fits = true
   local stale = false
   for j = j0, j1 do
@@ -75,9 +76,10 @@ local function tb_check(f, j0, j1, now, cost)
       interval = 1
     end
     local d = 0
-    local tat = tonumber(f[ls .. "t"])
+    local o = (j - j0) * 3
+    local tat = tonumber(v[o + 1])
     if tat then
-      local wi, wb = tonumber(f[ls .. "i"]), tonumber(f[ls .. "b"])
+      local wi, wb = tonumber(v[o + 2]), tonumber(v[o + 3])
       d = tb_due(tat, wi, wb, now, burst, interval)
       if wi ~= interval or wb ~= burst then
         stale = true
@@ -117,13 +119,13 @@ end
 local function tb_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
-    local ls = wname[j]
+    local fs = fieldnames[4][wname[j]]
     local d = s3[j] + s2[j] * cost
     cnt[j] = tb_in_use(d, s1[j], s2[j])
     rst[j] = d
-    hset(ls .. "t", now + d)
-    hset(ls .. "i", s2[j])
-    hset(ls .. "b", s1[j])
+    hset(fs[1], now + d)
+    hset(fs[2], s2[j])
+    hset(fs[3], s1[j])
     local t = math.ceil(d / 1000) + 1000
     if t > ttl then
       ttl = t
