@@ -597,7 +597,7 @@ func (h *Handler) checkStatic(p *limiter.Policy) error {
 			w, field = p.GlobalWindows, "global_limit"
 			i -= len(as)
 		}
-		capacity := p.Capacity(w[i], c.static)
+		capacity := p.Capacity(w[i], c.static, field == "global_limit")
 		if p.Algorithm == limiter.SlidingLog && w[i].Period == limiter.PeriodNone && cost.static == 1 && c.static > limiter.MaxLogEntries {
 			return cfgErr(field, "%s %d on sliding_log: the log keeps one entry per request, at most %d per key and window (more would hold Redis for milliseconds); use sliding_counter (O(1) per key) for this rate, or a cost per request", field, c.static, limiter.MaxLogEntries)
 		}

@@ -190,6 +190,27 @@ func TestTokenBucketCapacity(t *testing.T) {
 	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "burst 2") {
 		t.Errorf("static cost 3 over burst 2: Validate() = %v, want it refused naming the burst", err)
 	}
+
+	// The burst is the bucket's: a global ceiling's token bucket holds its
+	// limit. Burst 50, global limit 20: a cost of 30 never fits the
+	// ceiling, so 413 (not a 429 whose retry time never comes), and the
+	// ceiling's headers say 20.
+	global := &Handler{Name: uniqueName(), Algorithm: "token_bucket", Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
+		Limit: "40", Burst: 50, GlobalLimit: "20", Cost: "{http.request.header.X-Cost}", Window: caddy.Duration(10 * time.Second)}
+	provision(t, global, newTestClock())
+	hdr := map[string]string{"X-API-Key": "K", "X-Region": "eu", "X-Cost": "30"}
+	if w := serve(t, global, hdr); w.Code != http.StatusRequestEntityTooLarge {
+		t.Errorf("cost 30 over a global ceiling of 20: %d, want 413", w.Code)
+	}
+	hdr["X-Cost"] = "1"
+	w = serve(t, global, hdr)
+	if got := w.Header().Get("RateLimit-Policy"); !strings.Contains(got, `-global";q=20;`) {
+		t.Errorf("RateLimit-Policy %q: the global ceiling holds 20", got)
+	}
+	badGlobal := &Handler{Algorithm: "token_bucket", Region: "{http.request.header.X-Region}", Limit: "40", Burst: 50, GlobalLimit: "20", Cost: "30", Window: caddy.Duration(10 * time.Second)}
+	if err := badGlobal.Validate(); err == nil || !strings.Contains(err.Error(), "global_limit 20") {
+		t.Errorf("static cost 30 over global_limit 20: Validate() = %v, want it refused naming global_limit", err)
+	}
 }
 
 // TestGRPCRefusals: a gRPC request is refused the gRPC way: HTTP 200,

@@ -266,9 +266,10 @@ func (p *Policy) Check() error {
 }
 
 // Capacity is what one request in window w (of limit) may at most cost:
-// the limit, or for a token bucket's duration window its burst.
-func (p *Policy) Capacity(w Window, limit int64) int64 {
-	if p.Algorithm == TokenBucket && w.Period == PeriodNone && p.Burst > 0 {
+// the limit, or for a token bucket's duration window its burst (the
+// bucket's: a global ceiling's token bucket holds its limit).
+func (p *Policy) Capacity(w Window, limit int64, global bool) int64 {
+	if p.Algorithm == TokenBucket && w.Period == PeriodNone && p.Burst > 0 && !global {
 		return p.Burst
 	}
 	return limit
