@@ -72,15 +72,22 @@ func TestACL(t *testing.T) {
 	for _, alg := range allAlgorithms(t) {
 		t.Run(alg, func(t *testing.T) {
 			t.Parallel()
-			h := &Handler{Name: uniqueName(), Algorithm: alg, Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: user("s3cret")}
+			h := &Handler{Name: uniqueName(), Algorithm: alg, Key: "{http.request.header.X-API-Key}", Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: user("s3cret")}
 			logs := provision(t, h, nil) // clock redis: the scripts call TIME
+			hdr := map[string]string{"X-API-Key": "K"}
 			for i := range 3 {
-				o := mustServe(t, h, nil)
+				o := mustServe(t, h, hdr)
 				if o.code != http.StatusOK || o.source != "redis" {
 					t.Fatalf("request %d: status %d source %q, want 200 from redis\n%s", i+1, o.code, o.source, renderLogs(logs))
 				}
 			}
-			expectOutcome(t, "4th", mustServe(t, h, nil), http.StatusTooManyRequests, "redis")
+			expectOutcome(t, "4th", mustServe(t, h, hdr), http.StatusTooManyRequests, "redis")
+			// An override (override.lua, and the decision reading it) as
+			// the same user: twice the limit, so the 5th gets in.
+			if code, body := adminOverride(t, http.MethodPut, h.Name, "key=K&factor=2&ttl=1m"); code != http.StatusOK {
+				t.Fatalf("override as the ACL user: %d %s", code, body)
+			}
+			expectOutcome(t, "5th, under a factor of 2", mustServe(t, h, hdr), http.StatusOK, "redis")
 		})
 	}
 	t.Run("wrong password", func(t *testing.T) {

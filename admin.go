@@ -106,6 +106,7 @@ func liveHandlers() []*Handler {
 //	GET    /sliding_ratelimit/                       the limiters
 //	GET    /sliding_ratelimit/<name>?key=K[&region=R] what K's next request would get, nothing consumed
 //	DELETE /sliding_ratelimit/<name>?key=K[&region=R] reset K (its windows, global ceiling and ban), on every node
+//	PUT, GET, DELETE /sliding_ratelimit/<name>/override?key=K...  K's temporary override (admin_override.go)
 //
 // key is the identity as the limiter's key template resolves for the
 // client (e.g. the API key); region as its region template resolves. A
@@ -177,7 +178,7 @@ type windowUsage struct {
 }
 
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	name := strings.Trim(strings.TrimPrefix(r.URL.Path, "/sliding_ratelimit/"), "/")
+	name, sub, _ := strings.Cut(strings.Trim(strings.TrimPrefix(r.URL.Path, "/sliding_ratelimit/"), "/"), "/")
 	if name == "" {
 		if r.Method != http.MethodGet {
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET only")}
@@ -189,6 +190,13 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no limiter named '%s'", name)}
 	}
 	h := hs[len(hs)-1]
+	switch sub {
+	case "":
+	case "override":
+		return serveOverride(w, r, name, h)
+	default:
+		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such endpoint '%s' (the limiter's are: override)", sub)}
+	}
 	q := r.URL.Query()
 	if !q.Has("key") {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameter 'key' is required (the identity, as the key template resolves)")}

@@ -29,6 +29,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 		return h.badAmount(err)
 	}
 	h.observe(repl, &d)
+	h.trace(r.Context(), &d)
 	if !d.Pass {
 		return h.refuse(w, r, &d)
 	}

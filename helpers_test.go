@@ -58,6 +58,17 @@ var unavailableBody = []byte(`{"error":"rate_limiter_unavailable"}` + "\n")
 // circuitGauge reads a limiter's circuit_state as a scrape would.
 func circuitGauge(t *testing.T, name string) float64 {
 	t.Helper()
+	v, ok := scrapeGauge(t, "caddy_sliding_ratelimit_circuit_state", name)
+	if !ok {
+		t.Fatalf("no circuit_state for limiter %s", name)
+	}
+	return v
+}
+
+// scrapeGauge reads a gauge of a limiter as a scrape would; ok is false
+// when the scrape has no such sample.
+func scrapeGauge(t *testing.T, metric, name string) (float64, bool) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	if err := registerMetrics(reg); err != nil {
 		t.Fatal(err)
@@ -67,19 +78,18 @@ func circuitGauge(t *testing.T, name string) float64 {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "caddy_sliding_ratelimit_circuit_state" {
+		if mf.GetName() != metric {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if l.GetName() == "limiter" && l.GetValue() == name {
-					return m.GetGauge().GetValue()
+					return m.GetGauge().GetValue(), true
 				}
 			}
 		}
 	}
-	t.Fatalf("no circuit_state for limiter %s", name)
-	return 0
+	return 0, false
 }
 
 // newBlackHole listens on loopback, accepts connections and never answers,

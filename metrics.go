@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"context"
 	"errors"
 	"sync"
 
@@ -214,12 +215,15 @@ var (
 		"Keys held by the in-process store (every limiter without Redis, and fail local).", nil, nil)
 	memEvictDesc = prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "memory_evictions_total"),
 		"Live keys the in-process store dropped to stay under its bound.", nil, nil)
+	overridesDesc = prometheus.NewDesc(prometheus.BuildFQName(ns, sub, "overrides_active"),
+		"Temporary overrides in force for a limiter, from its last read of the store's index (every 5 s; absent while the store does not answer).", []string{"limiter"}, nil)
 )
 
 func (*collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- circuitDesc
 	ch <- memKeysDesc
 	ch <- memEvictDesc
+	ch <- overridesDesc
 }
 
 func (*collector) Collect(ch chan<- prometheus.Metric) {
@@ -227,6 +231,9 @@ func (*collector) Collect(ch chan<- prometheus.Metric) {
 	for _, h := range liveHandlers() {
 		if h.breaker != nil {
 			ch <- prometheus.MustNewConstMetric(circuitDesc, prometheus.GaugeValue, float64(h.breaker.State()), h.Name)
+		}
+		if n, ok := h.lim.OverridesActive(context.Background()); ok {
+			ch <- prometheus.MustNewConstMetric(overridesDesc, prometheus.GaugeValue, float64(n), h.Name)
 		}
 		if h.memory != nil {
 			mem = h.memory

@@ -137,7 +137,7 @@ func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) {
 	}
 	if hp.ietf {
 		policy := hp.policy
-		if policy == "" {
+		if policy == "" || d.Overridden {
 			policy = policyHeader(d.Windows)
 		}
 		hdr[hdrPolicy] = append(hdr[hdrPolicy], policy)

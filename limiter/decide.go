@@ -9,6 +9,7 @@ import (
 	mrand "math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -145,6 +146,9 @@ type Decision struct {
 	// Identity, Region and Cost are the request's.
 	Identity, Region string
 	Cost             int64
+	// Overridden is true when an operator's override changed a limit of
+	// this request's windows (their Limit is the override's).
+	Overridden bool
 
 	done *pending
 }
@@ -202,6 +206,13 @@ type Limiter struct {
 	waiters atomic.Int64
 	leaseNS string
 	leaseN  atomic.Uint64
+	ov      overrideTags
+	ovKick  chan struct{}
+	ovStop  chan struct{}
+	ovDone  chan struct{}
+	ovView  atomic.Pointer[indexView]
+
+	closeOnce sync.Once
 }
 
 // partSpec is one part of every request's Op.
@@ -271,9 +282,16 @@ func New(p Policy, b Backend) (*Limiter, error) {
 		l.cache = NewDenyCache(b.Store, b.DenyCacheSize, p.Now)
 		l.stack = l.cache
 	}
+	if b.Remote {
+		// Set before the subscription: a notice may kick the watcher.
+		l.ovKick, l.ovStop, l.ovDone = make(chan struct{}, 1), make(chan struct{}), make(chan struct{})
+	}
 	if b.Notifier != nil {
 		l.channel = p.KeyPrefix + "reset"
 		l.unsub = b.Notifier.Subscribe(l.channel, l.notice)
+	}
+	if b.Remote {
+		go l.watchOverrides()
 	}
 	return l, nil
 }
@@ -325,11 +343,18 @@ func (l *Limiter) plan() {
 	}
 }
 
-// Close stops listening for notices.
+// Close stops listening for notices and reading the overrides' index. It
+// may be called more than once.
 func (l *Limiter) Close() {
-	if l.unsub != nil {
-		l.unsub()
-	}
+	l.closeOnce.Do(func() {
+		if l.unsub != nil {
+			l.unsub()
+		}
+		if l.ovStop != nil {
+			close(l.ovStop)
+			<-l.ovDone
+		}
+	})
 }
 
 // Policy returns the limiter's policy (with its defaults filled in).
@@ -341,18 +366,28 @@ func (l *Limiter) Keys() KeyBuilder { return l.keys }
 // DenyCache returns the limiter's deny cache, or nil.
 func (l *Limiter) DenyCache() *DenyCache { return l.cache }
 
-// notice handles a reset notice: "<namespace>\n<tag>" drops the cached
-// denials of one identity of this limiter; "" (a subscription that started
-// again, notices may have been missed) drops them all.
+// notice handles a notice: "<namespace>\n<tag>" drops the cached denials
+// of one identity of this limiter (a reset, a lifted ban), and with
+// "\noverride" after it also marks the identity as having an override; ""
+// (a subscription that started again, notices may have been missed) drops
+// every cached denial and reads the overrides' index again.
 func (l *Limiter) notice(msg string) {
-	if l.cache == nil {
-		return
-	}
 	if msg == "" {
-		l.cache.Forget("")
+		if l.cache != nil {
+			l.cache.Forget("")
+		}
+		l.kickOverrides()
 		return
 	}
-	if tag, ok := strings.CutPrefix(msg, l.keys.Namespace()+"\n"); ok {
+	rest, ok := strings.CutPrefix(msg, l.keys.Namespace()+"\n")
+	if !ok {
+		return
+	}
+	tag, ov := strings.CutSuffix(rest, "\n"+overrideNotice)
+	if ov {
+		l.ov.add(tag)
+	}
+	if l.cache != nil {
 		l.cache.Forget(tag)
 	}
 }
@@ -401,6 +436,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		keys  [6]string
 		ban   BanOp
 		lease LeaseOp
+		ov    OverrideRef
 	}
 	b := new(buf)
 	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
@@ -413,7 +449,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	nb, k, wi := len(l.p.Windows), 0, 0
 	for pi, ps := range l.parts {
 		p := &op.Parts[pi]
-		p.Key, p.Kind = b.keys[k], ps.kind
+		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
 		k++
 		p.Windows = b.wins[wi : wi+len(ps.windows)]
 		wi += len(ps.windows)
@@ -441,6 +477,10 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		b.lease = LeaseOp{Key: b.keys[k], Max: in.MaxConcurrent, Timeout: l.p.LeaseTimeout.Microseconds(),
 			ID: l.leaseNS + strconv.FormatUint(l.leaseN.Add(1), 36)}
 		op.Lease = &b.lease
+	}
+	if l.ov.n.Load() > 0 && l.ov.has(HashTag(b.keys[0])) {
+		b.ov = OverrideRef{Key: l.overrideKey(in.Identity), Scope: l.scopeOf(in.Region)}
+		op.Override = &b.ov
 	}
 	return op
 }
@@ -498,6 +538,7 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 			d.Source = SourceDenyCache
 		}
 		d.Windows = l.windows(in, op, &reply)
+		d.Overridden = reply.Limits != nil
 		d.InFlight = reply.InFlight
 		d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
 		d.Banned, d.BanStarted = reply.Status == StatusBanned, reply.BanStarted
@@ -507,6 +548,8 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 			if op.Lease != nil || mode == ModeCheckOnly {
 				d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly}
 			}
+		case reply.Status == StatusTooLarge:
+			d.Outcome = OutcomeTooLarge
 		case d.Banned:
 			d.Outcome = OutcomeBanned
 		case reply.LeaseDenied && !anyDenied(d.Windows):
@@ -531,7 +574,7 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 func (l *Limiter) neverFits(in *Input, cost int64) bool {
 	nb := len(l.p.Windows)
 	for i := range l.layout {
-		if cost > l.p.Capacity(l.window(i), limitOf(in, nb, i)) {
+		if cost > l.p.Capacity(l.window(i), limitOf(in, nb, i), i >= nb) {
 			return true
 		}
 	}
@@ -614,7 +657,14 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 	for i := range out {
 		win := l.window(i)
 		limit := limitOf(in, nb, i)
-		capacity := l.p.Capacity(win, limit)
+		capacity := l.p.Capacity(win, limit, i >= nb)
+		if r != nil && r.Limits != nil {
+			// An override changed the limits.
+			limit, capacity = r.Limits[l.layout[i]], r.Limits[l.layout[i]]
+			if b := r.Bursts[l.layout[i]]; b > 0 {
+				capacity = b
+			}
+		}
 		w := WindowUsage{Policy: l.names[i], Window: win, Global: i >= nb, Limit: capacity}
 		ow := wins[l.layout[i]]
 		switch {
@@ -779,12 +829,15 @@ func (l *Limiter) Peek(ctx context.Context, in *Input) (Decision, error) {
 		return Decision{}, err
 	}
 	d.Windows = l.windows(in, op, &reply)
+	d.Overridden = reply.Limits != nil
 	d.InFlight = reply.InFlight
 	d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
 	d.Banned = reply.Status == StatusBanned
 	switch {
 	case reply.Status == StatusAllowed:
 		d.Outcome, d.Pass = OutcomeAllowed, true
+	case reply.Status == StatusTooLarge:
+		d.Outcome = OutcomeTooLarge
 	case d.Banned:
 		d.Outcome = OutcomeBanned
 	case reply.LeaseDenied && !anyDenied(d.Windows):

@@ -170,7 +170,8 @@ func (d *denial) at(now int64) Reply {
 	e := (now - d.start) / int64(time.Microsecond)
 	r := Reply{
 		Status: d.reply.Status, Now: d.reply.Now + e, Cached: true, InFlight: -1,
-		Usage: make([]Usage, len(d.reply.Usage)),
+		Usage:  make([]Usage, len(d.reply.Usage)),
+		Limits: d.reply.Limits, Bursts: d.reply.Bursts,
 	}
 	if d.reply.BanLeft > e {
 		r.BanLeft = d.reply.BanLeft - e

@@ -54,6 +54,45 @@ type diffGen struct {
 	nlease int
 }
 
+// ovAction is an operator's override change between two Ops.
+type ovAction struct {
+	key, scope string
+	ttl        int64 // 0: delete
+	fields     []string
+}
+
+// override returns, now and then, an override to set or end on one of the
+// identities: a factor or some windows' limits, for every region or one,
+// for a few seconds (so some end while the test runs).
+func (g *diffGen) override() *ovAction {
+	r := g.rng
+	if r.IntN(100) >= 4 {
+		return nil
+	}
+	ident := fmt.Sprintf("%s-%d", g.run, r.IntN(3))
+	a := &ovAction{key: g.kb.Key("override", ident, false, "")}
+	if r.IntN(3) > 0 {
+		a.scope = fmt.Sprint("r", r.IntN(2))
+	}
+	if r.IntN(5) == 0 {
+		return a
+	}
+	a.ttl = 1_000_000 + r.Int64N(20_000_000)
+	if r.IntN(2) == 0 {
+		a.fields = []string{"f", []string{"0.5", "2", "1.5", "0.1", "3"}[r.IntN(5)]}
+		return a
+	}
+	for _, name := range []string{"10000000", "30000000", "20000000", "21000000", "day", "month"} {
+		if r.IntN(2) == 0 {
+			a.fields = append(a.fields, "l"+name, fmt.Sprint(1+r.Int64N(12)))
+		}
+		if a.scope == "" && r.IntN(3) == 0 {
+			a.fields = append(a.fields, "g"+name, fmt.Sprint(1+r.Int64N(12)))
+		}
+	}
+	return a
+}
+
 // Windows of 10 s and more keep the real Redis TTLs (>= 10 s of wall time)
 // longer than the whole test: a key never expires in Redis while the
 // injected clock says it is live.
@@ -136,12 +175,16 @@ func (g *diffGen) op() (*limiter.Op, string) {
 		}
 		return g.kb.Key(seg, ident, withRegion, reg)
 	}
+	op.Override = &limiter.OverrideRef{Key: g.kb.Key("override", ident, false, "")}
+	if withRegion {
+		op.Override.Scope = reg
+	}
 	op.Parts = append(op.Parts, limiter.Part{Key: key(g.kind.String(), false), Kind: g.kind, Windows: wins()})
 	if c := cal(); len(c) > 0 {
 		op.Parts = append(op.Parts, limiter.Part{Key: key("calendar", false), Kind: limiter.KindCalendar, Windows: c})
 	}
 	if withRegion && r.IntN(2) == 0 {
-		op.Parts = append(op.Parts, limiter.Part{Key: key(g.kind.String(), true), Kind: g.kind, Windows: wins()})
+		op.Parts = append(op.Parts, limiter.Part{Key: key(g.kind.String(), true), Kind: g.kind, Global: true, Windows: wins()})
 	}
 	if r.IntN(3) == 0 {
 		op.Ban = &limiter.BanOp{Key: key("ban", false), After: 4, Within: 15_000_000, For: 12_000_000, Carried: r.Int64N(2)}
@@ -182,6 +225,20 @@ func TestDifferential(t *testing.T) {
 			ctx := context.Background()
 			seen := map[string]int{}
 			for i := 0; i < n; i++ {
+				if a := g.override(); a != nil {
+					for j, s := range stores {
+						var err error
+						if a.ttl == 0 {
+							_, err = limiter.DeleteOverrideScope(ctx, s, a.key, a.scope, g.now)
+						} else {
+							_, err = limiter.SetOverrideFields(ctx, s, a.key, a.scope, g.now, a.ttl, a.fields)
+						}
+						if err != nil {
+							t.Fatalf("override %+v on %s: %v", a, names[j], err)
+						}
+					}
+					seen["override"]++
+				}
 				op, what := g.op()
 				var replies []limiter.Reply
 				for j, s := range stores {
@@ -201,7 +258,12 @@ func TestDifferential(t *testing.T) {
 					}
 				}
 				r := replies[0]
+				if r.Limits != nil {
+					seen["overridden"]++
+				}
 				switch {
+				case r.Status == limiter.StatusTooLarge:
+					seen["too large"]++
 				case r.Status == limiter.StatusBanned && r.BanStarted:
 					seen["ban started"]++
 				case r.Status == limiter.StatusBanned:
@@ -215,7 +277,7 @@ func TestDifferential(t *testing.T) {
 				}
 			}
 			t.Logf("%s: %d ops identical on %v: %v", alg, n, names, seen)
-			for _, k := range []string{"allowed", "denied", "banned", "ban started", "lease denied"} {
+			for _, k := range []string{"allowed", "denied", "banned", "ban started", "lease denied", "override", "overridden", "too large"} {
 				if seen[k] < 5 {
 					t.Errorf("script too easy: %q only %d times (%v)", k, seen[k], seen)
 				}
@@ -245,6 +307,10 @@ func cloneOp(op *limiter.Op) *limiter.Op {
 	if op.Lease != nil {
 		l := *op.Lease
 		cp.Lease = &l
+	}
+	if op.Override != nil {
+		o := *op.Override
+		cp.Override = &o
 	}
 	return &cp
 }

@@ -33,6 +33,8 @@ const GlobalRegion = "*"
 //	<prefix><name>:<segment>:{<identity>}:<region>   per region
 //	<prefix><name>:<segment>:{<identity>}:*          the identity's global ceiling
 //
+//	<prefix><name>:override:{<identity>}             the identity's overrides
+//
 // where segment is what the key holds: log, counter, fixed, token (the
 // algorithm's state), calendar (calendar periods), ban, lease. The identity
 // sits in a Redis Cluster hash tag, so every key of one identity shares a
@@ -75,11 +77,12 @@ func ValidName(name string) error {
 }
 
 // KeySpec is one key of a request: what it holds, and whether it is the
-// identity's global ceiling (else the request's bucket: identity, and
-// region when the limiter has regions).
+// identity's global ceiling, or the identity's own (in no region), else the
+// request's bucket: identity, and region when the limiter has regions.
 type KeySpec struct {
-	Segment string
-	Global  bool
+	Segment  string
+	Global   bool
+	Identity bool
 }
 
 // Key returns one key of identity (in region, when withRegion).
@@ -109,7 +112,7 @@ func (kb KeyBuilder) Keys(dst []string, specs []KeySpec, identity string, withRe
 		n += len(kb.ns) + len(s.Segment) + 3 + len(id)
 		if s.Global {
 			n += 1 + len(GlobalRegion)
-		} else if withRegion {
+		} else if withRegion && !s.Identity {
 			n += 1 + len(reg)
 		}
 	}
@@ -129,7 +132,7 @@ func (kb KeyBuilder) Keys(dst []string, specs []KeySpec, identity string, withRe
 		if s.Global {
 			b.WriteByte(':')
 			b.WriteString(GlobalRegion)
-		} else if withRegion {
+		} else if withRegion && !s.Identity {
 			b.WriteByte(':')
 			b.WriteString(reg)
 		}

@@ -61,6 +61,10 @@ type memKey struct {
 	banU, banW, banC, banP int64
 	hasBan                 bool
 	leases                 map[string]int64 // lease id → expiry (µs)
+	// ov: an identity's overrides (field → value, as override.lua keeps
+	// them); idx: a limiter's index of them (member → until, µs).
+	ov  map[string]string
+	idx map[string]int64
 }
 
 // MemoryOption configures a MemoryStore.
@@ -209,6 +213,20 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	peek, record := op.Mode == ModePeek, op.Mode == ModeRecord
 	reply := Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+	if op.Override != nil {
+		if k := sh.get(op.Override.Key, wall); k != nil && len(k.ov) > 0 {
+			c := overriddenCopy(op)
+			if applyOverride(k.ov, c, now) {
+				op = c
+				reply.Limits, reply.Bursts = limitsOf(op)
+				if op.Mode != ModeRecord && tooLarge(op) {
+					reply.Status = StatusTooLarge
+					reply.Usage = reply.Usage[:op.windows()]
+					return reply, nil
+				}
+			}
+		}
+	}
 
 	var ban *memKey
 	if op.Ban != nil && !record {

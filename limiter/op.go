@@ -74,12 +74,25 @@ type Op struct {
 	Ban *BanOp
 	// Lease, when set, bounds the requests in flight.
 	Lease *LeaseOp
+	// Override, when set, is the identity's overrides hash: an active
+	// override there changes the limits of the windows it names.
+	Override *OverrideRef
+}
+
+// OverrideRef points a request at its identity's overrides.
+type OverrideRef struct {
+	Key string
+	// Scope is the request's region as it stands in keys ("" without
+	// regions): an override of that region wins over the identity's.
+	Scope string
 }
 
 // Part is one key of a request and the windows it counts.
 type Part struct {
-	Key     string
-	Kind    Kind
+	Key  string
+	Kind Kind
+	// Global marks the identity's global ceiling.
+	Global  bool
 	Windows []Win
 }
 
@@ -129,6 +142,9 @@ const (
 	StatusBanned  Status = 2
 	// StatusLate: the check reached Redis after its deadline and was not run.
 	StatusLate Status = 3
+	// StatusTooLarge: an override lowered a window's capacity below the
+	// cost, so the request can never fit (nothing was recorded).
+	StatusTooLarge Status = 4
 )
 
 // Reply is a store's answer to an Op.
@@ -148,6 +164,10 @@ type Reply struct {
 	Usage []Usage
 	// Cached is true for a denial served by a DenyCache.
 	Cached bool
+	// Limits and Bursts are, when an override changed a limit, every
+	// window's limit and burst as decided (burst 0: the limit), in order;
+	// nil otherwise.
+	Limits, Bursts []int64
 }
 
 // Usage is one window after a decision, in µs and units.
@@ -220,6 +240,9 @@ func (op *Op) validate() error {
 	}
 	if l := op.Lease; l != nil && (l.Key == "" || l.Max <= 0 || l.Timeout <= 0 || l.ID == "") {
 		return fmt.Errorf("%w: lease %+v", ErrInvalidOp, *l)
+	}
+	if o := op.Override; o != nil && o.Key == "" {
+		return fmt.Errorf("%w: override with no key", ErrInvalidOp)
 	}
 	return nil
 }

@@ -164,7 +164,7 @@ func (s *RedisStore) reply(raw any, op *Op, sent time.Time) (Reply, error) {
 	switch r.Status {
 	case StatusLate:
 		return Reply{}, ErrLate
-	case StatusAllowed, StatusDenied, StatusBanned:
+	case StatusAllowed, StatusDenied, StatusBanned, StatusTooLarge:
 	default:
 		return Reply{}, fmt.Errorf("%w: status %d", ErrBadReply, n[0])
 	}
@@ -173,8 +173,22 @@ func (s *RedisStore) reply(raw any, op *Op, sent time.Time) (Reply, error) {
 		return r, nil
 	}
 	nw := op.windows()
-	if len(n) != 7+3*nw {
+	switch len(n) {
+	case 7 + 3*nw:
+	case 7 + 5*nw:
+		// An override changed a limit: the windows' limits and bursts.
+		r.Limits, r.Bursts = make([]int64, nw), make([]int64, nw)
+		for j := range nw {
+			r.Limits[j], r.Bursts[j] = n[7+3*nw+2*j], n[8+3*nw+2*j]
+			if r.Limits[j] <= 0 || r.Bursts[j] < 0 {
+				return Reply{}, fmt.Errorf("%w: limit %d, burst %d", ErrBadReply, r.Limits[j], r.Bursts[j])
+			}
+		}
+	default:
 		return Reply{}, fmt.Errorf("%w: %d values for %d windows", ErrBadReply, len(n), nw)
+	}
+	if r.Status == StatusTooLarge && r.Limits == nil {
+		return Reply{}, fmt.Errorf("%w: too large with no override", ErrBadReply)
 	}
 	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6] == 1
 	r.Usage = make([]Usage, nw)
@@ -206,21 +220,28 @@ type check struct {
 func newCheck(op *Op, deadline int64) check {
 	nw := op.windows()
 	c := check{
-		keys: make([]string, 0, len(op.Parts)+2),
-		args: make([]any, 0, 9+2*len(op.Parts)+6*nw+7),
+		keys: make([]string, 0, len(op.Parts)+3),
+		args: make([]any, 0, 11+3*len(op.Parts)+6*nw+7),
 	}
-	ban, lease := 0, 0
+	ban, lease, ov, scope := 0, 0, 0, ""
 	if op.Ban != nil {
 		ban = 1
 	}
 	if op.Lease != nil {
 		lease = 1
 	}
-	c.args = append(c.args, 0, 0, int(op.Mode), op.Now, deadline, op.Cost, len(op.Parts), ban, lease)
+	if op.Override != nil {
+		ov, scope = 1, op.Override.Scope
+	}
+	c.args = append(c.args, 0, 0, int(op.Mode), op.Now, deadline, op.Cost, len(op.Parts), ban, lease, ov, scope)
 	for i := range op.Parts {
 		p := &op.Parts[i]
 		c.keys = append(c.keys, p.Key)
-		c.args = append(c.args, int(p.Kind), len(p.Windows))
+		global := 0
+		if p.Global {
+			global = 1
+		}
+		c.args = append(c.args, int(p.Kind), len(p.Windows), global)
 		for j := range p.Windows {
 			w := &p.Windows[j]
 			if p.Kind == KindCalendar {
@@ -237,6 +258,9 @@ func newCheck(op *Op, deadline int64) check {
 	if l := op.Lease; l != nil {
 		c.keys = append(c.keys, l.Key)
 		c.args = append(c.args, l.Max, l.Timeout, l.ID)
+	}
+	if o := op.Override; o != nil {
+		c.keys = append(c.keys, o.Key)
 	}
 	c.args[0], c.args[1] = len(c.args), len(c.keys)
 	return c

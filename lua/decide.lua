@@ -18,9 +18,9 @@
 -- would round them to 14 digits).
 --
 -- One check, in ARGV (from its first value) and KEYS (one per part, then the
--- ban key, then the lease key):
---   nargs nkeys mode now deadline cost nparts hasban haslease
---   per part:  kind nwin, then per window
+-- ban key, then the lease key, then the override key):
+--   nargs nkeys mode now deadline cost nparts hasban haslease hasov scope
+--   per part:  kind nwin global, then per window
 --                duration kinds: len limit burst   (len, in µs, also names
 --                                                   the window's fields)
 --                calendar:       period limit b0 b1 b2 b3
@@ -42,16 +42,27 @@
 --        record nor lengthen the ban.
 -- lease: at most max leases in flight, each expiring timeout µs after it
 --        was taken (a node that died never releases its own).
+-- override (hasov 1): the identity's temporary overrides, a hash of fields
+--        "<scope>|u" (until, µs), "<scope>|f" (a factor on every limit),
+--        "<scope>|l<window>" and "<scope>|g<window>" (a window's limit, of
+--        the bucket and of the global ceiling). Scope "" is the identity in
+--        every region, global ceiling included; scope <region> (the check's
+--        scope argument) its bucket in that region alone, and it wins over
+--        "" there. An override whose until has passed is ignored. A token
+--        bucket's burst follows its limit in proportion. A cost above a
+--        capacity the override lowered is status 4 (it can never fit).
 --
 -- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
 -- lease_denied, then count, retry, reset per window, in order}.
 --   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
---                written)
+--                written), 4 too large under an override (nothing written)
 --   time         Redis TIME when it was read (clock redis, or a deadline), 0
 --                otherwise
 --   ban_left     µs the ban lasts (when banned)
 --   in_flight    leases held after the check (-1: no lease)
 --   lease_denied 1 when the concurrency bound denied the request
+-- When an override changed a limit, the reply goes on with limit and burst
+-- per window, in order (burst 0: the limit).
 -- A request is admitted when the key is not banned, every window of every
 -- part has room for its cost and a lease is free; it is then recorded in
 -- every window and takes a lease, or, when one of them says no, nothing is
@@ -75,7 +86,7 @@ end
 -- name (the length's decimal string, or the calendar period), length, limit,
 -- burst, calendar bounds; filled by the algorithms: count, retry, reset, and
 -- state s1..s4 that a record needs.
-local wname, wlen, wlim, wburst = {}, {}, {}, {}
+local wname, wlen, wlim, wburst, wkind = {}, {}, {}, {}, {}
 local cb0, cb1, cb2, cb3 = {}, {}, {}, {}
 local cnt, rty, rst = {}, {}, {}
 local s1, s2, s3, s4 = {}, {}, {}, {}
@@ -211,6 +222,69 @@ end
 local pkey, pkind, pj0, pj1, pstale = {}, {}, {}, {}, {}
 local ptot, pnew, pmax = {}, {}, {}
 
+-- override applies the identity's active override, if any, to the limits
+-- and bursts of the check's windows; it reports whether a limit changed.
+local pglobal = {}
+local function override(key, scope, nparts, now)
+  local raw = redis.call("HGETALL", key)
+  if #raw == 0 then
+    return false
+  end
+  local f = {}
+  for i = 1, #raw, 2 do
+    f[raw[i]] = raw[i + 1]
+  end
+  local function active(sc)
+    local u = tonumber(f[sc .. "|u"])
+    return u ~= nil and u > now
+  end
+  local all = active("")
+  local changed = false
+  for p = 1, nparts do
+    local sc = false
+    if not pglobal[p] and scope ~= "" and active(scope) then
+      sc = scope
+    elseif all then
+      sc = ""
+    end
+    if sc then
+      local fac = tonumber(f[sc .. "|f"])
+      local pre = sc .. "|l"
+      if pglobal[p] then
+        pre = sc .. "|g"
+      end
+      for j = pj0[p], pj1[p] do
+        local old = wlim[j]
+        local lim = tonumber(f[pre .. wname[j]])
+        if not lim and fac then
+          lim = math.floor(old * fac)
+        end
+        if lim then
+          lim = math.min(math.max(lim, 1), 1125899906842624)
+          if lim ~= old then
+            if wkind[j] == 4 and wburst[j] > 0 then
+              wburst[j] = math.min(math.max(math.floor(wburst[j] * lim / old), 1), 1125899906842624)
+            end
+            wlim[j] = lim
+            changed = true
+          end
+        end
+      end
+    end
+  end
+  return changed
+end
+
+-- with_limits appends the windows' limits and bursts to a reply.
+local function with_limits(reply, nw)
+  local o = 7 + 3 * nw
+  for j = 1, nw do
+    reply[o + 2 * j - 1] = wlim[j]
+    reply[o + 2 * j] = (wkind[j] == 4 and wburst[j]) or 0
+  end
+  return reply
+end
+
 local function decide(a, k)
   local mode = tonumber(ARGV[a + 2])
   local now = tonumber(ARGV[a + 3])
@@ -218,6 +292,7 @@ local function decide(a, k)
   local cost = tonumber(ARGV[a + 5])
   local nparts = tonumber(ARGV[a + 6])
   local hasban, haslease = ARGV[a + 7] == "1", ARGV[a + 8] == "1"
+  local hasov, scope = ARGV[a + 9] == "1", ARGV[a + 10]
   if deadline ~= 0 then
     local t = clock()
     if deadline > 0 and t > deadline then
@@ -227,16 +302,17 @@ local function decide(a, k)
   if now == 0 then
     now = clock()
   end
-  a = a + 9
+  a = a + 11
   local nw = 0
   for p = 1, nparts do
     local kind, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-    a = a + 2
+    pglobal[p] = ARGV[a + 2] == "1"
+    a = a + 3
     pkey[p], pkind[p], pj0[p] = KEYS[k], kind, nw + 1
     k = k + 1
     for _ = 1, n do
       nw = nw + 1
-      wname[nw], wlim[nw] = ARGV[a], tonumber(ARGV[a + 1])
+      wname[nw], wlim[nw], wkind[nw] = ARGV[a], tonumber(ARGV[a + 1]), kind
       if kind == 5 then
         cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
         a = a + 6
@@ -255,10 +331,29 @@ local function decide(a, k)
   local lkey, lmax, ltimeout, lid
   if haslease then
     lkey, lmax, ltimeout, lid = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+    k = k + 1
   end
   if mode == 4 then
     redis.call("ZREM", lkey, lid)
     return {1, now, now_redis or 0, 0, 0, -1, 0}
+  end
+  local overridden = hasov and override(KEYS[k], scope, nparts, now)
+  if overridden and mode ~= 3 then
+    for p = 1, nparts do
+      for j = pj0[p], pj1[p] do
+        local capacity = wlim[j]
+        if wkind[j] == 4 and wburst[j] > 0 then
+          capacity = wburst[j]
+        end
+        if cost > capacity then
+          local reply = {4, now, now_redis or 0, 0, 0, -1, 0}
+          for i = 1, nw do
+            reply[3 * i + 5], reply[3 * i + 6], reply[3 * i + 7] = 0, 0, 0
+          end
+          return with_limits(reply, nw)
+        end
+      end
+    end
   end
   local peek, record = mode == 1, mode == 3
 
@@ -379,6 +474,9 @@ local function decide(a, k)
   local reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied}
   for j = 1, nw do
     reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
+  end
+  if overridden then
+    return with_limits(reply, nw)
   end
   return reply
 end

@@ -8,7 +8,8 @@
 //	token_bucket.lua      GCRA: one theoretical arrival time per window
 //
 // decide.lua's header documents the calling convention and the reply; each
-// algorithm file documents its state, units and answers. One script serves
+// algorithm file documents its state, units and answers. override.lua keeps
+// the temporary overrides decide.lua reads. One script serves
 // every algorithm, so a batch of checks from limiters of different
 // algorithms is still one EVALSHA.
 package lua
@@ -29,6 +30,10 @@ var (
 	fixedWindow string
 	//go:embed token_bucket.lua
 	tokenBucket string
+	// Override is override.lua: an identity's temporary overrides and a
+	// limiter's index of them (not on the request path).
+	//go:embed override.lua
+	Override string
 )
 
 // algorithmsMarker is the line of decide.lua the algorithm files replace.
@@ -51,4 +56,5 @@ var Files = map[string]string{
 	"sliding_counter.lua": slidingCounter,
 	"fixed_window.lua":    fixedWindow,
 	"token_bucket.lua":    tokenBucket,
+	"override.lua":        Override,
 }
