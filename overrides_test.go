@@ -189,6 +189,9 @@ func TestOverrideForms(t *testing.T) {
 			if n := admitted(t, h, eu, 10); n != 8 {
 				t.Errorf("eu admitted %d under factor 2 (limit 4), want 8", n)
 			}
+			if code, body := adminGet(t, h.Name, "key=K&region=eu&cost=1"); code != http.StatusOK || !strings.Contains(body, `"count":8,"limit":8,"remaining":0`) {
+				t.Errorf("admin GET under the override: %d %s, want the bucket's limit of 8", code, body)
+			}
 			w := serve(t, h, us)
 			if got := w.Header().Get("RateLimit-Policy"); !strings.Contains(got, ";q=8;") || !strings.Contains(got, "-global\";q=20;") {
 				t.Errorf("RateLimit-Policy %q, want q=8 and the global ceiling's q=20", got)
