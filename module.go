@@ -202,6 +202,10 @@ type Handler struct {
 	fingerprt  string // the block's settings, for same-name checks
 	statusIn   func(int) bool
 	nowFn      func() time.Time // tests inject a clock
+
+	// top counts the keys it refuses; shared by the limiter's handlers,
+	// kept across reloads.
+	top *offenders
 }
 
 // LimitConfig is one window of a limiter and its limit.
@@ -275,6 +279,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.nowFn == nil {
 		h.nowFn = time.Now
 	}
+	h.top = sharedOffenders(h.Name)
 	if h.Redis != nil {
 		h.Redis.provision()
 	}
