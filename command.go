@@ -213,7 +213,7 @@ func printJSON(out io.Writer, body []byte, err error) error {
 		return err
 	}
 	var buf bytes.Buffer
-	if json.Indent(&buf, body, "", "  ") != nil {
+	if json.Indent(&buf, bytes.TrimSpace(body), "", "  ") != nil {
 		_, err := out.Write(body)
 		return err
 	}
@@ -296,7 +296,7 @@ func writeReset(out io.Writer, r *resetInfo) error {
 	if r.Region != "" {
 		where = " in region " + r.Region
 	}
-	others := "no (the in-process store, or the notice could not be sent)"
+	others := "no (the notice could not be published: other nodes may deny the key from their deny caches until its retry time)"
 	if r.OtherNodesNotified {
 		others = "yes"
 	}

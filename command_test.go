@@ -103,7 +103,7 @@ api     0      10     10         -
 		},
 		want: `
 reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4)
-other nodes notified: no (the in-process store, or the notice could not be sent)
+other nodes notified: no (the notice could not be published: other nodes may deny the key from their deny caches until its retry time)
 `,
 	}, {
 		name: "top",

@@ -157,8 +157,9 @@ type Handler struct {
 	// a warning (rate-limited). Negative disables it. Default 0.85.
 	WarnAt float64 `json:"warn_at,omitempty"`
 
-	// LogKey adds the client's key to near-limit and dry-run log lines and
-	// to events. Off by default: keys are often secrets.
+	// LogKey adds the client's key to near-limit and dry-run log lines, to
+	// events and to the admin API's top offenders (which otherwise show a
+	// hash of it). Off by default: keys are often secrets.
 	LogKey bool `json:"log_key,omitempty"`
 
 	// DryRun counts and reports, never blocks: would-be denials pass, are
