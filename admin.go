@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -106,13 +107,15 @@ func liveHandlers() []*Handler {
 //	GET    /sliding_ratelimit/                       the limiters
 //	GET    /sliding_ratelimit/<name>?key=K[&region=R] what K's next request would get, nothing consumed
 //	DELETE /sliding_ratelimit/<name>?key=K[&region=R] reset K (its windows, global ceiling and ban), on every node
+//	GET    /sliding_ratelimit/<name>/top[?n=10]       the keys this node denied most (and saw cross warn_at most) lately
 //	PUT, GET, DELETE /sliding_ratelimit/<name>/override?key=K...  K's temporary override (admin_override.go)
 //
 // key is the identity as the limiter's key template resolves for the
 // client (e.g. the API key); region as its region template resolves. A
 // limiter whose limit, cost or max_concurrent is a placeholder needs the
 // client's values in GET (&limit=, &global_limit=, &cost=,
-// &max_concurrent=; several limits: &limit=10,1000 in order).
+// &max_concurrent=; several limits: &limit=10,1000 in order). A trailing
+// slash is accepted.
 type AdminAPI struct{}
 
 // CaddyModule returns the Caddy module information.
@@ -158,6 +161,7 @@ type windowInfo struct {
 type usageInfo struct {
 	Limiter    string        `json:"limiter"`
 	Key        string        `json:"key"`
+	KeyHash    string        `json:"key_hash"`
 	Region     string        `json:"region,omitempty"`
 	Allowed    bool          `json:"allowed"`
 	Outcome    string        `json:"outcome"`
@@ -166,6 +170,16 @@ type usageInfo struct {
 	BanLeft    int64         `json:"ban_left,omitempty"`
 	InFlight   *int64        `json:"in_flight,omitempty"`
 	Windows    []windowUsage `json:"windows"`
+}
+
+// resetInfo is the answer of a reset.
+type resetInfo struct {
+	Limiter            string `json:"limiter"`
+	Key                string `json:"key"`
+	KeyHash            string `json:"key_hash"`
+	Region             string `json:"region"`
+	Reset              bool   `json:"reset"`
+	OtherNodesNotified bool   `json:"other_nodes_notified"`
 }
 
 type windowUsage struct {
@@ -177,8 +191,10 @@ type windowUsage struct {
 	Reset     int64  `json:"reset"`
 }
 
+// serve dispatches /sliding_ratelimit/[<name>[/<resource>]].
 func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
-	name, sub, _ := strings.Cut(strings.Trim(strings.TrimPrefix(r.URL.Path, "/sliding_ratelimit/"), "/"), "/")
+	path := strings.Trim(strings.TrimPrefix(r.URL.Path, "/sliding_ratelimit/"), "/")
+	name, resource, _ := strings.Cut(path, "/")
 	if name == "" {
 		if r.Method != http.MethodGet {
 			return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET only")}
@@ -189,14 +205,38 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 	if len(hs) == 0 {
 		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no limiter named '%s'", name)}
 	}
-	h := hs[len(hs)-1]
-	switch sub {
+	switch resource {
 	case "":
+		return serveKey(w, r, name, hs)
+	case "top":
+		return serveTop(w, r, name, hs[len(hs)-1])
 	case "override":
-		return serveOverride(w, r, name, h)
-	default:
-		return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("no such endpoint '%s' (the limiter's are: override)", sub)}
+		return serveOverride(w, r, name, hs[len(hs)-1])
 	}
+	return caddy.APIError{HTTPStatus: http.StatusNotFound, Err: fmt.Errorf("limiter '%s' has no '%s' (it has: top, override)", name, resource)}
+}
+
+// serveTop answers GET /sliding_ratelimit/<name>/top[?n=10]: the n keys
+// (1 to 1024, default 10) with the most denials, and the n with the most
+// near-limit crossings, on this node over the last 5 to 10 minutes.
+func serveTop(w http.ResponseWriter, r *http.Request, name string, h *Handler) error {
+	if r.Method != http.MethodGet {
+		return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET only")}
+	}
+	n := 10
+	if v := r.URL.Query().Get("n"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 || n > topCounters {
+			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n must be an integer from 1 to %d, got '%s'", topCounters, v)}
+		}
+	}
+	return writeJSON(w, h.top.report(name, n, h.LogKey, h.nowFn()))
+}
+
+// serveKey answers GET (what K's next request would get) and DELETE (reset
+// K) of /sliding_ratelimit/<name>?key=K[&region=R].
+func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler) error {
+	h := hs[len(hs)-1]
 	q := r.URL.Query()
 	if !q.Has("key") {
 		return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameter 'key' is required (the identity, as the key template resolves)")}
@@ -216,7 +256,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 		}
 		u := usageInfo{
-			Limiter: name, Key: key, Region: d.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
+			Limiter: name, Key: key, KeyHash: keyHash(key), Region: d.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
 			Outcome: d.Outcome.String(), RetryAfter: retryAfterSeconds(&d), Banned: d.Banned, BanLeft: ceilSeconds(d.BanLeft),
 		}
 		if d.InFlight >= 0 {
@@ -240,7 +280,7 @@ func (a *AdminAPI) serve(w http.ResponseWriter, r *http.Request) error {
 				notified = n
 			}
 		}
-		return writeJSON(w, map[string]any{"limiter": name, "key": key, "region": region, "reset": true, "other_nodes_notified": notified})
+		return writeJSON(w, resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, Reset: true, OtherNodesNotified: notified})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET or DELETE")}
 }

@@ -157,8 +157,9 @@ type Handler struct {
 	// a warning (rate-limited). Negative disables it. Default 0.85.
 	WarnAt float64 `json:"warn_at,omitempty"`
 
-	// LogKey adds the client's key to near-limit and dry-run log lines and
-	// to events. Off by default: keys are often secrets.
+	// LogKey adds the client's key to near-limit and dry-run log lines, to
+	// events and to the admin API's top offenders (which otherwise show a
+	// hash of it). Off by default: keys are often secrets.
 	LogKey bool `json:"log_key,omitempty"`
 
 	// DryRun counts and reports, never blocks: would-be denials pass, are
@@ -202,6 +203,10 @@ type Handler struct {
 	fingerprt  string // the block's settings, for same-name checks
 	statusIn   func(int) bool
 	nowFn      func() time.Time // tests inject a clock
+
+	// top counts the keys it refuses; shared by the limiter's handlers,
+	// kept across reloads.
+	top *offenders
 }
 
 // LimitConfig is one window of a limiter and its limit.
@@ -275,6 +280,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.nowFn == nil {
 		h.nowFn = time.Now
 	}
+	h.top = sharedOffenders(h.Name)
 	if h.Redis != nil {
 		h.Redis.provision()
 	}

@@ -303,6 +303,7 @@ func (h *Handler) observe(repl *caddy.Replacer, d *limiter.Decision) {
 			if crossed {
 				h.metrics.nearLimit.Inc()
 				h.logNearLimit(d)
+				h.top.note(kindNear, d.Identity, d.Region, h.LogKey, 0, h.nowFn())
 			}
 		}
 		return
@@ -310,6 +311,7 @@ func (h *Handler) observe(repl *caddy.Replacer, d *limiter.Decision) {
 	if d.Outcome == limiter.OutcomeUnavailable {
 		return
 	}
+	h.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), h.nowFn())
 	if d.BanStarted {
 		h.metrics.bans.Inc()
 		h.emit(eventBanned, d, h.logs.banEvent)
