@@ -59,14 +59,21 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 		if err != nil {
 			return storeErr(err)
 		}
+		// The key as it stands in the store's keys (itself when short and
+		// plain) only with log_key; its key_hash always.
 		type entry struct {
-			Key    string `json:"key"`
-			Region string `json:"region,omitempty"`
-			TTL    int64  `json:"ttl"`
+			Key     string `json:"key,omitempty"`
+			KeyHash string `json:"key_hash"`
+			Region  string `json:"region,omitempty"`
+			TTL     int64  `json:"ttl"`
 		}
 		out := make([]entry, 0, len(list))
 		for _, e := range list {
-			out = append(out, entry{Key: e.Identity, Region: e.Region, TTL: ceilSeconds(e.Left)})
+			x := entry{KeyHash: e.KeyHash, Region: e.Region, TTL: ceilSeconds(e.Left)}
+			if h.LogKey {
+				x.Key = e.Identity
+			}
+			out = append(out, x)
 		}
 		return writeJSON(w, map[string]any{"limiter": name, "overrides": out})
 	}
@@ -81,7 +88,7 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 		for _, o := range os {
 			out = append(out, toOverrideInfo(o))
 		}
-		return writeJSON(w, map[string]any{"limiter": name, "key": key, "overrides": out})
+		return writeJSON(w, map[string]any{"limiter": name, "key": key, "key_hash": keyHash(key), "overrides": out})
 	case http.MethodPut, http.MethodPost:
 		o, err := parseOverride(q)
 		if err != nil {
@@ -93,14 +100,14 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 		}
 		h.logOverride("rate limit override set", key, region, zap.Float64("factor", got.Factor),
 			zap.Int64s("limits", got.Limits), zap.Int64s("global_limits", got.GlobalLimits), zap.Duration("ttl", got.TTL))
-		return writeJSON(w, map[string]any{"limiter": name, "key": key, "override": toOverrideInfo(got)})
+		return writeJSON(w, map[string]any{"limiter": name, "key": key, "key_hash": keyHash(key), "override": toOverrideInfo(got)})
 	case http.MethodDelete:
 		had, err := h.lim.DeleteOverride(ctx, key, region)
 		if err != nil {
 			return storeErr(err)
 		}
 		h.logOverride("rate limit override ended", key, region, zap.Bool("was_live", had))
-		return writeJSON(w, map[string]any{"limiter": name, "key": key, "region": region, "ended": had})
+		return writeJSON(w, map[string]any{"limiter": name, "key": key, "key_hash": keyHash(key), "region": region, "ended": had})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET, PUT or DELETE")}
 }
@@ -149,7 +156,7 @@ func parseOverride(q url.Values) (limiter.Override, error) {
 
 // logOverride logs an override change: the key itself only with log_key.
 func (h *Handler) logOverride(msg, key, region string, fields ...zap.Field) {
-	fields = append([]zap.Field{zap.String("limiter", h.Name), zap.String("region", region)}, fields...)
+	fields = append([]zap.Field{zap.String("limiter", h.Name), zap.String("key_hash", keyHash(key)), zap.String("region", region)}, fields...)
 	if h.LogKey {
 		fields = append(fields, zap.String("key", key))
 	}

@@ -98,7 +98,7 @@ func TestOverrideAppliesOnEveryNode(t *testing.T) {
 		t.Errorf("another key: X-RateLimit-Limit %q, want 5", w.Header().Get("X-RateLimit-Limit"))
 	}
 	code, body = adminOverride(t, http.MethodGet, name, "")
-	if code != http.StatusOK || !strings.Contains(body, `"key":"K"`) {
+	if code != http.StatusOK || !strings.Contains(body, `"key_hash":"`+keyHash("K")+`"`) || strings.Contains(body, `"key":"K"`) {
 		t.Errorf("GET overrides: %d %s", code, body)
 	}
 	if got := overridesGauge(t, name); got != 1 {

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
 const (
@@ -249,13 +251,9 @@ func (o *offenders) entry(id uint64, logKey bool) offender {
 	return of
 }
 
-// keyHash is the key as the top offenders show it without log_key: the
-// first 12 hex digits of the SHA-256 of the key (as the key template
-// resolved it), e.g. `printf %s "$KEY" | sha256sum | cut -c1-12`.
-func keyHash(identity string) string {
-	d := keyDigest(identity)
-	return hex.EncodeToString(d[:])
-}
+// keyHash is the key as the top offenders and the overrides show it
+// without log_key (limiter.KeyHash).
+func keyHash(identity string) string { return limiter.KeyHash(identity) }
 
 func keyDigest(identity string) [6]byte {
 	sum := sha256.Sum256([]byte(identity))

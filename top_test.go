@@ -130,7 +130,7 @@ func TestTopRequests(t *testing.T) {
 		{h.Name + "/top", "n=0", http.StatusBadRequest, "n must be an integer from 1 to 1024, got '0'"},
 		{h.Name + "/top", "n=1025", http.StatusBadRequest, "got '1025'"},
 		{h.Name + "/top", "n=ten", http.StatusBadRequest, "got 'ten'"},
-		{h.Name + "/nope", "", http.StatusNotFound, "limiter '" + h.Name + "' has no 'nope' (it has: top)"},
+		{h.Name + "/nope", "", http.StatusNotFound, "limiter '" + h.Name + "' has no 'nope' (it has: top, override)"},
 		{"no_such_limiter/top", "", http.StatusNotFound, "no limiter named 'no_such_limiter'"},
 		{h.Name + "/", "", http.StatusBadRequest, "query parameter 'key' is required"},
 	} {

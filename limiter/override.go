@@ -2,6 +2,8 @@ package limiter
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -43,10 +45,19 @@ type Override struct {
 }
 
 // OverrideEntry is one live override in a limiter's index: the identity
-// and region as they stand in keys (a long or unusual value is a hash).
+// and region as they stand in keys (a long or unusual value is a hash), and
+// the identity's KeyHash.
 type OverrideEntry struct {
-	Identity, Region string
-	Left             time.Duration
+	Identity, Region, KeyHash string
+	Left                      time.Duration
+}
+
+// KeyHash names an identity where the identity itself is not shown (it is
+// often a secret): the first 12 hex digits of its SHA-256, e.g.
+// `printf %s "$KEY" | sha256sum | cut -c1-12`.
+func KeyHash(identity string) string {
+	sum := sha256.Sum256([]byte(identity))
+	return hex.EncodeToString(sum[:6])
 }
 
 // MaxOverrideTTL bounds an override's duration: a longer change belongs in
@@ -544,8 +555,11 @@ func (l *Limiter) ActiveOverrides(ctx context.Context) ([]OverrideEntry, error) 
 		if until <= now {
 			continue
 		}
-		id, region, _ := strings.Cut(member, ":")
-		out = append(out, OverrideEntry{Identity: id, Region: region, Left: time.Duration(until-now) * time.Microsecond})
+		f := strings.SplitN(member, ":", 3)
+		for len(f) < 3 {
+			f = append(f, "")
+		}
+		out = append(out, OverrideEntry{Identity: f[0], Region: f[1], KeyHash: f[2], Left: time.Duration(until-now) * time.Microsecond})
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].Left != out[j].Left {
@@ -556,13 +570,11 @@ func (l *Limiter) ActiveOverrides(ctx context.Context) ([]OverrideEntry, error) 
 	return out, nil
 }
 
-// indexMember names an override in the index: the identity's tag, and its
-// scope after a ':' (tags and scopes hold no ':').
+// indexMember names an override in the index: the identity's tag, its
+// scope and the identity's KeyHash, separated by ':' (tags and scopes hold
+// none).
 func indexMember(identity, scope string) string {
-	if scope == "" {
-		return Tag(identity)
-	}
-	return Tag(identity) + ":" + scope
+	return Tag(identity) + ":" + scope + ":" + KeyHash(identity)
 }
 
 // tell drops identity's cached denials here and, through the notifier, on
