@@ -113,6 +113,19 @@ func newBlackHole(t *testing.T) (string, error) {
 	return ln.Addr().String(), nil
 }
 
+// validateMu serialises caddy.Validate: Caddy's TLS app shares one
+// certificate cache per process, and two configs cleaned up at once stop
+// it twice (a panic).
+var validateMu sync.Mutex
+
+// validateConfig loads cfg as Caddy would (modules provisioned and
+// validated, nothing started), one config at a time.
+func validateConfig(cfg *caddy.Config) error {
+	validateMu.Lock()
+	defer validateMu.Unlock()
+	return caddy.Validate(cfg)
+}
+
 // TestMain removes what the tests built outside their t.TempDir()s.
 func TestMain(m *testing.M) {
 	code := m.Run()

@@ -314,7 +314,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	h.warnRestart(&p)
 	cfg, _ := json.Marshal(h)
 	h.fingerprt = string(cfg)
-	if err := register(h); err != nil {
+	if _, err := register(h); err != nil {
 		h.lim.Close()
 		h.release()
 		return err
@@ -391,27 +391,79 @@ func (h *Handler) enum(name string) (*string, []string) {
 	panic("sliding_ratelimit: no enumerated subdirective " + name)
 }
 
-// configError is a configuration error that names the subdirective at
-// fault, so the Caddyfile parser can point at its line.
+// configError is a configuration error that names the field at fault
+// (limit, limits[1], redis.timeout, ...): the Caddyfile parser points at
+// the line that set it, and a JSON config's error names it.
 type configError struct {
 	field string
 	err   error
 }
 
-func (e *configError) Error() string { return "sliding_ratelimit: " + e.err.Error() }
+func (e *configError) Error() string {
+	msg := e.err.Error()
+	field := jsonField(e.field)
+	// "limit must be ..." names its field already; "window must be ..." of
+	// limits[1] does not, nor "redis: bad URL" its redis.url.
+	if top, _, nested := strings.Cut(field, "."); nested && strings.HasPrefix(msg, top+": ") {
+		msg = msg[len(top)+2:]
+	}
+	if field == "" || strings.HasPrefix(msg, field) {
+		return "sliding_ratelimit: " + msg
+	}
+	return "sliding_ratelimit: " + field + ": " + msg
+}
+
 func (e *configError) Unwrap() error { return e.err }
+
+// jsonField is the JSON name of a configuration field as configError
+// names it (the Caddyfile subdirective, where the two differ).
+func jsonField(field string) string {
+	switch field {
+	case "deny_cache":
+		return "deny_cache_size"
+	case "redis.address":
+		return "redis.addresses"
+	case "timeout", "key_prefix":
+		return "redis." + field
+	}
+	return field
+}
 
 func cfgErr(field, format string, args ...any) error {
 	return &configError{field: field, err: fmt.Errorf(format, args...)}
 }
 
-// policyError names the subdirective of an engine policy error.
+// policyError names the configuration field of an engine policy error.
 func (h *Handler) policyError(err error) error {
 	var pe *limiter.PolicyError
 	if errors.As(err, &pe) {
-		return &configError{field: pe.Field, err: pe.Err}
+		field := pe.Field
+		if pe.Window > 0 {
+			field = h.windowField(pe.Global, pe.Window-1, pe.Field == "window")
+		}
+		return &configError{field: field, err: pe.Err}
 	}
 	return fmt.Errorf("sliding_ratelimit: %w", err)
+}
+
+// windowField names the field that gives the i-th window (0-based) of the
+// bucket's or the global windows: Limit (and, for its duration, Window)
+// first when set, then Limits[j] ("limits[j]").
+func (h *Handler) windowField(global bool, i int, duration bool) string {
+	first, name := h.Limit, "limit"
+	if global {
+		first, name = h.GlobalLimit, "global_limit"
+	}
+	if first != "" {
+		if i == 0 {
+			if duration {
+				return "window"
+			}
+			return name
+		}
+		i--
+	}
+	return fmt.Sprintf("%ss[%d]", name, i)
 }
 
 // windows lists the limiter's windows with their amounts (bucket or
@@ -435,15 +487,17 @@ func (h *Handler) windows(global bool) ([]limiter.Window, []Amount, error) {
 		if l.Period != "" {
 			p, ok := limiter.ParsePeriod(l.Period)
 			if !ok || l.Window != 0 {
-				return nil, nil, cfgErr(field, "%s %s: a window is a duration or one of hour, day, week, month, got '%s'", field, l.Limit, l.Period)
+				return nil, nil, cfgErr(h.windowField(global, len(ws), false), "%s %s: a window is a duration or one of hour, day, week, month, got '%s'", field, l.Limit, l.Period)
 			}
 			w = limiter.Window{Period: p}
+		} else if l.Window == 0 {
+			return nil, nil, cfgErr(h.windowField(global, len(ws), false), "%s %s has no window: give it a duration or a calendar period", field, l.Limit)
 		}
 		ws, as = append(ws, w), append(as, l.Limit)
 	}
-	for _, a := range as {
+	for i, a := range as {
 		if err := a.checkStatic(field); err != nil {
-			return nil, nil, &configError{field: field, err: err}
+			return nil, nil, &configError{field: h.windowField(global, i, false), err: err}
 		}
 	}
 	return ws, as, nil
@@ -480,6 +534,9 @@ func (h *Handler) policy() (limiter.Policy, error) {
 	}
 	if p.GlobalWindows, _, err = h.windows(true); err != nil {
 		return p, err
+	}
+	if h.Window != 0 && h.Limit == "" && h.GlobalLimit == "" {
+		return p, cfgErr("window", "window is the window of limit <n> (and global_limit <n>), and every limit here has a window of its own: drop window")
 	}
 	if h.Algorithm != "" && p.Algorithm != limiter.FixedWindow && !hasDuration(p.Windows) {
 		return p, cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
@@ -599,7 +656,7 @@ func (h *Handler) checkStatic(p *limiter.Policy) error {
 		}
 		capacity := p.Capacity(w[i], c.static)
 		if p.Algorithm == limiter.SlidingLog && w[i].Period == limiter.PeriodNone && cost.static == 1 && c.static > limiter.MaxLogEntries {
-			return cfgErr(field, "%s %d on sliding_log: the log keeps one entry per request, at most %d per key and window (more would hold Redis for milliseconds); use sliding_counter (O(1) per key) for this rate, or a cost per request", field, c.static, limiter.MaxLogEntries)
+			return cfgErr(h.windowField(field == "global_limit", i, false), "%s %d on sliding_log: the log keeps one entry per request, at most %d per key and window (more would hold Redis for milliseconds); use sliding_counter (O(1) per key) for this rate, or a cost per request", field, c.static, limiter.MaxLogEntries)
 		}
 		if cost.static > capacity {
 			what := fmt.Sprintf("%s %d", field, c.static)
