@@ -314,10 +314,15 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	h.warnRestart(&p)
 	cfg, _ := json.Marshal(h)
 	h.fingerprt = string(cfg)
-	if _, err := register(h); err != nil {
+	first, err := register(h)
+	if err != nil {
 		h.lim.Close()
 		h.release()
 		return err
+	}
+	if first {
+		// Once per limiter and config, however many routes hold it.
+		h.warnTemplates()
 	}
 	return nil
 }
