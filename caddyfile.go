@@ -343,7 +343,7 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 // points a failure at the line of the subdirective to fix, or at the
 // directive when the fault is a missing one.
 func (h *Handler) checkParsed(start caddyfile.Token, pos map[string]caddyfile.Token) error {
-	err := h.Validate()
+	err := h.validate()
 	if err == nil {
 		return nil
 	}

@@ -282,29 +282,29 @@ func TestBadJSON(t *testing.T) {
 		{"no window", Handler{Limit: "3"}, "limit 3 has no window"},
 		{"fail", Handler{Limit: "3", Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open, closed or local"},
 		// Without lines, the error names the JSON field at fault.
-		{"bad limit among several", Handler{Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Second)}, {Limit: "0", Window: caddy.Duration(time.Minute)}}},
-			"sliding_ratelimit: limits[1]: limit must be a positive integer"},
+		{"bad limit among several", Handler{Name: "api", Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Second)}, {Limit: "0", Window: caddy.Duration(time.Minute)}}},
+			"sliding_ratelimit: limiter api: limits[1]: limit must be a positive integer"},
 		{"small window among several", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Microsecond)}}},
-			"sliding_ratelimit: limits[0]: window must be at least 1ms, got 1µs"},
-		{"small window of limit", Handler{Limit: "5", Window: caddy.Duration(time.Microsecond)}, "sliding_ratelimit: window must be at least 1ms"},
-		{"a limit without a window", Handler{Limits: []LimitConfig{{Limit: "10"}}}, "sliding_ratelimit: limits[0]: limit 10 has no window"},
+			"sliding_ratelimit: limiter default: limits[0]: window must be at least 1ms, got 1µs"},
+		{"small window of limit", Handler{Limit: "5", Window: caddy.Duration(time.Microsecond)}, "sliding_ratelimit: limiter default: window must be at least 1ms"},
+		{"a limit without a window", Handler{Limits: []LimitConfig{{Limit: "10"}}}, "sliding_ratelimit: limiter default: limits[0]: limit 10 has no window"},
 		{"bad global window", Handler{Region: "{r}", Limit: "5", Window: caddy.Duration(time.Minute), GlobalLimits: []LimitConfig{{Limit: "7", Period: "fortnight"}}},
-			"sliding_ratelimit: global_limits[0]: global_limit 7: a window is a duration or one of hour, day, week, month, got 'fortnight'"},
-		{"deny cache without redis", Handler{Limit: "5", Window: caddy.Duration(time.Minute), DenyCacheSize: 10}, "sliding_ratelimit: deny_cache_size: deny_cache applies to a Redis store"},
+			"sliding_ratelimit: limiter default: global_limits[0]: global_limit 7: a window is a duration or one of hour, day, week, month, got 'fortnight'"},
+		{"deny cache without redis", Handler{Limit: "5", Window: caddy.Duration(time.Minute), DenyCacheSize: 10}, "sliding_ratelimit: limiter default: deny_cache_size: deny_cache applies to a Redis store"},
 		{"redis URL without a scheme", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Redis: &RedisConfig{URL: "127.0.0.1:6379"}},
-			"sliding_ratelimit: redis.url: bad URL '127.0.0.1:6379': it needs a scheme: write redis://127.0.0.1:6379"},
+			"sliding_ratelimit: limiter default: redis.url: bad URL '127.0.0.1:6379': it needs a scheme: write redis://127.0.0.1:6379"},
 		{"redis bad address", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Redis: &RedisConfig{Addresses: []string{"localhost"}}},
-			"sliding_ratelimit: redis.addresses: bad address 'localhost'"},
+			"sliding_ratelimit: limiter default: redis.addresses: bad address 'localhost'"},
 		{"negative redis timeout", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Redis: &RedisConfig{Addresses: []string{"localhost:6379"}, Timeout: -1}},
-			"sliding_ratelimit: redis: db, pool_size and timeouts must not be negative"},
+			"sliding_ratelimit: limiter default: redis: db, pool_size and timeouts must not be negative"},
 		{"window unused", Handler{Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Second)}}, Window: caddy.Duration(time.Minute)},
-			"sliding_ratelimit: window is the window of limit <n>"},
-		{"burst without token_bucket", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Burst: 9}, "sliding_ratelimit: burst is the capacity of algorithm token_bucket"},
+			"sliding_ratelimit: limiter default: window is the window of limit <n>"},
+		{"burst without token_bucket", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Burst: 9}, "sliding_ratelimit: limiter default: burst is the capacity of algorithm token_bucket"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			if err := tc.h.Validate(); err == nil || !strings.HasPrefix(err.Error(), "sliding_ratelimit: ") || !strings.Contains(err.Error(), tc.want) {
+			if err := tc.h.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Validate() = %v, want %q", err, tc.want)
 			}
 		})
@@ -368,5 +368,32 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 	}
 	if opts.MaxRetries != -1 || opts.ReadTimeout != DefaultTimeout || opts.DialTimeout != DefaultDialTimeout {
 		t.Fatalf("timeouts/retries not bounded: retries %d read %s dial %s", opts.MaxRetries, opts.ReadTimeout, opts.DialTimeout)
+	}
+}
+
+// TestLoadErrorsWithoutALine: what only loading finds (a TLS file that
+// cannot be read, a URL from an environment variable) names the limiter and
+// the subdirective, as no Caddyfile line can be given.
+func TestLoadErrorsWithoutALine(t *testing.T) {
+	t.Setenv("SLIDING_RATELIMIT_TEST_URL", "localhost:6379")
+	missing := filepath.Join(t.TempDir(), "missing-ca.pem")
+	for _, c := range []struct{ redis, want string }{
+		{"redis {\n\t\t\taddress localhost:6379\n\t\t\ttls {\n\t\t\t\tca " + missing + "\n\t\t\t}\n\t\t}",
+			"sliding_ratelimit: limiter files: redis tls ca: open " + missing + ": no such file or directory"},
+		{"redis {env.SLIDING_RATELIMIT_TEST_URL}",
+			"sliding_ratelimit: limiter files: redis.url: bad URL 'localhost:6379': it needs a scheme: write redis://localhost:6379"},
+	} {
+		src := ":8080 {\n\tsliding_ratelimit {\n\t\tname files\n\t\tlimit 5\n\t\twindow 1m\n\t\t" + c.redis + "\n\t}\n\trespond ok\n}\n"
+		out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err != nil {
+			t.Fatalf("adapt: %v", err)
+		}
+		var cfg caddy.Config
+		if err := json.Unmarshal(out, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := validateConfig(&cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("loading gives %v, want %q", err, c.want)
+		}
 	}
 }

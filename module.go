@@ -59,7 +59,9 @@ type Handler struct {
 	// placeholders are replaced per request, e.g.
 	// "{http.request.header.X-API-Key}". A value that is long or holds '{',
 	// '}', ':', '*' or control bytes is hashed before it is put in a store
-	// key. A key that expands to nothing is a bucket of its own.
+	// key. The requests whose key expands to nothing share one bucket of
+	// their own (counted in empty_keys_total); a key with no per-request
+	// placeholder, or with one nothing provides, is warned about at load.
 	// Default: "{http.vars.client_ip}".
 	Key string `json:"key,omitempty"`
 
@@ -280,10 +282,10 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	p, err := h.policy()
 	if err != nil {
-		return err
+		return h.named(err)
 	}
 	if err := h.checkStatic(&p); err != nil {
-		return err
+		return h.named(err)
 	}
 	h.compile()
 	h.statusIn = p.CountOnly
@@ -307,7 +309,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	if h.lim, err = limiter.New(p, b); err != nil {
 		h.release()
-		return h.policyError(err)
+		return h.named(h.policyError(err))
 	}
 	h.headers = planHeaders(h, &p)
 	h.configID = ctx.GetMetricsRegistry()
@@ -318,7 +320,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err != nil {
 		h.lim.Close()
 		h.release()
-		return err
+		return h.named(err)
 	}
 	if first {
 		// Once per limiter and config, however many routes hold it.
@@ -330,6 +332,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 // Validate checks the configuration (every value, whichever way it came:
 // JSON or the Caddyfile).
 func (h *Handler) Validate() error {
+	return h.named(h.validate())
+}
+
+// validate is Validate with errors that name the field at fault, not the
+// limiter (the Caddyfile parser gives the line instead).
+func (h *Handler) validate() error {
 	p, err := h.policy()
 	if err != nil {
 		return err
@@ -338,6 +346,21 @@ func (h *Handler) Validate() error {
 		return h.policyError(err)
 	}
 	return h.checkStatic(&p)
+}
+
+// named adds the limiter's name to a configuration error, for the errors
+// no Caddyfile line points at (a JSON config, what only loading finds).
+func (h *Handler) named(err error) error {
+	var ce *configError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	c := *ce
+	c.limiter = h.Name
+	if c.limiter == "" {
+		c.limiter = DefaultName
+	}
+	return &c
 }
 
 // Cleanup releases this handler's use of its stores.
@@ -400,11 +423,16 @@ func (h *Handler) enum(name string) (*string, []string) {
 // (limit, limits[1], redis.timeout, ...): the Caddyfile parser points at
 // the line that set it, and a JSON config's error names it.
 type configError struct {
-	field string
-	err   error
+	field   string
+	limiter string // the limiter's name, when no line points at it
+	err     error
 }
 
 func (e *configError) Error() string {
+	prefix := "sliding_ratelimit: "
+	if e.limiter != "" {
+		prefix += "limiter " + e.limiter + ": "
+	}
 	msg := e.err.Error()
 	field := jsonField(e.field)
 	// "limit must be ..." names its field already; "window must be ..." of
@@ -413,9 +441,9 @@ func (e *configError) Error() string {
 		msg = msg[len(top)+2:]
 	}
 	if field == "" || strings.HasPrefix(msg, field) {
-		return "sliding_ratelimit: " + msg
+		return prefix + msg
 	}
-	return "sliding_ratelimit: " + field + ": " + msg
+	return prefix + field + ": " + msg
 }
 
 func (e *configError) Unwrap() error { return e.err }

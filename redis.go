@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -405,7 +406,14 @@ func (h *Handler) backend() (limiter.Backend, error) {
 	}
 	e, key, err := acquireRedisStore(h.Redis, h.logger)
 	if err != nil {
-		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: redis: %w", err)
+		// Found when the config loads, not when a Caddyfile is adapted
+		// (the files may not be on the machine that adapts it): name the
+		// limiter, as no line can be.
+		var ce *configError
+		if errors.As(err, &ce) {
+			return limiter.Backend{}, h.named(err)
+		}
+		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: limiter %s: redis %w", h.Name, err)
 	}
 	h.storeKey, h.breaker = key, e.Breaker
 	b := limiter.Backend{
