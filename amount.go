@@ -132,7 +132,9 @@ type template struct {
 }
 
 func compileTemplate(raw string) template {
-	t := template{raw: raw, bare: caddy.NewEmptyReplacer().ReplaceAll(raw, "")}
+	// Placeholders of no request ({env.*}, {system.*}) resolve as they will
+	// per request; the others to nothing.
+	t := template{raw: raw, bare: caddy.NewReplacer().ReplaceAll(raw, "")}
 	for _, name := range templatePlaceholders(raw) {
 		t.perRequest = t.perRequest || !hasAnyPrefix(name, staticPlaceholders)
 	}

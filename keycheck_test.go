@@ -218,7 +218,7 @@ func TestSuggestPlaceholder(t *testing.T) {
 // Requests with a key, and a key deliberately the same for everyone, are
 // not counted.
 func TestEmptyKeysShareOneBudget(t *testing.T) {
-	t.Parallel()
+	t.Setenv("SLIDING_RATELIMIT_TEST_TENANT", "acme")
 	for _, c := range []struct {
 		name, key  string
 		hdr        map[string]string // the requests' headers
@@ -229,6 +229,7 @@ func TestEmptyKeysShareOneBudget(t *testing.T) {
 		{"header empty", "{http.request.header.X-API-Key}", map[string]string{"X-API-Key": ""}, true, nil},
 		{"placeholder unknown", "{http.request.heder.X-API-Key}", map[string]string{"X-API-Key": "k1"}, true, []string{"{http.request.heder.X-API-Key}"}},
 		{"every placeholder of a template empty", "tenant-{http.request.header.X-Tenant}:{http.request.header.X-API-Key}", nil, true, nil},
+		{"an environment variable and an empty header", "{env.SLIDING_RATELIMIT_TEST_TENANT}-{http.request.header.X-API-Key}", nil, true, nil},
 		{"one placeholder of two set", "tenant-{http.request.header.X-Tenant}:{http.request.header.X-API-Key}", map[string]string{"X-API-Key": "k1"}, false, nil},
 		{"a key", "{http.request.header.X-API-Key}", map[string]string{"X-API-Key": "k1"}, false, nil},
 		{"one budget for the site", "everyone", nil, false, nil},
