@@ -191,7 +191,8 @@ func (p *Policy) Check() error {
 		w     []Window
 	}{{"limit", p.Windows}, {"global_limit", p.GlobalWindows}} {
 		if len(ws.w) > MaxWindows {
-			return policyErr(ws.field, "at most %d windows per %s, got %d", MaxWindows, ws.field, len(ws.w))
+			return &PolicyError{Field: ws.field, Window: MaxWindows + 1, Global: ws.field == "global_limit",
+				Err: fmt.Errorf("at most %d windows per %s, got %d", MaxWindows, ws.field, len(ws.w))}
 		}
 		seen := map[string]bool{}
 		for i, w := range ws.w {
