@@ -1,12 +1,20 @@
 # The one test command (the README's, and what .ci/run runs): every test,
 # with the race detector, in random order. Tests start their own
-# redis-server processes (redis-server must be on PATH).
+# redis-server processes (redis-server must be on PATH). They run with a
+# temporary directory of their own (TMPDIR), which must be empty when they
+# end: a test that leaves a file, a socket or a server's directory behind
+# fails make test.
 GO ?= go
 
 .PHONY: test check vet fmt run build bench accuracy fuzz
 
 test:
-	$(GO) test -race -count=1 -shuffle=on -timeout 15m ./...
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	echo "TMPDIR=$$tmp $(GO) test -race -count=1 -shuffle=on -timeout 15m ./..." && \
+	TMPDIR=$$tmp $(GO) test -race -count=1 -shuffle=on -timeout 15m ./... && \
+	if [ -n "$$(ls -A "$$tmp")" ]; then \
+		echo "make test: the tests left this in their temporary directory:"; find "$$tmp" -mindepth 1 | head -50; exit 1; \
+	fi
 
 # check: formatting and vet, then the tests.
 check: fmt vet test

@@ -30,26 +30,31 @@ var registry = struct {
 	byName map[string][]*Handler
 }{byName: map[string][]*Handler{}}
 
-// register adds h, refusing a second block of one config under the same
-// name unless it is the same limiter (same settings, given a name on
-// purpose): two blocks left at the default name, or with different
-// settings, would share keys and corrupt each other's counts.
-func register(h *Handler) error {
+// register adds h, refusing a second handler of one config under the same
+// name unless it is the same limiter (the same settings): two with
+// different settings would share keys and corrupt each other's counts. It
+// reports whether h is the first of its name in its config. (A Caddyfile
+// is held to more when it is adapted: two blocks under one name must have
+// given it on purpose; one block in several servers is one limiter.)
+func register(h *Handler) (first bool, err error) {
 	registry.Lock()
 	defer registry.Unlock()
+	first = true
 	for _, x := range registry.byName[h.Name] {
 		if x.configID != h.configID {
 			continue
 		}
+		first = false
+		if x.fingerprt == h.fingerprt {
+			continue
+		}
 		if h.Name == DefaultName {
-			return cfgErr("name", "two sliding_ratelimit blocks are left at the default name %q: give each its own name (name <string>), or they would share one budget", DefaultName)
+			return false, cfgErr("name", "two sliding_ratelimit handlers with different settings are left at the default name %q: give each its own name (name <string>), or they would share one budget", DefaultName)
 		}
-		if x.fingerprt != h.fingerprt {
-			return cfgErr("name", "two sliding_ratelimit blocks are named %q with different settings: give each its own name (the same name means the same limiter and one budget)", h.Name)
-		}
+		return false, cfgErr("name", "two sliding_ratelimit handlers are named %q with different settings: give each its own name (the same name means the same limiter and one budget)", h.Name)
 	}
 	registry.byName[h.Name] = append(registry.byName[h.Name], h)
-	return nil
+	return first, nil
 }
 
 // predecessor is the newest live handler of h's name from another config:

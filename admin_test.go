@@ -83,14 +83,20 @@ http://localhost:9080 {
 	if w := u.Windows[0]; w.Count != 5 || w.Remaining != 0 || w.Limit != 5 || u.RetryAfter < 1 || u.Allowed {
 		t.Fatalf("usage %+v, want count 5, remaining 0, a retry time", u)
 	}
-	// GET consumed nothing.
-	resp = get(t, tester, url, nil)
-	json.NewDecoder(resp.Body).Decode(&u)
-	if u.Windows[0].Count != 5 {
-		t.Fatalf("second GET: count %d", u.Windows[0].Count)
+	// GET consumed nothing; a trailing slash after the name is the same path.
+	slashed := "http://localhost:2999/sliding_ratelimit/" + name + "/?key=cust-42&region=us"
+	for _, u2 := range []string{url, slashed} {
+		resp = get(t, tester, u2, nil)
+		u = usageInfo{}
+		if err := json.NewDecoder(resp.Body).Decode(&u); err != nil || resp.StatusCode != http.StatusOK || len(u.Windows) != 1 {
+			t.Fatalf("GET %s: %d %v %+v", u2, resp.StatusCode, err, u)
+		}
+		if u.Windows[0].Count != 5 || u.Limiter != name {
+			t.Fatalf("GET %s: %+v, want limiter %s with count 5", u2, u, name)
+		}
 	}
 
-	req, _ := http.NewRequest(http.MethodDelete, url, nil)
+	req, _ := http.NewRequest(http.MethodDelete, slashed, nil)
 	req.Header.Set("Origin", "http://localhost:2999")
 	dresp, err := tester.Client.Do(req)
 	if err != nil || dresp.StatusCode != http.StatusOK {
@@ -98,7 +104,7 @@ http://localhost:9080 {
 	}
 	dresp.Body.Close()
 	if got := admitted(6); got != 5 {
-		t.Fatalf("after reset: %d admitted of 6, want 5", got)
+		t.Fatalf("after a DELETE with a trailing slash: %d admitted of 6, want 5", got)
 	}
 
 	resp = get(t, tester, "http://localhost:2999/sliding_ratelimit/", nil)

@@ -125,16 +125,29 @@ func (a amount) resolve(repl *caddy.Replacer, what string) (int64, error) {
 type template struct {
 	raw    string
 	single string // the placeholder's name, when raw is just "{name}"
+	// bare is what raw resolves to when every placeholder resolves to
+	// nothing; perRequest is whether any placeholder may differ per request.
+	bare       string
+	perRequest bool
 }
 
 func compileTemplate(raw string) template {
-	t := template{raw: raw}
+	// Placeholders of no request ({env.*}, {system.*}) resolve as they will
+	// per request; the others to nothing.
+	t := template{raw: raw, bare: caddy.NewReplacer().ReplaceAll(raw, "")}
+	for _, name := range templatePlaceholders(raw) {
+		t.perRequest = t.perRequest || !hasAnyPrefix(name, staticPlaceholders)
+	}
 	if len(raw) > 2 && raw[0] == '{' && raw[len(raw)-1] == '}' &&
 		strings.Count(raw, "{") == 1 && strings.Count(raw, "}") == 1 && !strings.Contains(raw, `\`) {
 		t.single = raw[1 : len(raw)-1]
 	}
 	return t
 }
+
+// empty reports whether v, what the template resolved to, is what every
+// request with no value for its placeholders gets: one shared bucket.
+func (t *template) empty(v string) bool { return t.perRequest && v == t.bare }
 
 // expand resolves the template for a request; unknown placeholders are "".
 func (t template) expand(repl *caddy.Replacer) string {

@@ -1,7 +1,9 @@
 package slidingratelimit
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -22,8 +24,59 @@ func init() {
 
 func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
 	m := new(Handler)
-	err := m.UnmarshalCaddyfile(h.Dispenser)
-	return m, err
+	if err := m.UnmarshalCaddyfile(h.Dispenser); err != nil {
+		return nil, err
+	}
+	return m, checkBlockNames(h, m)
+}
+
+// blocksSeen is the Caddyfile adaptation's state key for the blocks parsed
+// so far, by limiter name.
+const blocksSeen = "sliding_ratelimit.blocks"
+
+type seenBlock struct {
+	line        int
+	fingerprint string
+}
+
+// checkBlockNames refuses, with the line to fix, a second block of the
+// Caddyfile under the name of an earlier one, unless both name it on
+// purpose with the same settings (the same limiter, one budget). A block
+// in a site with several addresses is parsed once: one limiter, whatever
+// the servers it ends up in.
+func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
+	seen, _ := h.State[blocksSeen].(map[string]seenBlock)
+	if seen == nil {
+		seen = map[string]seenBlock{}
+		h.State[blocksSeen] = seen
+	}
+	h.Reset()
+	h.Next()
+	at := h.Token()
+	for h.NextBlock(0) {
+		if h.Val() == "name" {
+			at = h.Token()
+		}
+	}
+	d := caddyfile.NewDispenser([]caddyfile.Token{at})
+	d.Next()
+	fp, _ := json.Marshal(m)
+	name := m.Name
+	if name == "" {
+		name = DefaultName
+	}
+	prev, ok := seen[name]
+	if !ok {
+		seen[name] = seenBlock{line: at.Line, fingerprint: string(fp)}
+		return nil
+	}
+	switch {
+	case m.Name == "":
+		return d.Errf("sliding_ratelimit: a second block left at the default name %q (the first on line %d): give each block its own name (name <string>), or they would share one budget", DefaultName, prev.line)
+	case prev.fingerprint != string(fp):
+		return d.Errf("sliding_ratelimit: a second block named %q with different settings (the first on line %d): give each its own name (the same name means the same limiter and one budget)", name, prev.line)
+	}
+	return nil
 }
 
 // UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
@@ -88,13 +141,18 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		return d.ArgErr()
 	}
+	// pos holds the line of every subdirective by the configuration field
+	// it sets (limit, limits[1], redis.timeout, ...), so a check failing
+	// later points at the line to fix.
 	pos := map[string]caddyfile.Token{}
 	for d.NextBlock(0) {
 		sub := d.Val()
-		if _, seen := pos[sub]; seen && !repeatable(sub) {
-			return d.Errf("%s given twice (the second would silently replace the first)", sub)
+		if !repeatable(sub) {
+			if first, seen := pos[sub]; seen {
+				return d.Errf("%s given twice (first on line %d): give it once", sub, first.Line)
+			}
+			pos[sub] = d.Token()
 		}
-		pos[sub] = d.Token()
 		if err := h.subdirective(d, sub, pos); err != nil {
 			return err
 		}
@@ -103,7 +161,7 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 }
 
 // repeatable are the subdirectives that may appear more than once: limits
-// with their own window.
+// with their own window, one line per window.
 func repeatable(sub string) bool { return sub == "limit" || sub == "global_limit" }
 
 func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[string]caddyfile.Token) error {
@@ -143,9 +201,10 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 				first = &h.GlobalLimit
 			}
 			if *first != "" {
-				return d.Errf("%s %s given twice without a window (give each window: %s %s 1m)", sub, args[0], sub, args[0])
+				return d.Errf("%s %s given twice without a window (first on line %d): give each its window (%s %s 1m)", sub, args[0], pos[sub].Line, sub, args[0])
 			}
 			*first = a
+			pos[sub] = d.Token()
 			break
 		}
 		lc := LimitConfig{Limit: a}
@@ -158,11 +217,12 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 			}
 			lc.Window = caddy.Duration(dur)
 		}
-		if sub == "limit" {
-			h.Limits = append(h.Limits, lc)
-		} else {
-			h.GlobalLimits = append(h.GlobalLimits, lc)
+		list := &h.Limits
+		if sub == "global_limit" {
+			list = &h.GlobalLimits
 		}
+		pos[fmt.Sprintf("%ss[%d]", sub, len(*list))] = d.Token()
+		*list = append(*list, lc)
 	case "window", "lease_timeout":
 		v, err := oneArg(d)
 		if err != nil {
@@ -283,13 +343,15 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 // points a failure at the line of the subdirective to fix, or at the
 // directive when the fault is a missing one.
 func (h *Handler) checkParsed(start caddyfile.Token, pos map[string]caddyfile.Token) error {
-	err := h.Validate()
+	err := h.validate()
 	if err == nil {
 		return nil
 	}
 	tok := start
 	var ce *configError
 	if errors.As(err, &ce) {
+		// The message names the subdirective; the line is the one to fix.
+		err = fmt.Errorf("sliding_ratelimit: %w", ce.err)
 		if t, ok := pos[ce.field]; ok {
 			tok = t
 		} else if t, ok := pos[strings.SplitN(ce.field, ".", 2)[0]]; ok {
@@ -312,10 +374,12 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, pos map[string]
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		if _, seen := pos["redis."+sub]; seen && sub != "address" {
-			return d.Errf("redis %s given twice", sub)
+		if first, seen := pos["redis."+sub]; seen && sub != "address" {
+			return d.Errf("redis %s given twice (first on line %d): give it once", sub, first.Line)
 		}
-		pos["redis."+sub] = d.Token()
+		if _, seen := pos["redis."+sub]; !seen {
+			pos["redis."+sub] = d.Token()
+		}
 		switch sub {
 		case "address":
 			if !d.NextArg() {
@@ -398,8 +462,13 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		}
 		t.InsecureSkipVerify = true
 	}
+	seen := map[string]int{}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
+		if line, ok := seen[sub]; ok {
+			return d.Errf("redis tls %s given twice (first on line %d): give it once", sub, line)
+		}
+		seen[sub] = d.Line()
 		if sub == "insecure_skip_verify" {
 			t.InsecureSkipVerify = true
 			continue

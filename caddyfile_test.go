@@ -83,7 +83,7 @@ func TestExamplesAdapt(t *testing.T) {
 			if err := json.Unmarshal(adapt(t, src), &cfg); err != nil {
 				t.Fatal(err)
 			}
-			if err := caddy.Validate(&cfg); err != nil {
+			if err := validateConfig(&cfg); err != nil {
 				t.Fatalf("adapted example does not load: %v", err)
 			}
 		})
@@ -189,6 +189,76 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"jitter bad", "limit 5\nwindow 1m\n@jitter lots", "jitter must be a duration or a percentage"},
 		{"deny_cache without redis", "limit 5\nwindow 1m\n@deny_cache 100", "deny_cache applies to a Redis store"},
 		{"fail closed without redis", "limit 5\nwindow 1m\n@fail closed", "fail closed applies to a Redis store"},
+		// Repeated subdirectives: the second line is the one to fix, and
+		// the message says where the first is.
+		{"name given twice", "name a\n@name b\nlimit 5\nwindow 1m", "name given twice (first on line 3)"},
+		{"algorithm given twice", "algorithm fixed_window\n@algorithm sliding_log\nlimit 5\nwindow 1m", "algorithm given twice"},
+		{"region given twice", "region {header.X-Region}\n@region {header.X-Zone}\nlimit 5\nwindow 1m", "region given twice"},
+		{"window given twice", "limit 5\nwindow 1m\n@window 2m", "window given twice (first on line 4)"},
+		{"burst given twice", "algorithm token_bucket\nlimit 5\nwindow 1m\nburst 9\n@burst 10", "burst given twice"},
+		{"fail given twice", "limit 5\nwindow 1m\nredis redis://localhost:6379\nfail open\n@fail closed", "fail given twice"},
+		{"clock given twice", "limit 5\nwindow 1m\nredis redis://localhost:6379\nclock app\n@clock redis", "clock given twice"},
+		{"cost given twice", "limit 5\nwindow 1m\ncost 1\n@cost 2", "cost given twice"},
+		{"ban given twice", "limit 5\nwindow 1m\nban 1h after 5 within 1m\n@ban 2h after 5 within 1m", "ban given twice"},
+		{"jitter given twice", "limit 5\nwindow 1m\njitter 1s\n@jitter 2s", "jitter given twice"},
+		{"headers given twice", "limit 5\nwindow 1m\nheaders ietf\n@headers legacy", "headers given twice"},
+		{"dry_run given twice", "limit 5\nwindow 1m\ndry_run\n@dry_run", "dry_run given twice"},
+		{"redis given twice", "limit 5\nwindow 1m\nredis redis://a:6379\n@redis redis://b:6379", "redis given twice"},
+		{"global_limit without window twice", "region {header.X-Region}\nlimit 5\nwindow 1m\nglobal_limit 9\n@global_limit 10", "global_limit 10 given twice without a window (first on line 6)"},
+		{"redis tls option twice", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntls {\nca /a.pem\n@ca /b.pem\n}\n}", "redis tls ca given twice"},
+		// Options that do nothing where they are written.
+		{"burst with sliding_counter", "algorithm sliding_counter\nlimit 5\nwindow 1m\n@burst 9", "burst is the capacity of algorithm token_bucket; sliding_counter has none"},
+		{"burst with fixed_window", "algorithm fixed_window\nlimit 5\nwindow 1m\n@burst 9", "burst is the capacity of algorithm token_bucket; fixed_window has none"},
+		{"window no limit uses", "limit 5 1s\nlimit 50 1m\n@window 1h", "every limit here has a window of its own: drop window"},
+		{"clock app without redis", "limit 5\nwindow 1m\n@clock app", "clock app applies to a Redis store"},
+		{"fail local without redis", "limit 5\nwindow 1m\n@fail local", "fail local applies to a Redis store"},
+		{"sentinel_password without sentinel", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@sentinel_password pw\n}", "sentinel_password applies to sentinel"},
+		{"cluster with sentinel", "limit 5\nwindow 1m\nredis {\naddress localhost:26379\nsentinel mymaster\n@cluster\n}", "cluster and sentinel exclude each other"},
+		{"db on a cluster", "limit 5\nwindow 1m\nredis {\naddress a:6379 b:6379\n@db 2\n}", "a Redis Cluster has only db 0"},
+		// A URL without a scheme says what to write.
+		{"redis host:port without a scheme", "limit 5\nwindow 1m\n@redis 127.0.0.1:6379", "it needs a scheme: write redis://127.0.0.1:6379 (or rediss:// for TLS)"},
+		{"redis host:port/db without a scheme", "limit 5\nwindow 1m\n@redis localhost:6379/0", "write redis://localhost:6379/0"},
+		{"redis URL of another scheme", "limit 5\nwindow 1m\n@redis tcp://localhost:6379", "the scheme must be redis:// or rediss:// (TLS), not tcp://"},
+		// Checks of several subdirectives point at the one to fix.
+		{"missing window, limit elsewhere", "name x\nkey {client_ip}\n@limit 5\ncost 1", "limit 5 has no window"},
+		{"cost above the limit, cost first", "@cost 6\nkey {client_ip}\nlimit 5\nwindow 1m", "cost 6 is above limit 5"},
+		{"cost above the burst", "algorithm token_bucket\nlimit 5\nwindow 1m\nburst 3\n@cost 4", "cost 4 is above burst 3"},
+		{"cost above one of several limits", "limit 10 1s\nlimit 1000 1h\n@cost 20", "cost 20 is above limit 10"},
+		{"key_prefix with a brace, URL form", "limit 5\nwindow 1m\nredis redis://localhost:6379 {\n@key_prefix rl{\n}", "key_prefix 'rl{' must not contain"},
+		{"bad limit among several", "limit 10 1s\n@limit 0 1m\nlimit 50 1h", "limit must be a positive integer (at most 2^50) or a placeholder, got '0'"},
+		{"small window among several", "limit 10 1s\n@limit 5 100us\nlimit 50 1h", "window must be at least 1ms, got 100µs"},
+		{"small window from window", "name x\nlimit 5\n@window 100us\nlimit 50 1h", "window must be at least 1ms, got 100µs"},
+		{"window above ten years", "limit 10 1s\n@limit 5 100000d", "window must be at most 10 years"},
+		{"one window twice, first elsewhere", "limit 5 1m\nlimit 50 1h\n@limit 6 1m", "two limit lines with the window 1m"},
+		{"sliding_log above its entries among several", "limit 10 1s\n@limit 20000 1h", "limit 20000 on sliding_log"},
+		{"global window twice", "region {header.X-Region}\nlimit 5 1m\nglobal_limit 9 1h\n@global_limit 10 1h", "two global_limit lines with the window 1h"},
+		{"global_limit without region", "limit 5\nwindow 1m\n@global_limit 9", "global_limit needs region"},
+		{"burst with a calendar period only", "limit 5 day\n@burst 9", "burst is the capacity of algorithm token_bucket"},
+		{"deny_cache placed before redis", "limit 5\nwindow 1m\n@deny_cache 10", "deny_cache applies to a Redis store"},
+		{"TLS cert without its key", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@tls {\ncert /c.pem\n}\n}", "tls: cert and key go together"},
+		{"sentinel with a URL", "limit 5\nwindow 1m\nredis redis://localhost:6379 {\n@sentinel mymaster\n}", "sentinel needs the Sentinels' addresses"},
+		{"bad address", "limit 5\nwindow 1m\nredis {\n@address localhost\n}", "bad address 'localhost': want host:port"},
+		{"queue with no wait", "limit 5\nwindow 1m\n@queue 0s", "queue needs a positive max wait"},
+		{"bad ban durations", "limit 5\nwindow 1m\n@ban 100us after 5 within 1m", "ban durations must be 1ms to 10 years"},
+		{"ban with a bad duration", "limit 5\nwindow 1m\n@ban soon after 5 within 1m", "ban soon after 5 within 1m"},
+		{"too many windows", "limit 1 1s\nlimit 2 2s\nlimit 3 3s\nlimit 4 4s\nlimit 5 5s\nlimit 6 6s\nlimit 7 7s\nlimit 8 8s\n@limit 9 9s\nlimit 10 10s", "at most 8 windows per limit, got 10"},
+		{"log_key with a value", "limit 5\nwindow 1m\n@log_key yes", "log_key takes no value, got 'yes'"},
+		{"name with two values", "@name a b\nlimit 5\nwindow 1m", "name takes one value, got more: 'b'"},
+		{"burst not a number", "algorithm token_bucket\nlimit 5\nwindow 1m\n@burst lots", "burst must be a positive integer, got 'lots'"},
+		{"deny_cache not a size", "limit 5\nwindow 1m\nredis redis://localhost:6379\n@deny_cache maybe", "deny_cache must be on, off or a number of keys, got 'maybe'"},
+		{"queue waiters not a number", "limit 5\nwindow 1m\n@queue 1s none", "queue: max_waiters must be a positive integer, got 'none'"},
+		{"queue with three values", "limit 5\nwindow 1m\n@queue 1s 5 6", "queue takes: queue <max_wait> [<max_waiters>]"},
+		{"warn_at above 1", "limit 5\nwindow 1m\n@warn_at 1.5", "warn_at must be a share of the limit in (0, 1], or off, got '1.5'"},
+		{"jitter above 1000%", "limit 5\nwindow 1m\n@jitter 2000%", "jitter must be a duration or a percentage in (0, 1000]"},
+		{"lease_timeout below 1ms", "limit 5\nwindow 1m\nmax_concurrent 3\n@lease_timeout 100us", "lease_timeout must be at least 1ms"},
+		{"redis tls unknown option", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@tls verify\n}", "redis tls: unknown option 'verify'"},
+		{"redis tls unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntls {\n@pin abc\n}\n}", "unrecognized sliding_ratelimit redis tls subdirective 'pin'"},
+		{"redis pool_size 0", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@pool_size 0\n}", "redis pool_size must be a positive integer, got '0'"},
+		{"redis negative db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@db -1\n}", "redis db must be a non-negative integer, got '-1'"},
+		{"redis dial_timeout 0", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@dial_timeout 0s\n}", "redis dial_timeout: bad duration '0s'"},
+		{"redis address without a value", "limit 5\nwindow 1m\nredis {\n@address\n}", "wrong argument count"},
+		{"redis cluster with a value", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@cluster yes\n}", "wrong argument count"},
+		{"redis URL with more", "limit 5\nwindow 1m\n@redis redis://localhost:6379 extra", "wrong argument count"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -230,6 +300,25 @@ func TestBadJSON(t *testing.T) {
 		{"cost above limit", Handler{Limit: "5", Cost: "6", Window: caddy.Duration(time.Minute)}, "cost 6 is above limit 5"},
 		{"no window", Handler{Limit: "3"}, "limit 3 has no window"},
 		{"fail", Handler{Limit: "3", Window: caddy.Duration(time.Minute), Fail: "maybe"}, "fail must be open, closed or local"},
+		// Without lines, the error names the JSON field at fault.
+		{"bad limit among several", Handler{Name: "api", Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Second)}, {Limit: "0", Window: caddy.Duration(time.Minute)}}},
+			"sliding_ratelimit: limiter api: limits[1]: limit must be a positive integer"},
+		{"small window among several", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Microsecond)}}},
+			"sliding_ratelimit: limiter default: limits[0]: window must be at least 1ms, got 1µs"},
+		{"small window of limit", Handler{Limit: "5", Window: caddy.Duration(time.Microsecond)}, "sliding_ratelimit: limiter default: window must be at least 1ms"},
+		{"a limit without a window", Handler{Limits: []LimitConfig{{Limit: "10"}}}, "sliding_ratelimit: limiter default: limits[0]: limit 10 has no window"},
+		{"bad global window", Handler{Region: "{r}", Limit: "5", Window: caddy.Duration(time.Minute), GlobalLimits: []LimitConfig{{Limit: "7", Period: "fortnight"}}},
+			"sliding_ratelimit: limiter default: global_limits[0]: global_limit 7: a window is a duration or one of hour, day, week, month, got 'fortnight'"},
+		{"deny cache without redis", Handler{Limit: "5", Window: caddy.Duration(time.Minute), DenyCacheSize: 10}, "sliding_ratelimit: limiter default: deny_cache_size: deny_cache applies to a Redis store"},
+		{"redis URL without a scheme", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Redis: &RedisConfig{URL: "127.0.0.1:6379"}},
+			"sliding_ratelimit: limiter default: redis.url: bad URL '127.0.0.1:6379': it needs a scheme: write redis://127.0.0.1:6379"},
+		{"redis bad address", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Redis: &RedisConfig{Addresses: []string{"localhost"}}},
+			"sliding_ratelimit: limiter default: redis.addresses: bad address 'localhost'"},
+		{"negative redis timeout", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Redis: &RedisConfig{Addresses: []string{"localhost:6379"}, Timeout: -1}},
+			"sliding_ratelimit: limiter default: redis: db, pool_size and timeouts must not be negative"},
+		{"window unused", Handler{Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Second)}}, Window: caddy.Duration(time.Minute)},
+			"sliding_ratelimit: limiter default: window is the window of limit <n>"},
+		{"burst without token_bucket", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Burst: 9}, "sliding_ratelimit: limiter default: burst is the capacity of algorithm token_bucket"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -298,5 +387,32 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 	}
 	if opts.MaxRetries != -1 || opts.ReadTimeout != DefaultTimeout || opts.DialTimeout != DefaultDialTimeout {
 		t.Fatalf("timeouts/retries not bounded: retries %d read %s dial %s", opts.MaxRetries, opts.ReadTimeout, opts.DialTimeout)
+	}
+}
+
+// TestLoadErrorsWithoutALine: what only loading finds (a TLS file that
+// cannot be read, a URL from an environment variable) names the limiter and
+// the subdirective, as no Caddyfile line can be given.
+func TestLoadErrorsWithoutALine(t *testing.T) {
+	t.Setenv("SLIDING_RATELIMIT_TEST_URL", "localhost:6379")
+	missing := filepath.Join(t.TempDir(), "missing-ca.pem")
+	for _, c := range []struct{ redis, want string }{
+		{"redis {\n\t\t\taddress localhost:6379\n\t\t\ttls {\n\t\t\t\tca " + missing + "\n\t\t\t}\n\t\t}",
+			"sliding_ratelimit: limiter files: redis tls ca: open " + missing + ": no such file or directory"},
+		{"redis {env.SLIDING_RATELIMIT_TEST_URL}",
+			"sliding_ratelimit: limiter files: redis.url: bad URL 'localhost:6379': it needs a scheme: write redis://localhost:6379"},
+	} {
+		src := ":8080 {\n\tsliding_ratelimit {\n\t\tname files\n\t\tlimit 5\n\t\twindow 1m\n\t\t" + c.redis + "\n\t}\n\trespond ok\n}\n"
+		out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err != nil {
+			t.Fatalf("adapt: %v", err)
+		}
+		var cfg caddy.Config
+		if err := json.Unmarshal(out, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := validateConfig(&cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("loading gives %v, want %q", err, c.want)
+		}
 	}
 }

@@ -62,6 +62,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // the limits, so a request allocates nothing for them.
 func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) error {
 	in.Identity = h.keyTmpl.expand(repl)
+	if h.keyTmpl.empty(in.Identity) {
+		h.emptyKey(repl)
+	}
 	if h.Region != "" {
 		in.Region = h.regionTmpl.expand(repl)
 	}

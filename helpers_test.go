@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -123,13 +124,57 @@ func newBlackHole(t *testing.T) (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// TestMain removes what the tests built outside their t.TempDir()s.
+// validateMu serialises caddy.Validate: Caddy's TLS app shares one
+// certificate cache per process, and two configs cleaned up at once stop
+// it twice (a panic).
+var validateMu sync.Mutex
+
+// validateConfig loads cfg as Caddy would (modules provisioned and
+// validated, nothing started), one config at a time.
+func validateConfig(cfg *caddy.Config) error {
+	validateMu.Lock()
+	defer validateMu.Unlock()
+	return caddy.Validate(cfg)
+}
+
+// TestMain gives Caddy a config and data directory of the tests' own (its
+// autosaved config, instance ID and storage would otherwise go to the
+// user's), and removes it and what the tests built outside their
+// t.TempDir()s at the end.
 func TestMain(m *testing.M) {
+	home, err := caddyHome()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "caddy's directories for the tests:", err)
+		os.Exit(1)
+	}
 	code := m.Run()
+	os.RemoveAll(home)
 	if caddyBuild.dir != "" {
 		os.RemoveAll(caddyBuild.dir)
 	}
 	os.Exit(code)
+}
+
+// caddyHome points Caddy's config and data directories (XDG_CONFIG_HOME,
+// XDG_DATA_HOME; the Caddy processes the tests start inherit them) at a new
+// temporary directory. The go command keeps its own settings (GOENV).
+func caddyHome() (string, error) {
+	if os.Getenv("GOENV") == "" {
+		cfg, err := os.UserConfigDir()
+		if err != nil {
+			return "", err
+		}
+		os.Setenv("GOENV", filepath.Join(cfg, "go", "env"))
+	}
+	dir, err := os.MkdirTemp("", "sliding-ratelimit-caddy-home-")
+	if err != nil {
+		return "", err
+	}
+	os.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
+	os.Setenv("XDG_DATA_HOME", filepath.Join(dir, "data"))
+	caddy.ConfigAutosavePath = filepath.Join(caddy.AppConfigDir(), "autosave.json")
+	caddy.DefaultStorage.Path = caddy.AppDataDir()
+	return dir, nil
 }
 
 // reqOutcome is one request through a handler, as seen by the client and by

@@ -41,6 +41,7 @@ var metrics struct {
 	bans       *prometheus.CounterVec
 	queued     *prometheus.CounterVec
 	queueWait  *prometheus.HistogramVec
+	emptyKeys  *prometheus.CounterVec
 	scrape     collector
 	collectors []prometheus.Collector
 }
@@ -83,8 +84,12 @@ func initMetrics() {
 			Help:    "Time requests waited for their turn.",
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"limiter"})
+		metrics.emptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "empty_keys_total",
+			Help: "Requests whose key resolved to nothing (every placeholder empty or unknown): they share one budget of the limiter.",
+		}, []string{"limiter"})
 		metrics.collectors = []prometheus.Collector{metrics.requests, metrics.storeErrs, metrics.checkTime,
-			metrics.nearLimit, metrics.windowDeny, metrics.bans, metrics.queued, metrics.queueWait, &metrics.scrape}
+			metrics.nearLimit, metrics.windowDeny, metrics.bans, metrics.queued, metrics.queueWait, metrics.emptyKeys, &metrics.scrape}
 	})
 }
 
@@ -118,6 +123,7 @@ type limiterMetrics struct {
 	queueWait prometheus.Observer
 	queuedOK  prometheus.Counter
 	queuedNo  prometheus.Counter
+	emptyKeys prometheus.Counter
 	name      string
 	windows   sync.Map // window label → prometheus.Counter
 }
@@ -134,6 +140,7 @@ func newLimiterMetrics(name, store string) *limiterMetrics {
 		queueWait: metrics.queueWait.WithLabelValues(name),
 		queuedOK:  metrics.queued.WithLabelValues(name, "allowed"),
 		queuedNo:  metrics.queued.WithLabelValues(name, "denied"),
+		emptyKeys: metrics.emptyKeys.WithLabelValues(name),
 	}
 	for _, r := range allResults {
 		m.results[r] = metrics.requests.WithLabelValues(name, r)

@@ -59,7 +59,9 @@ type Handler struct {
 	// placeholders are replaced per request, e.g.
 	// "{http.request.header.X-API-Key}". A value that is long or holds '{',
 	// '}', ':', '*' or control bytes is hashed before it is put in a store
-	// key. A key that expands to nothing is a bucket of its own.
+	// key. The requests whose key expands to nothing share one bucket of
+	// their own (counted in empty_keys_total); a key with no per-request
+	// placeholder, or with one nothing provides, is warned about at load.
 	// Default: "{http.vars.client_ip}".
 	Key string `json:"key,omitempty"`
 
@@ -286,10 +288,10 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	p, err := h.policy()
 	if err != nil {
-		return err
+		return h.named(err)
 	}
 	if err := h.checkStatic(&p); err != nil {
-		return err
+		return h.named(err)
 	}
 	h.compile()
 	h.statusIn = p.CountOnly
@@ -313,17 +315,22 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	if h.lim, err = limiter.New(p, b); err != nil {
 		h.release()
-		return h.policyError(err)
+		return h.named(h.policyError(err))
 	}
 	h.headers = planHeaders(h, &p)
 	h.configID = ctx.GetMetricsRegistry()
 	h.warnRestart(&p)
 	cfg, _ := json.Marshal(h)
 	h.fingerprt = string(cfg)
-	if err := register(h); err != nil {
+	first, err := register(h)
+	if err != nil {
 		h.lim.Close()
 		h.release()
-		return err
+		return h.named(err)
+	}
+	if first {
+		// Once per limiter and config, however many routes hold it.
+		h.warnTemplates()
 	}
 	return nil
 }
@@ -331,6 +338,12 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 // Validate checks the configuration (every value, whichever way it came:
 // JSON or the Caddyfile).
 func (h *Handler) Validate() error {
+	return h.named(h.validate())
+}
+
+// validate is Validate with errors that name the field at fault, not the
+// limiter (the Caddyfile parser gives the line instead).
+func (h *Handler) validate() error {
 	p, err := h.policy()
 	if err != nil {
 		return err
@@ -339,6 +352,21 @@ func (h *Handler) Validate() error {
 		return h.policyError(err)
 	}
 	return h.checkStatic(&p)
+}
+
+// named adds the limiter's name to a configuration error, for the errors
+// no Caddyfile line points at (a JSON config, what only loading finds).
+func (h *Handler) named(err error) error {
+	var ce *configError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	c := *ce
+	c.limiter = h.Name
+	if c.limiter == "" {
+		c.limiter = DefaultName
+	}
+	return &c
 }
 
 // Cleanup releases this handler's use of its stores.
@@ -397,27 +425,84 @@ func (h *Handler) enum(name string) (*string, []string) {
 	panic("sliding_ratelimit: no enumerated subdirective " + name)
 }
 
-// configError is a configuration error that names the subdirective at
-// fault, so the Caddyfile parser can point at its line.
+// configError is a configuration error that names the field at fault
+// (limit, limits[1], redis.timeout, ...): the Caddyfile parser points at
+// the line that set it, and a JSON config's error names it.
 type configError struct {
-	field string
-	err   error
+	field   string
+	limiter string // the limiter's name, when no line points at it
+	err     error
 }
 
-func (e *configError) Error() string { return "sliding_ratelimit: " + e.err.Error() }
+func (e *configError) Error() string {
+	prefix := "sliding_ratelimit: "
+	if e.limiter != "" {
+		prefix += "limiter " + e.limiter + ": "
+	}
+	msg := e.err.Error()
+	field := jsonField(e.field)
+	// "limit must be ..." names its field already; "window must be ..." of
+	// limits[1] does not, nor "redis: bad URL" its redis.url.
+	if top, _, nested := strings.Cut(field, "."); nested && strings.HasPrefix(msg, top+": ") {
+		msg = msg[len(top)+2:]
+	}
+	if field == "" || strings.HasPrefix(msg, field) {
+		return prefix + msg
+	}
+	return prefix + field + ": " + msg
+}
+
 func (e *configError) Unwrap() error { return e.err }
+
+// jsonField is the JSON name of a configuration field as configError
+// names it (the Caddyfile subdirective, where the two differ).
+func jsonField(field string) string {
+	switch field {
+	case "deny_cache":
+		return "deny_cache_size"
+	case "redis.address":
+		return "redis.addresses"
+	case "timeout", "key_prefix":
+		return "redis." + field
+	}
+	return field
+}
 
 func cfgErr(field, format string, args ...any) error {
 	return &configError{field: field, err: fmt.Errorf(format, args...)}
 }
 
-// policyError names the subdirective of an engine policy error.
+// policyError names the configuration field of an engine policy error.
 func (h *Handler) policyError(err error) error {
 	var pe *limiter.PolicyError
 	if errors.As(err, &pe) {
-		return &configError{field: pe.Field, err: pe.Err}
+		field := pe.Field
+		if pe.Window > 0 {
+			field = h.windowField(pe.Global, pe.Window-1, pe.Field == "window")
+		}
+		return &configError{field: field, err: pe.Err}
 	}
 	return fmt.Errorf("sliding_ratelimit: %w", err)
+}
+
+// windowField names the field that gives the i-th window (0-based) of the
+// bucket's or the global windows: Limit (and, for its duration, Window)
+// first when set, then Limits[j] ("limits[j]").
+func (h *Handler) windowField(global bool, i int, duration bool) string {
+	first, name := h.Limit, "limit"
+	if global {
+		first, name = h.GlobalLimit, "global_limit"
+	}
+	if first != "" {
+		if i == 0 {
+			if duration {
+				return "window"
+			}
+			return name
+		}
+		i--
+	}
+	return fmt.Sprintf("%ss[%d]", name, i)
 }
 
 // windows lists the limiter's windows with their amounts (bucket or
@@ -441,15 +526,17 @@ func (h *Handler) windows(global bool) ([]limiter.Window, []Amount, error) {
 		if l.Period != "" {
 			p, ok := limiter.ParsePeriod(l.Period)
 			if !ok || l.Window != 0 {
-				return nil, nil, cfgErr(field, "%s %s: a window is a duration or one of hour, day, week, month, got '%s'", field, l.Limit, l.Period)
+				return nil, nil, cfgErr(h.windowField(global, len(ws), false), "%s %s: a window is a duration or one of hour, day, week, month, got '%s'", field, l.Limit, l.Period)
 			}
 			w = limiter.Window{Period: p}
+		} else if l.Window == 0 {
+			return nil, nil, cfgErr(h.windowField(global, len(ws), false), "%s %s has no window: give it a duration or a calendar period", field, l.Limit)
 		}
 		ws, as = append(ws, w), append(as, l.Limit)
 	}
-	for _, a := range as {
+	for i, a := range as {
 		if err := a.checkStatic(field); err != nil {
-			return nil, nil, &configError{field: field, err: err}
+			return nil, nil, &configError{field: h.windowField(global, i, false), err: err}
 		}
 	}
 	return ws, as, nil
@@ -486,6 +573,9 @@ func (h *Handler) policy() (limiter.Policy, error) {
 	}
 	if p.GlobalWindows, _, err = h.windows(true); err != nil {
 		return p, err
+	}
+	if h.Window != 0 && h.Limit == "" && h.GlobalLimit == "" {
+		return p, cfgErr("window", "window is the window of limit <n> (and global_limit <n>), and every limit here has a window of its own: drop window")
 	}
 	if h.Algorithm != "" && p.Algorithm != limiter.FixedWindow && !hasDuration(p.Windows) {
 		return p, cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
@@ -605,7 +695,7 @@ func (h *Handler) checkStatic(p *limiter.Policy) error {
 		}
 		capacity := p.Capacity(w[i], c.static, field == "global_limit")
 		if p.Algorithm == limiter.SlidingLog && w[i].Period == limiter.PeriodNone && cost.static == 1 && c.static > limiter.MaxLogEntries {
-			return cfgErr(field, "%s %d on sliding_log: the log keeps one entry per request, at most %d per key and window (more would hold Redis for milliseconds); use sliding_counter (O(1) per key) for this rate, or a cost per request", field, c.static, limiter.MaxLogEntries)
+			return cfgErr(h.windowField(field == "global_limit", i, false), "%s %d on sliding_log: the log keeps one entry per request, at most %d per key and window (more would hold Redis for milliseconds); use sliding_counter (O(1) per key) for this rate, or a cost per request", field, c.static, limiter.MaxLogEntries)
 		}
 		if cost.static > capacity {
 			what := fmt.Sprintf("%s %d", field, c.static)

@@ -5,6 +5,7 @@ package slidingratelimit
 
 import (
 	"fmt"
+	"net"
 	"net/http"
 	"strconv"
 	"sync"
@@ -13,6 +14,9 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -286,5 +290,48 @@ func TestFailLocalBound(t *testing.T) {
 	send(20)
 	if admitted["redis"] != 5 || admitted[sourceLocal] != 5 {
 		t.Fatalf("admitted %v in one window, want 5 by Redis and 5 by the node alone: 2x the limit", admitted)
+	}
+}
+
+// TestRedisDownAtStartWarnsOnce: Caddy starts with Redis down. The
+// limiters load, requests follow the fail mode, and one warning says Redis
+// does not answer: one for the Redis two limiters share, not one per
+// limiter or per request.
+func TestRedisDownAtStartWarnsOnce(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now: Redis is down
+	core, logs := observer.New(zapcore.WarnLevel)
+	var hs []*Handler
+	for i := 0; i < 2; i++ {
+		h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: "5", Window: caddy.Duration(time.Minute),
+			Redis: &RedisConfig{Addresses: []string{addr}}}
+		h.logger = zap.New(core)
+		provision(t, h, nil) // Caddy starts
+		h.logger = zap.New(core)
+		hs = append(hs, h)
+	}
+	warned := func() int { return len(logs.FilterMessageSnippet("redis does not answer at start").All()) }
+	deadline := time.Now().Add(5 * time.Second)
+	for warned() == 0 && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // the check runs beside the start, within dial_timeout + timeout
+	}
+	for _, h := range hs {
+		for i := 0; i < 20; i++ {
+			if o := mustServe(t, h, map[string]string{"X-API-Key": "K"}); o.code != http.StatusOK || o.source != sourceFailOpen {
+				t.Fatalf("request with Redis down: %d from %q, want 200 from fail_open", o.code, o.source)
+			}
+		}
+	}
+	lines := logs.FilterMessageSnippet("redis does not answer at start").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d warnings that Redis does not answer, want 1:\n%s", len(lines), renderLogs(logs))
+	}
+	if l := lines[0]; l.Level != zapcore.WarnLevel || l.ContextMap()["redis"] != addr {
+		t.Errorf("warning %v %v, want a warning naming redis %s", l.Level, l.ContextMap(), addr)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -120,7 +121,9 @@ func (c *RedisConfig) validate() error {
 		return redisErr("", "needs a URL or an address")
 	}
 	if c.URL != "" && !strings.Contains(c.URL, "{") {
-		if !strings.HasPrefix(c.URL, "redis://") && !strings.HasPrefix(c.URL, "rediss://") {
+		if scheme, _, ok := strings.Cut(c.URL, "://"); ok && scheme != "redis" && scheme != "rediss" {
+			return redisErr("url", "bad URL '%s': the scheme must be redis:// or rediss:// (TLS), not %s://", c.URL, scheme)
+		} else if !ok {
 			return redisErr("url", "bad URL '%s': it needs a scheme: write redis://%s (or rediss:// for TLS)", c.URL, strings.TrimPrefix(c.URL, "//"))
 		}
 		if _, err := redis.ParseURL(c.URL); err != nil {
@@ -129,6 +132,12 @@ func (c *RedisConfig) validate() error {
 	}
 	if c.Sentinel != "" && c.URL != "" {
 		return redisErr("sentinel", "sentinel needs the Sentinels' addresses, not a URL")
+	}
+	if c.SentinelPassword != "" && c.Sentinel == "" {
+		return redisErr("sentinel_password", "sentinel_password applies to sentinel, and this redis has none")
+	}
+	if c.Cluster && c.Sentinel != "" {
+		return redisErr("cluster", "cluster and sentinel exclude each other: the addresses are either cluster nodes or Sentinels")
 	}
 	if (len(c.Addresses) > 1 || c.Cluster) && c.Sentinel == "" && c.DB != 0 {
 		return redisErr("db", "a Redis Cluster has only db 0")
@@ -397,7 +406,14 @@ func (h *Handler) backend() (limiter.Backend, error) {
 	}
 	e, key, err := acquireRedisStore(h.Redis, h.logger)
 	if err != nil {
-		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: redis: %w", err)
+		// Found when the config loads, not when a Caddyfile is adapted
+		// (the files may not be on the machine that adapts it): name the
+		// limiter, as no line can be.
+		var ce *configError
+		if errors.As(err, &ce) {
+			return limiter.Backend{}, h.named(err)
+		}
+		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: limiter %s: redis %w", h.Name, err)
 	}
 	h.storeKey, h.breaker = key, e.Breaker
 	b := limiter.Backend{

@@ -438,9 +438,11 @@ func (b *burstLogger) allow(now time.Time) (bool, int64) {
 // of each per 10 s, never one per request.
 type logGates struct {
 	store, config, near, dryRun, event, banEvent *burstLogger
+	emptyKey                                     *burstLogger // once a minute
 }
 
 func newLogGates() logGates {
 	g := func() *burstLogger { return &burstLogger{every: 10 * time.Second} }
-	return logGates{store: g(), config: g(), near: g(), dryRun: g(), event: g(), banEvent: g()}
+	return logGates{store: g(), config: g(), near: g(), dryRun: g(), event: g(), banEvent: g(),
+		emptyKey: &burstLogger{every: emptyKeyLogEvery}}
 }

@@ -5,6 +5,7 @@ package slidingratelimit
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -241,5 +242,110 @@ func TestGRPCRefusals(t *testing.T) {
 	w = serve(t, down, grpcReq)
 	if w.Code != http.StatusOK || w.Header().Get("Grpc-Status") != "14" {
 		t.Errorf("fail closed gRPC call: %d grpc-status %q", w.Code, w.Header().Get("Grpc-Status"))
+	}
+}
+
+// TestJitterSpreadsRetries: with jitter, denials told to come back at the
+// same second are told different seconds: Retry-After is the exact retry
+// time plus a random delay of at most the jitter (a duration, or a share of
+// the retry time), and the denying window's t in RateLimit, the body's
+// retry_after and {http.sliding_ratelimit.retry_after} say the same number
+// on every response. A window that did not deny keeps its own t.
+func TestJitterSpreadsRetries(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		jitter string
+		lo, hi int64 // bounds of Retry-After: the 10 s retry, plus at most 5 s
+	}{
+		{"5s", 10, 15},
+		{"50%", 10, 15},
+	} {
+		t.Run(c.jitter, func(t *testing.T) {
+			t.Parallel()
+			clock := newTestClock() // fixed: the exact retry time is 10 s for every denial
+			h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Jitter: c.jitter,
+				Limits: []LimitConfig{{Limit: "1", Window: caddy.Duration(10 * time.Second)}, {Limit: "100", Window: caddy.Duration(time.Hour)}}}
+			provision(t, h, clock)
+			hdr := map[string]string{"X-API-Key": "K"}
+			if w := serve(t, h, hdr); w.Code != http.StatusOK {
+				t.Fatalf("first request: %d", w.Code)
+			}
+			seen := map[int64]int{}
+			for i := 0; i < 200; i++ {
+				w, r, repl := newRequest(hdr)
+				if err := h.ServeHTTP(w, r, nextOK); err != nil || w.Code != http.StatusTooManyRequests {
+					t.Fatalf("denial %d: %d %v", i, w.Code, err)
+				}
+				ra, err := strconv.ParseInt(w.Header().Get("Retry-After"), 10, 64)
+				if err != nil || ra < c.lo || ra > c.hi {
+					t.Fatalf("Retry-After %q, want %d to %d", w.Header().Get("Retry-After"), c.lo, c.hi)
+				}
+				seen[ra]++
+				rl := w.Header().Get("RateLimit")
+				want := `"` + h.Name + `-10s";r=0;t=` + strconv.FormatInt(ra, 10) + `, "` + h.Name + `-1h";r=99;t=3600`
+				if rl != want {
+					t.Fatalf("RateLimit %q, want %q: the denying window's t is Retry-After, the other window's its own", rl, want)
+				}
+				if !strings.Contains(w.Body.String(), `"retry_after":`+strconv.FormatInt(ra, 10)+`}`) {
+					t.Fatalf("body %s, want retry_after %d", w.Body, ra)
+				}
+				if ph, _ := repl.GetString(phRetryAfter); ph != strconv.FormatInt(ra, 10) {
+					t.Fatalf("{%s} = %q, want %d", phRetryAfter, ph, ra)
+				}
+			}
+			// Uniform over 5 s: 200 denials all told one second would be a
+			// chance below 1e-100.
+			if len(seen) < 2 {
+				t.Errorf("every denial got Retry-After %v: no jitter", seen)
+			}
+		})
+	}
+}
+
+// TestSharedErrorPageNamesTheLimiter: two limiters hand their denials to
+// one handle_errors page, which tells the client which limiter denied
+// ({http.sliding_ratelimit.name}).
+func TestSharedErrorPageNamesTheLimiter(t *testing.T) {
+	api, login := uniqueName(), uniqueName()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(opsGlobal+`
+http://localhost:9080 {
+	route /api {
+		sliding_ratelimit {
+			name     `+api+`
+			limit    2
+			window   1m
+			on_limit error
+		}
+		respond "api"
+	}
+	route /login {
+		sliding_ratelimit {
+			name     `+login+`
+			limit    1
+			window   1m
+			on_limit error
+		}
+		respond "login"
+	}
+	handle_errors 429 {
+		respond "denied by {http.sliding_ratelimit.name}, retry in {http.sliding_ratelimit.retry_after}s" 429
+	}
+}
+`, "caddyfile")
+	for _, c := range []struct {
+		path, limiter string
+		admitted      int
+	}{{"/api", api, 2}, {"/login", login, 1}} {
+		for i := 0; i < c.admitted; i++ {
+			if resp := get(t, tester, "http://localhost:9080"+c.path, nil); resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s request %d: %d", c.path, i+1, resp.StatusCode)
+			}
+		}
+		resp := get(t, tester, "http://localhost:9080"+c.path, nil)
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusTooManyRequests || !strings.HasPrefix(string(body), "denied by "+c.limiter+", retry in ") {
+			t.Errorf("%s over its limit: %d %q, want 429 naming %s", c.path, resp.StatusCode, body, c.limiter)
+		}
 	}
 }

@@ -227,28 +227,47 @@ func TestGoRedisLogsLeftAlone(t *testing.T) {
 
 // TestTwoBlocksOneName: two blocks left at the default name (or one name
 // with different settings) would share keys and corrupt each other's
-// counts: the config is refused, naming the problem.
+// counts: the Caddyfile is refused at the second block's line, naming the
+// problem. The same limiter given on purpose in two places, and one block
+// in a site of several addresses (one handler in two servers), load.
 func TestTwoBlocksOneName(t *testing.T) {
 	t.Parallel()
-	for _, c := range []struct{ name, a, b, want string }{
-		{"default name", "limit 5\n\t\twindow 1m", "algorithm sliding_counter\n\t\tlimit 50\n\t\twindow 1h", `left at the default name "default"`},
-		{"same name, other settings", "name api\n\t\tlimit 5\n\t\twindow 1m", "name api\n\t\tlimit 50\n\t\twindow 1m", `named "api" with different settings`},
-	} {
-		src := `:8080 {
+	site := func(a, b string) string {
+		return `:8080 {
 	route /a {
 		sliding_ratelimit {
-		` + c.a + `
+			` + a + `
 		}
 		respond ok
 	}
 	route /b {
 		sliding_ratelimit {
-		` + c.b + `
+			` + b + `
 		}
 		respond ok
 	}
 }`
+	}
+	for _, c := range []struct{ name, src, want, line string }{
+		{"default name", site("limit 5\n\t\t\twindow 1m", "algorithm sliding_counter\n\t\t\tlimit 50\n\t\t\twindow 1h"),
+			`a second block left at the default name "default" (the first on line 3)`, "Caddyfile:10"},
+		{"default name, same settings", site("limit 5\n\t\t\twindow 1m", "limit 5\n\t\t\twindow 1m"),
+			`a second block left at the default name "default"`, "Caddyfile:10"},
+		{"same name, other settings", site("name api\n\t\t\tlimit 5\n\t\t\twindow 1m", "name api\n\t\t\tlimit 50\n\t\t\twindow 1m"),
+			`a second block named "api" with different settings (the first on line 4)`, "Caddyfile:12"},
+		{"a snippet imported twice", "(rl) {\n\tsliding_ratelimit {\n\t\tlimit 5\n\t\twindow 1m\n\t}\n}\n:8080 {\n\timport rl\n\trespond ok\n}\n:8081 {\n\timport rl\n\trespond ok\n}\n",
+			`a second block left at the default name`, "Caddyfile:2"},
+		{"same name, same settings", site("name api\n\t\t\tlimit 5\n\t\t\twindow 1m", "name api\n\t\t\tlimit 5\n\t\t\twindow 1m"), "", ""},
+		{"one block, two addresses", ":8080, :8081 {\n\tsliding_ratelimit {\n\t\tlimit 5\n\t\twindow 1m\n\t}\n\trespond ok\n}\n", "", ""},
+	} {
+		src := strings.ReplaceAll(strings.ReplaceAll(c.src, `\n`, "\n"), `\t`, "\t")
 		out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if c.want != "" {
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), c.line) {
+				t.Errorf("%s: adapting gives %v, want an error containing %q at %s", c.name, err, c.want, c.line)
+			}
+			continue
+		}
 		if err != nil {
 			t.Fatalf("%s: adapt: %v", c.name, err)
 		}
@@ -256,9 +275,36 @@ func TestTwoBlocksOneName(t *testing.T) {
 		if err := json.Unmarshal(out, &cfg); err != nil {
 			t.Fatal(err)
 		}
-		err = caddy.Validate(&cfg)
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: loading gives %v, want an error containing %q", c.name, err, c.want)
+		if err := validateConfig(&cfg); err != nil {
+			t.Errorf("%s: loading gives %v, want it to load", c.name, err)
+		}
+	}
+}
+
+// TestTwoHandlersOneNameJSON: in a JSON config, two handlers under one name
+// with different settings are refused when it loads; the same settings
+// twice are one limiter.
+func TestTwoHandlersOneNameJSON(t *testing.T) {
+	t.Parallel()
+	cfg := func(a, b string) string {
+		return `{"apps":{"http":{"servers":{"s":{"listen":[":8080"],"routes":[
+			{"match":[{"path":["/a"]}],"handle":[` + a + `]},
+			{"match":[{"path":["/b"]}],"handle":[` + b + `]}]}}}}}`
+	}
+	five := `{"handler":"sliding_ratelimit","limit":5,"window":"1m"}`
+	fifty := `{"handler":"sliding_ratelimit","limit":50,"window":"1m"}`
+	for _, c := range []struct{ name, cfg, want string }{
+		{"default name, other settings", cfg(five, fifty), `with different settings are left at the default name "default"`},
+		{"named, other settings", cfg(strings.Replace(five, `{`, `{"name":"api",`, 1), strings.Replace(fifty, `{`, `{"name":"api",`, 1)), `named "api" with different settings`},
+		{"same settings", cfg(five, five), ""},
+	} {
+		var cc caddy.Config
+		if err := json.Unmarshal([]byte(c.cfg), &cc); err != nil {
+			t.Fatal(err)
+		}
+		err := validateConfig(&cc)
+		if c.want == "" && err != nil || c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%s: loading gives %v, want %q", c.name, err, c.want)
 		}
 	}
 }

@@ -152,10 +152,13 @@ const DefaultLeaseTimeout = time.Minute
 
 // PolicyError is a policy that cannot be enforced. Field names the
 // configuration item at fault (window, global_limit, burst, ...), so a
-// configuration loader can point at it.
+// configuration loader can point at it; Window, when not 0, is the 1-based
+// index of the window at fault in Windows (or in GlobalWindows, when Global).
 type PolicyError struct {
-	Field string
-	Err   error
+	Field  string
+	Window int
+	Global bool
+	Err    error
 }
 
 func (e *PolicyError) Error() string { return e.Err.Error() }
@@ -188,25 +191,29 @@ func (p *Policy) Check() error {
 		w     []Window
 	}{{"limit", p.Windows}, {"global_limit", p.GlobalWindows}} {
 		if len(ws.w) > MaxWindows {
-			return policyErr(ws.field, "at most %d windows per %s, got %d", MaxWindows, ws.field, len(ws.w))
+			return &PolicyError{Field: ws.field, Window: MaxWindows + 1, Global: ws.field == "global_limit",
+				Err: fmt.Errorf("at most %d windows per %s, got %d", MaxWindows, ws.field, len(ws.w))}
 		}
 		seen := map[string]bool{}
-		for _, w := range ws.w {
+		for i, w := range ws.w {
+			at := func(field, format string, args ...any) error {
+				return &PolicyError{Field: field, Window: i + 1, Global: ws.field == "global_limit", Err: fmt.Errorf(format, args...)}
+			}
 			if w.Period == PeriodNone {
 				if w.Duration < time.Millisecond {
-					return policyErr("window", "window must be at least 1ms, got %s", w.Duration)
+					return at("window", "window must be at least 1ms, got %s", w.Duration)
 				}
 				if w.Duration.Microseconds() > maxWindowMicros {
-					return policyErr("window", "window must be at most 10 years (use a calendar period or a higher limit), got %s", w.Duration)
+					return at("window", "window must be at most 10 years (use a calendar period or a higher limit), got %s", w.Duration)
 				}
 				if w.Duration%time.Microsecond != 0 {
-					return policyErr("window", "window must be a whole number of microseconds, got %s", w.Duration)
+					return at("window", "window must be a whole number of microseconds, got %s", w.Duration)
 				}
 			} else if w.Period > PeriodMonth {
-				return policyErr(ws.field, "unknown calendar period %d", w.Period)
+				return at(ws.field, "unknown calendar period %d", w.Period)
 			}
 			if l := w.Label(); seen[l] {
-				return policyErr(ws.field, "two %s lines with the window %s: give each window once", ws.field, l)
+				return at(ws.field, "two %s lines with the window %s: give each window once", ws.field, l)
 			} else {
 				seen[l] = true
 			}
