@@ -221,6 +221,27 @@ func TestQueueWaitsForItsTurn(t *testing.T) {
 			t.Errorf("outcome %q", v)
 		}
 	})
+	t.Run("dry run", func(t *testing.T) {
+		// A dry run refuses nothing, so nothing waits: the would-be 429
+		// passes at once (it used to wait for its turn first).
+		t.Parallel()
+		h := &Handler{Name: uniqueName(), Limits: []LimitConfig{{Limit: "2", Window: caddy.Duration(2 * time.Second)}},
+			Queue: &QueueConfig{MaxWait: caddy.Duration(3 * time.Second)}, DryRun: true}
+		provision(t, h, nil)
+		serve(t, h, nil)
+		serve(t, h, nil)
+		began := time.Now()
+		w, r, repl := newRequest(nil)
+		if err := h.ServeHTTP(w, r, nextOK); err != nil || w.Code != http.StatusOK {
+			t.Fatalf("third request: %d %v, want 200 (dry run)", w.Code, err)
+		}
+		if took := time.Since(began); took > time.Second {
+			t.Errorf("the dry run's would-be refusal took %s: it waited for a turn it did not need", took)
+		}
+		if v, _ := repl.GetString("http.sliding_ratelimit.dry_run"); v != "true" {
+			t.Errorf("dry_run placeholder %q, want true (the request would have been refused)", v)
+		}
+	})
 	t.Run("too long to wait", func(t *testing.T) {
 		t.Parallel()
 		h := mk(500*time.Millisecond, 0)

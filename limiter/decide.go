@@ -618,7 +618,7 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 // and should be checked again.
 func (l *Limiter) wait(ctx context.Context, d *Decision) bool {
 	q := l.p.Queue
-	if q.MaxWait <= 0 || d.DryRun || d.RetryAfter > q.MaxWait-d.Waited {
+	if q.MaxWait <= 0 || l.p.DryRun || d.RetryAfter > q.MaxWait-d.Waited {
 		return false
 	}
 	if !d.Queued {
