@@ -199,6 +199,7 @@ type Limiter struct {
 	layout  []int     // Decision.Windows[i] is Op window layout[i]
 	parts   []partSpec
 	names   []string // RateLimit policy names of Decision.Windows
+	wnames  []string // the windows' names in Ops (WindowName), worked out once
 	stack   Store    // deny cache → breaker → store
 	cache   *DenyCache
 	channel string
@@ -330,7 +331,9 @@ func (l *Limiter) plan() {
 		l.specs = append(l.specs, KeySpec{Segment: "lease"})
 	}
 	l.names = make([]string, len(all))
+	l.wnames = make([]string, len(all))
 	for i, w := range all {
+		l.wnames[i] = WindowName(w.Duration)
 		name := l.p.Name
 		global := i >= nb
 		if global {
@@ -461,7 +464,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 				w.Name = win.Period.String()
 				w.Bounds = win.Period.Bounds(now, l.p.Location)
 			} else {
-				w.Name, w.Len = WindowName(win.Duration), win.Duration.Microseconds()
+				w.Name, w.Len = l.wnames[i], win.Duration.Microseconds()
 				if i < nb {
 					w.Burst = l.p.Burst
 				}
