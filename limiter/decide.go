@@ -233,9 +233,10 @@ type Backend struct {
 	Base Store
 	// Source is SourceRedis or SourceMemory.
 	Source Source
-	// Remote marks a store across a network: requests carry a deadline,
-	// and a DenyCache of DenyCacheSize entries (0: the default; -1: none)
-	// goes in front of it.
+	// Remote marks a store across a network: requests carry a deadline
+	// (Op.Deadline, after Policy.Timeout), at which the store must give up
+	// (the Limiter does not also put it on the context), and a DenyCache of
+	// DenyCacheSize entries (0: the default; -1: none) goes in front of it.
 	Remote        bool
 	DenyCacheSize int
 	// Local is the in-process store of fail local.
@@ -592,10 +593,15 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 	if l.p.Timeout > 0 {
 		// The timeout bounds the store call whatever the client does; a
 		// client that goes away does not abort (and so not fail) it.
-		sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.p.Timeout)
+		sctx = context.WithoutCancel(ctx)
 		if l.b.Remote {
-			// On the wall clock: the policy's clock may be another.
+			// A remote store gives up at the Op's deadline itself (the
+			// Redis store arms a timer it reuses), which spares every
+			// request a context and its timer. On the wall clock: the
+			// policy's clock may be another.
 			op.Deadline = time.Now().Add(l.p.Timeout)
+		} else {
+			sctx, cancel = context.WithTimeout(sctx, l.p.Timeout)
 		}
 	}
 	reply, err := l.stack.Do(sctx, op)
