@@ -82,7 +82,10 @@ func staticInput(h *Handler) *limiter.Input {
 
 // policyHeader is RateLimit-Policy: one item per window.
 func policyHeader(ws []limiter.WindowUsage) string {
-	b := make([]byte, 0, 48*len(ws))
+	return string(appendPolicy(make([]byte, 0, 48*len(ws)), ws))
+}
+
+func appendPolicy(b []byte, ws []limiter.WindowUsage) []byte {
 	for i := range ws {
 		if i > 0 {
 			b = append(b, ", "...)
@@ -94,20 +97,21 @@ func policyHeader(ws []limiter.WindowUsage) string {
 		b = append(b, ";w="...)
 		b = strconv.AppendInt(b, ws[i].Seconds, 10)
 	}
-	return string(b)
+	return b
 }
 
-// rateLimitHeader is RateLimit: one item per window the decision knows,
-// r the units left (0 for a window that denied), t the seconds until more
-// come back (until the window has room, when it denied).
-func rateLimitHeader(ws []limiter.WindowUsage) string {
-	b := make([]byte, 0, 40*len(ws))
+// appendRateLimit appends RateLimit: one item per window the decision
+// knows, r the units left (0 for a window that denied), t the seconds until
+// more come back (until the window has room, when it denied). Nothing when
+// it knows none.
+func appendRateLimit(b []byte, ws []limiter.WindowUsage) []byte {
+	start := len(b)
 	for i := range ws {
 		w := &ws[i]
 		if !w.Known && !w.Denied {
 			continue
 		}
-		if len(b) > 0 {
+		if len(b) > start {
 			b = append(b, ", "...)
 		}
 		b = append(b, '"')
@@ -117,7 +121,7 @@ func rateLimitHeader(ws []limiter.WindowUsage) string {
 		b = append(b, ";t="...)
 		b = strconv.AppendInt(b, ceilSeconds(w.Reset), 10)
 	}
-	return string(b)
+	return b
 }
 
 // write sets the rate limit headers chosen by `headers`. IETF headers get
@@ -125,24 +129,63 @@ func rateLimitHeader(ws []limiter.WindowUsage) string {
 // route accumulate. Legacy headers describe the tightest window: of this
 // limiter, and of several limiters. Every value is this response's own
 // (later handlers may rewrite values in place).
+//
+// A response pays two allocations for them all: the values are built in
+// one buffer and made one string, each value a substring of it (strings
+// do not change), and one array backs the headers' value slices, each
+// slice capped at its one value so that an append (by a later limiter or
+// handler) copies instead of writing into its neighbour.
 func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) {
+	var t *limiter.WindowUsage
 	if hp.legacy {
-		if t := d.Tightest(); t != nil {
-			prev := hdr[hdrRemaining]
-			if len(prev) == 0 || remainingAtMost(t.Remaining, prev[0]) {
-				hdr[hdrLimit] = []string{strconv.FormatInt(t.Limit, 10)}
-				hdr[hdrRemaining] = []string{strconv.FormatInt(t.Remaining, 10)}
+		if t = d.Tightest(); t != nil {
+			if prev := hdr[hdrRemaining]; len(prev) > 0 && !remainingAtMost(t.Remaining, prev[0]) {
+				t = nil
 			}
 		}
 	}
+	if t == nil && !hp.ietf {
+		return
+	}
+	var arr [160]byte
+	b := arr[:0]
+	var ends [4]int // the ends in b of the limit, remaining, policy and RateLimit values
+	if t != nil {
+		b = strconv.AppendInt(b, t.Limit, 10)
+		ends[0] = len(b)
+		b = strconv.AppendInt(b, t.Remaining, 10)
+		ends[1] = len(b)
+	}
+	policy := hp.policy
 	if hp.ietf {
-		policy := hp.policy
 		if policy == "" || d.Overridden {
-			policy = policyHeader(d.Windows)
+			b = appendPolicy(b, d.Windows)
 		}
-		hdr[hdrPolicy] = append(hdr[hdrPolicy], policy)
-		if rl := rateLimitHeader(d.Windows); rl != "" {
-			hdr[hdrRateLimit] = append(hdr[hdrRateLimit], rl)
+		ends[2] = len(b)
+		b = appendRateLimit(b, d.Windows)
+		ends[3] = len(b)
+	}
+	all := string(b)
+	vals := make([]string, 0, 4)
+	set := func(name, v string, add bool) {
+		if prev := hdr[name]; add && len(prev) > 0 {
+			hdr[name] = append(prev, v)
+			return
+		}
+		vals = append(vals, v)
+		hdr[name] = vals[len(vals)-1 : len(vals) : len(vals)]
+	}
+	if t != nil {
+		set(hdrLimit, all[:ends[0]], false)
+		set(hdrRemaining, all[ends[0]:ends[1]], false)
+	}
+	if hp.ietf {
+		if policy == "" || d.Overridden {
+			policy = all[ends[1]:ends[2]]
+		}
+		set(hdrPolicy, policy, true)
+		if ends[3] > ends[2] {
+			set(hdrRateLimit, all[ends[2]:ends[3]], true)
 		}
 	}
 }

@@ -8,18 +8,32 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
 // errBatcherClosed answers calls queued when the store closes.
 var errBatcherClosed = errors.New("redis store closed")
 
+// The script's name and hash, boxed once: every batch passes them.
+var (
+	evalshaArg any = "evalsha"
+	shaArg     any = script.Hash()
+	evalArg    any = "eval"
+	srcArg     any = lua.Decide
+)
+
 // batcher sends the checks of concurrent requests to Redis together: the
 // checks of one hash slot (all of them, off a cluster) go in one call of
 // decide.lua, which decides them in order, each atomic over its own keys,
-// each with its own reply; the calls of one batch go in one pipeline. One
-// write and one read per batch instead of per request, and one script call
-// per slot instead of per request. A call waits at most for the batch in
-// flight on its worker, and never past its own deadline.
+// each with its own reply; on a cluster the calls of one batch go in one
+// pipeline. One write and one read per batch instead of per request, and
+// one script call per slot instead of per request. A call waits at most for
+// the batch in flight on its worker, and never past its own deadline.
+//
+// A batch allocates little: each check is encoded into its pooled batchOp,
+// and each worker reuses its argument list, its reply buffer and its
+// context from one batch to the next.
 type batcher struct {
 	store   *RedisStore
 	queue   chan *batchOp
@@ -29,14 +43,19 @@ type batcher struct {
 	once    sync.Once
 }
 
-// batchOp is one check waiting for its batch.
+// batchOp is one check waiting for its batch. It is pooled: it goes back to
+// the pool only once its caller has the answer. A caller that gives up
+// leaves it to its worker (and then to the garbage collector), so a worker
+// never writes into a batchOp another call is using.
 type batchOp struct {
-	ctx  context.Context
-	c    check
-	slot int
-	raw  any
-	err  error
-	done chan struct{}
+	ctx   context.Context
+	until time.Time // when the caller gives up: the earliest of ctx's deadline and the Op's (zero: neither)
+	c     check
+	slot  int
+	vals  []int64 // the check's reply values, when err is nil
+	err   error
+	done  chan struct{}
+	timer *time.Timer // fires at until; kept with the batchOp
 }
 
 var opPool = sync.Pool{New: func() any { return &batchOp{done: make(chan struct{}, 1)} }}
@@ -63,8 +82,7 @@ func (b *batcher) close() {
 		for {
 			select {
 			case op := <-b.queue:
-				op.err = errBatcherClosed
-				op.done <- struct{}{}
+				op.answer(errBatcherClosed)
 			default:
 				return
 			}
@@ -72,121 +90,247 @@ func (b *batcher) close() {
 	})
 }
 
-// do runs one check through a batch and returns its raw reply.
-func (b *batcher) do(ctx context.Context, c check) (any, error) {
-	op := opPool.Get().(*batchOp)
-	op.ctx, op.c, op.raw, op.err, op.slot = ctx, c, nil, nil, 0
+// do runs op through a batch (deadline is op's on Redis's clock) and reads
+// its reply. It gives up at op.Deadline and at ctx's deadline, whichever
+// comes first.
+func (b *batcher) do(ctx context.Context, op *Op, deadline int64, sent time.Time) (Reply, error) {
+	bo := opPool.Get().(*batchOp)
+	bo.ctx, bo.err, bo.vals = ctx, nil, bo.vals[:0]
+	bo.c.encode(op, deadline)
+	bo.slot = 0
 	if b.store.cluster {
-		op.slot = Slot(c.keys[0])
+		bo.slot = Slot(bo.c.keys[0])
+	}
+	bo.until = op.Deadline
+	if d, ok := ctx.Deadline(); ok && (bo.until.IsZero() || d.Before(bo.until)) {
+		bo.until = d
+	}
+	var expired <-chan time.Time
+	if !bo.until.IsZero() {
+		expired = bo.arm()
 	}
 	select {
-	case b.queue <- op:
+	case b.queue <- bo:
 	case <-ctx.Done():
-		opPool.Put(op)
-		return nil, ctx.Err()
+		bo.release()
+		return Reply{}, ctx.Err()
+	case <-expired:
+		bo.release()
+		return Reply{}, context.DeadlineExceeded
 	case <-b.stop:
-		opPool.Put(op)
-		return nil, errBatcherClosed
+		bo.release()
+		return Reply{}, errBatcherClosed
 	}
 	select {
-	case <-op.done:
-		raw, err := op.raw, op.err
-		op.ctx, op.c, op.raw = nil, check{}, nil
-		opPool.Put(op)
-		return raw, err
+	case <-bo.done:
+		defer bo.release()
+		if bo.err != nil {
+			return Reply{}, bo.err
+		}
+		return b.store.reply(bo.vals, op, sent)
 	case <-ctx.Done():
-		// The worker still owns op and will answer into its buffered
-		// channel; op is not reused, the garbage collector takes it.
-		return nil, ctx.Err()
+		// The worker still owns bo and will answer into its buffered
+		// channel; bo is not reused.
+		return Reply{}, ctx.Err()
+	case <-expired:
+		return Reply{}, context.DeadlineExceeded
 	}
+}
+
+// arm starts bo's timer for until and returns its channel.
+func (bo *batchOp) arm() <-chan time.Time {
+	if bo.timer == nil {
+		bo.timer = time.NewTimer(time.Until(bo.until))
+	} else {
+		bo.timer.Reset(time.Until(bo.until))
+	}
+	return bo.timer.C
+}
+
+// release puts bo back in the pool, its timer stopped.
+func (bo *batchOp) release() {
+	if bo.timer != nil && !bo.timer.Stop() {
+		select {
+		case <-bo.timer.C:
+		default:
+		}
+	}
+	bo.ctx, bo.err = nil, nil
+	bo.c.clear()
+	opPool.Put(bo)
+}
+
+// expired is the error of a check whose caller has given up, nil while it
+// waits.
+func (bo *batchOp) expired(now time.Time) error {
+	if err := bo.ctx.Err(); err != nil {
+		return err
+	}
+	if !bo.until.IsZero() && !now.Before(bo.until) {
+		return context.DeadlineExceeded
+	}
+	return nil
+}
+
+// answer hands bo back to its caller with err (nil: bo.vals).
+func (bo *batchOp) answer(err error) {
+	bo.err = err
+	bo.done <- struct{}{}
+}
+
+// worker is what one worker keeps from one batch to the next (buffers,
+// context, pipeline), so that a batch allocates little beyond its command.
+type worker struct {
+	b     *batcher
+	ctx   *batchCtx
+	batch []*batchOp
+	args  []any    // the script call's arguments
+	reply rawReply // its reply, off a cluster
+	// On a cluster: a script call per slot, in one pipeline.
+	groups []group
+	pipe   redis.Pipeliner
 }
 
 func (b *batcher) work() {
 	defer b.stopped.Done()
-	batch := make([]*batchOp, 0, b.max)
+	w := b.newWorker()
+	defer w.ctx.close()
 	for {
-		batch = batch[:0]
+		w.batch = w.batch[:0]
 		select {
 		case op := <-b.queue:
-			batch = append(batch, op)
+			w.batch = append(w.batch, op)
 		case <-b.stop:
 			return
 		}
 	fill:
-		for len(batch) < b.max {
+		for len(w.batch) < b.max {
 			select {
 			case op := <-b.queue:
-				batch = append(batch, op)
+				w.batch = append(w.batch, op)
 			default:
 				break fill
 			}
 		}
-		b.run(batch)
+		w.run(w.batch)
 	}
 }
 
-// group is the checks of one slot: one script call.
-type group struct {
-	ops  []*batchOp
-	keys []string
-	args []any
-	cmd  *redis.Cmd
+func (b *batcher) newWorker() *worker {
+	return &worker{b: b, ctx: newBatchCtx(), batch: make([]*batchOp, 0, b.max)}
 }
 
-// run sends one batch: a script call per slot, all in one pipeline,
-// retrying NOSCRIPT answers with EVAL (which loads the script for the next
-// batches).
-func (b *batcher) run(batch []*batchOp) {
-	live := batch[:0:0]
+// run sends one batch and answers its checks.
+func (w *worker) run(batch []*batchOp) {
+	now := time.Now()
+	live := batch[:0]
 	var deadline time.Time
 	unbounded := false
 	for _, op := range batch {
-		if err := op.ctx.Err(); err != nil {
-			op.err = err
-			op.done <- struct{}{}
+		if err := op.expired(now); err != nil {
+			op.answer(err)
 			continue
 		}
 		// The batch runs until the latest deadline of its checks, and
 		// without one when a check has none: a check is never cut short
 		// by a neighbour's deadline (its own caller stops waiting at its
 		// own; see do).
-		if d, ok := op.ctx.Deadline(); !ok {
+		if op.until.IsZero() {
 			unbounded = true
-		} else if d.After(deadline) {
-			deadline = d
+		} else if op.until.After(deadline) {
+			deadline = op.until
 		}
 		live = append(live, op)
 	}
 	if len(live) == 0 {
 		return
 	}
-	groups := groupBySlot(live)
-	ctx := context.Background()
-	if !unbounded {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, deadline)
-		defer cancel()
+	if unbounded {
+		deadline = time.Time{}
 	}
-	errs := b.exec(ctx, groups, false)
-	var retry []*group
-	for i, g := range groups {
-		if errs[i] != nil && redis.HasErrorPrefix(errs[i], "NOSCRIPT") {
-			retry = append(retry, g)
+	w.ctx.start(deadline)
+	if w.b.store.cluster {
+		w.runSlots(live)
+	} else {
+		w.runOne(live)
+	}
+	w.ctx.end()
+	for _, op := range live {
+		op.done <- struct{}{}
+	}
+}
+
+// runOne sends the checks in one script call and reads its raw reply,
+// retrying a NOSCRIPT answer with EVAL (which loads the script for the next
+// batches).
+func (w *worker) runOne(ops []*batchOp) {
+	args := append(w.args[:0], evalshaArg, shaArg, 0)
+	for _, op := range ops {
+		for i := range op.c.keys {
+			args = append(args, &op.c.keys[i])
 		}
 	}
-	if len(retry) > 0 {
-		again := b.exec(ctx, retry, true)
-		k := 0
-		for i, g := range groups {
-			if k < len(retry) && retry[k] == g {
-				errs[i] = again[k]
-				k++
-			}
+	args[2] = len(args) - 3
+	args = append(args, len(ops))
+	for _, op := range ops {
+		args = append(args, op.c.args...)
+	}
+	w.args = args
+	err := w.call(args)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		args[0], args[1] = evalArg, srcArg
+		err = w.call(args)
+	}
+	if err == nil {
+		err = readReplies(w.reply.b, ops)
+	}
+	if err != nil {
+		for _, op := range ops {
+			op.err = err
 		}
 	}
-	for i, g := range groups {
+	clear(w.args) // the keys and values of requests gone
+}
+
+// call runs one script call, its raw reply into w.reply.
+func (w *worker) call(args []any) error {
+	w.reply.b = w.reply.b[:0]
+	return w.b.store.client.Process(w.ctx, redis.NewRawWriteToCmd(w.ctx, &w.reply, args...))
+}
+
+// group is the checks of one slot: one script call.
+type group struct {
+	ops  []*batchOp
+	args []any
+	cmd  *redis.Cmd
+	err  error
+	send bool // exec sends it
+}
+
+// runSlots sends a script call per slot, all in one pipeline, retrying
+// NOSCRIPT answers with EVAL (which loads the script for the next batches).
+func (w *worker) runSlots(ops []*batchOp) {
+	groups := w.groupBySlot(ops)
+	for i := range groups {
+		groups[i].send = true
+	}
+	w.exec(groups)
+	retry := false
+	for i := range groups {
+		g := &groups[i]
+		g.send = g.err != nil && redis.HasErrorPrefix(g.err, "NOSCRIPT")
+		if g.send {
+			g.args[0], g.args[1] = evalArg, srcArg
+			retry = true
+		}
+	}
+	if retry {
+		w.exec(groups)
+	}
+	for i := range groups {
+		g := &groups[i]
+		err := g.err
 		var replies []any
-		err := errs[i]
 		if err == nil {
 			var out any
 			out, err = g.cmd.Result()
@@ -200,59 +344,159 @@ func (b *batcher) run(batch []*batchOp) {
 			if err != nil {
 				op.err = err
 			} else {
-				op.raw = replies[j]
+				op.vals, op.err = valuesOf(replies[j], op.vals[:0])
 			}
-			op.done <- struct{}{}
 		}
+		// Emptied for the next batch, holding on to no request.
+		clear(g.ops)
+		clear(g.args)
+		g.ops, g.args, g.cmd, g.err = g.ops[:0], g.args[:0], nil, nil
 	}
 }
 
-// groupBySlot puts the checks of each slot in one group, in arrival order.
-func groupBySlot(ops []*batchOp) []*group {
-	var groups []*group
+// groupBySlot puts the checks of each slot in one group, in arrival order,
+// each group with its script call's arguments. The groups and their slices
+// are the worker's, reused from one batch to the next.
+func (w *worker) groupBySlot(ops []*batchOp) []group {
+	groups := w.groups[:0]
 	for _, op := range ops {
-		var g *group
-		for _, x := range groups {
-			if x.ops[0].slot == op.slot {
-				g = x
+		k := -1
+		for i := range groups {
+			if groups[i].ops[0].slot == op.slot {
+				k = i
 				break
 			}
 		}
-		if g == nil {
-			g = &group{args: []any{0}}
-			groups = append(groups, g)
+		if k < 0 {
+			k = len(groups)
+			if k < cap(groups) {
+				groups = groups[:k+1]
+			} else {
+				groups = append(groups, group{})
+			}
 		}
-		g.ops = append(g.ops, op)
-		g.keys = append(g.keys, op.c.keys...)
-		g.args = append(g.args, op.c.args...)
+		groups[k].ops = append(groups[k].ops, op)
 	}
-	for _, g := range groups {
-		g.args[0] = len(g.ops)
+	for i := range groups {
+		g := &groups[i]
+		args := append(g.args[:0], evalshaArg, shaArg, 0)
+		for _, op := range g.ops {
+			for j := range op.c.keys {
+				args = append(args, &op.c.keys[j])
+			}
+		}
+		args[2] = len(args) - 3
+		args = append(args, len(g.ops))
+		for _, op := range g.ops {
+			args = append(args, op.c.args...)
+		}
+		g.args = args
 	}
+	w.groups = groups
 	return groups
 }
 
-// exec sends one script call per group as one pipeline. A call's error is
-// its own, or, when the pipeline failed before the call got an answer (a
-// dial or AUTH error), the pipeline's.
-func (b *batcher) exec(ctx context.Context, groups []*group, eval bool) []error {
-	p := b.store.client.Pipeline()
-	for _, g := range groups {
-		if eval {
-			g.cmd = script.Eval(ctx, p, g.keys, g.args...)
-		} else {
-			g.cmd = script.EvalSha(ctx, p, g.keys, g.args...)
+// exec sends a script call for each group marked send, as one pipeline. A
+// call's error is its own, or, when the pipeline failed before the call got
+// an answer (a dial or AUTH error), the pipeline's.
+func (w *worker) exec(groups []group) {
+	if w.pipe == nil {
+		// One pipeline per worker, reused: Exec leaves it empty.
+		w.pipe = w.b.store.client.Pipeline()
+	}
+	for i := range groups {
+		if g := &groups[i]; g.send {
+			g.cmd = redis.NewCmd(w.ctx, g.args...)
+			g.cmd.SetFirstKeyPos(3)
+			_ = w.pipe.Process(w.ctx, g.cmd)
 		}
 	}
-	_, execErr := p.Exec(ctx)
-	errs := make([]error, len(groups))
-	for i, g := range groups {
-		if errs[i] = g.cmd.Err(); errs[i] == nil && execErr != nil && g.cmd.Val() == nil {
-			errs[i] = execErr
+	_, execErr := w.pipe.Exec(w.ctx)
+	for i := range groups {
+		if g := &groups[i]; g.send {
+			if g.err = g.cmd.Err(); g.err == nil && execErr != nil && g.cmd.Val() == nil {
+				g.err = execErr
+			}
 		}
 	}
-	return errs
 }
+
+// batchCtx is a worker's context for its batches, reused from one batch to
+// the next so that a batch allocates no context and no timer: like
+// context.WithDeadline(context.Background(), deadline), it carries the
+// batch's deadline (go-redis sets it on the socket) and is done at that
+// deadline (a wait for a connection or a dial gives up then).
+type batchCtx struct {
+	timer    *time.Timer
+	mu       sync.Mutex
+	deadline time.Time // zero: none
+	done     chan struct{}
+	err      error
+}
+
+func newBatchCtx() *batchCtx {
+	c := &batchCtx{done: make(chan struct{})}
+	c.timer = time.AfterFunc(time.Hour, c.expire)
+	c.timer.Stop()
+	return c
+}
+
+// start readies c for a batch that must end by deadline (zero: none).
+func (c *batchCtx) start(deadline time.Time) {
+	c.mu.Lock()
+	if c.err != nil {
+		// The last batch ran out of time and closed done.
+		c.done, c.err = make(chan struct{}), nil
+	}
+	c.deadline = deadline
+	c.mu.Unlock()
+	if !deadline.IsZero() {
+		c.timer.Reset(time.Until(deadline))
+	}
+}
+
+// end ends the batch.
+func (c *batchCtx) end() {
+	c.timer.Stop()
+	c.mu.Lock()
+	c.deadline = time.Time{}
+	c.mu.Unlock()
+}
+
+// close ends c for good.
+func (c *batchCtx) close() { c.timer.Stop() }
+
+// expire ends the batch at its deadline. A timer of an earlier batch that
+// fires as that batch ends finds no deadline, or one still to come.
+func (c *batchCtx) expire() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.err != nil || c.deadline.IsZero() || time.Now().Before(c.deadline) {
+		return
+	}
+	c.err = context.DeadlineExceeded
+	close(c.done)
+}
+
+func (c *batchCtx) Deadline() (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.deadline, !c.deadline.IsZero()
+}
+
+func (c *batchCtx) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.done
+}
+
+func (c *batchCtx) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+func (c *batchCtx) Value(any) any { return nil }
 
 // Slot is the Redis Cluster hash slot of key: CRC16 (XMODEM) of its hash
 // tag, or of the whole key without one, modulo 16384.

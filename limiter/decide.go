@@ -199,6 +199,7 @@ type Limiter struct {
 	layout  []int     // Decision.Windows[i] is Op window layout[i]
 	parts   []partSpec
 	names   []string // RateLimit policy names of Decision.Windows
+	wnames  []string // the windows' names in Ops (WindowName), worked out once
 	stack   Store    // deny cache → breaker → store
 	cache   *DenyCache
 	channel string
@@ -232,9 +233,10 @@ type Backend struct {
 	Base Store
 	// Source is SourceRedis or SourceMemory.
 	Source Source
-	// Remote marks a store across a network: requests carry a deadline,
-	// and a DenyCache of DenyCacheSize entries (0: the default; -1: none)
-	// goes in front of it.
+	// Remote marks a store across a network: requests carry a deadline
+	// (Op.Deadline, after Policy.Timeout), at which the store must give up
+	// (the Limiter does not also put it on the context), and a DenyCache of
+	// DenyCacheSize entries (0: the default; -1: none) goes in front of it.
 	Remote        bool
 	DenyCacheSize int
 	// Local is the in-process store of fail local.
@@ -330,7 +332,9 @@ func (l *Limiter) plan() {
 		l.specs = append(l.specs, KeySpec{Segment: "lease"})
 	}
 	l.names = make([]string, len(all))
+	l.wnames = make([]string, len(all))
 	for i, w := range all {
+		l.wnames[i] = WindowName(w.Duration)
 		name := l.p.Name
 		global := i >= nb
 		if global {
@@ -461,7 +465,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 				w.Name = win.Period.String()
 				w.Bounds = win.Period.Bounds(now, l.p.Location)
 			} else {
-				w.Name, w.Len = WindowName(win.Duration), win.Duration.Microseconds()
+				w.Name, w.Len = l.wnames[i], win.Duration.Microseconds()
 				if i < nb {
 					w.Burst = l.p.Burst
 				}
@@ -589,10 +593,15 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 	if l.p.Timeout > 0 {
 		// The timeout bounds the store call whatever the client does; a
 		// client that goes away does not abort (and so not fail) it.
-		sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.p.Timeout)
+		sctx = context.WithoutCancel(ctx)
 		if l.b.Remote {
-			// On the wall clock: the policy's clock may be another.
+			// A remote store gives up at the Op's deadline itself (the
+			// Redis store arms a timer it reuses), which spares every
+			// request a context and its timer. On the wall clock: the
+			// policy's clock may be another.
 			op.Deadline = time.Now().Add(l.p.Timeout)
+		} else {
+			sctx, cancel = context.WithTimeout(sctx, l.p.Timeout)
 		}
 	}
 	reply, err := l.stack.Do(sctx, op)

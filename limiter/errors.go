@@ -68,10 +68,11 @@ func IsUnavailable(err error) bool {
 }
 
 func classify(err error) (ErrKind, bool) {
+	if err == nil {
+		return ErrKindNone, false // before ne, which escapes: no allocation per request
+	}
 	var ne net.Error
 	switch {
-	case err == nil:
-		return ErrKindNone, false
 	case errors.Is(err, ErrCircuitOpen):
 		return ErrKindCircuitOpen, false
 	case errors.Is(err, ErrInvalidOp):

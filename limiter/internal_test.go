@@ -23,23 +23,24 @@ func TestBatchKeepsEachChecksDeadline(t *testing.T) {
 	s := NewRedisStore(client)
 	b := newBatcher(s, 1, 8)
 	t.Cleanup(b.close)
-	op := func(key string) *batchOp {
-		o := &batchOp{done: make(chan struct{}, 1)}
-		o.c = newCheck(&Op{Cost: 1, Parts: []Part{{Key: key, Kind: KindLog,
+	w := b.newWorker()
+	t.Cleanup(w.ctx.close)
+	op := func(ctx context.Context, key string) *batchOp {
+		o := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+		o.until, _ = ctx.Deadline()
+		o.c.encode(&Op{Cost: 1, Parts: []Part{{Key: key, Kind: KindLog,
 			Windows: []Win{{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}}}}, 0)
 		return o
 	}
-	short, open := op("t:{short}"), op("t:{open}")
-	var cancel context.CancelFunc
-	short.ctx, cancel = context.WithTimeout(context.Background(), 150*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
 	defer cancel()
-	open.ctx = context.Background()
+	short, open := op(ctx, "t:{short}"), op(context.Background(), "t:{open}")
 
 	sleeper := srv.Client(t)
 	go sleeper.Do(context.Background(), "DEBUG", "SLEEP", "0.5")
 	time.Sleep(50 * time.Millisecond) // Redis is asleep
 	began := time.Now()
-	b.run([]*batchOp{short, open})
+	w.run([]*batchOp{short, open})
 	<-open.done
 	if took := time.Since(began); took < 300*time.Millisecond {
 		t.Fatalf("the batch took %s: Redis was not asleep, the test shows nothing", took)
@@ -47,7 +48,7 @@ func TestBatchKeepsEachChecksDeadline(t *testing.T) {
 	if open.err != nil {
 		t.Fatalf("the check without a deadline failed with its neighbour's: %v", open.err)
 	}
-	if _, err := s.reply(open.raw, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
+	if _, err := s.reply(open.vals, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
 		t.Fatalf("its reply: %v", err)
 	}
 }

@@ -25,10 +25,12 @@ var ErrLate = errors.New("check reached redis after its deadline; not run")
 var script = redis.NewScript(lua.Decide)
 
 // Scripter is what the Redis store needs of a go-redis client: scripts,
-// pipelines (for batches), DEL (for resets) and pub/sub (for telling other
-// processes about resets). Every go-redis client has them.
+// commands it builds itself and pipelines (for batches), DEL (for resets)
+// and pub/sub (for telling other processes about resets). Every go-redis
+// client has them.
 type Scripter interface {
 	redis.Scripter
+	Process(ctx context.Context, cmd redis.Cmder) error
 	Pipeline() redis.Pipeliner
 	Del(ctx context.Context, keys ...string) *redis.IntCmd
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
@@ -106,31 +108,40 @@ func (s *RedisStore) Reset(ctx context.Context, keys ...string) error {
 	return s.client.Del(ctx, keys...).Err()
 }
 
-// Do implements Store.
+// Do implements Store. The call gives up at op.Deadline, when set, as at
+// ctx's deadline.
 func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	if err := op.validate(); err != nil {
 		return Reply{}, err
 	}
-	c := newCheck(op, s.clock.deadline(op.Deadline))
-	var raw any
-	var err error
+	deadline := s.clock.deadline(op.Deadline)
 	sent := time.Now()
 	if s.batch != nil {
-		raw, err = s.batch.do(ctx, c)
-	} else {
-		args := make([]any, 0, 1+len(c.args))
-		args = append(args, 1)
-		args = append(args, c.args...)
-		var out any
-		out, err = script.Run(ctx, s.client, c.keys, args...).Result()
-		if err == nil {
-			raw, err = only(out)
-		}
+		return s.batch.do(ctx, op, deadline, sent)
+	}
+	if !op.Deadline.IsZero() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, op.Deadline)
+		defer cancel()
+	}
+	var c check
+	c.encode(op, deadline)
+	args := make([]any, 0, 1+len(c.args))
+	args = append(args, 1)
+	args = append(args, c.args...)
+	out, err := script.Run(ctx, s.client, c.keys, args...).Result()
+	if err == nil {
+		out, err = only(out)
+	}
+	var buf [16]int64
+	var vals []int64
+	if err == nil {
+		vals, err = valuesOf(out, buf[:0])
 	}
 	if err != nil {
 		return Reply{}, err
 	}
-	return s.reply(raw, op, sent)
+	return s.reply(vals, op, sent)
 }
 
 // only is the single check's reply of a one-check call.
@@ -142,20 +153,31 @@ func only(out any) (any, error) {
 	return l[0], nil
 }
 
-// reply reads one check's reply, checked for shape before it is indexed.
-func (s *RedisStore) reply(raw any, op *Op, sent time.Time) (Reply, error) {
+// valuesOf appends the values of one check's reply, as go-redis parsed it,
+// to vals: an error reply is the check's error.
+func valuesOf(raw any, vals []int64) ([]int64, error) {
 	if err, ok := raw.(error); ok {
-		return Reply{}, err
+		return nil, err
 	}
 	v, ok := raw.([]any)
-	if !ok || len(v) < 3 {
-		return Reply{}, fmt.Errorf("%w: %T", ErrBadReply, raw)
+	if !ok {
+		return nil, fmt.Errorf("%w: %T", ErrBadReply, raw)
 	}
-	n := make([]int64, len(v))
 	for i, x := range v {
-		if n[i], ok = x.(int64); !ok {
-			return Reply{}, fmt.Errorf("%w: value %d is %T", ErrBadReply, i, x)
+		n, ok := x.(int64)
+		if !ok {
+			return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, i, x)
 		}
+		vals = append(vals, n)
+	}
+	return vals, nil
+}
+
+// reply reads one check's reply values, checked for shape before they are
+// used.
+func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
+	if len(n) < 3 {
+		return Reply{}, fmt.Errorf("%w: %d values", ErrBadReply, len(n))
 	}
 	if n[2] > 0 {
 		s.clock.sample(n[2], sent)
@@ -212,17 +234,39 @@ func (s *RedisStore) reply(raw any, op *Op, sent time.Time) (Reply, error) {
 
 // check is one Op encoded for the script: its KEYS and its ARGV (from
 // nargs on).
+//
+// Encoding boxes nothing: a value goes into args as an int below 256 (Go
+// boxes those without allocating) or as a pointer to its copy in ints or
+// strs (go-redis writes *int64 and *string as their values), and keys stay
+// in keys, whose elements a batch passes by pointer too. So the check owns
+// the storage its args point into, sized before the first pointer is taken
+// so that no append moves it; a batched check lives in a pooled batchOp and
+// keeps its slices from one request to the next.
 type check struct {
 	keys []string
 	args []any
+	ints []int64
+	strs []string
 }
 
-func newCheck(op *Op, deadline int64) check {
+// encode encodes op, with the deadline on Redis's clock.
+func (c *check) encode(op *Op, deadline int64) {
 	nw := op.windows()
-	c := check{
-		keys: make([]string, 0, len(op.Parts)+3),
-		args: make([]any, 0, 11+3*len(op.Parts)+6*nw+7),
+	nk, nargs := len(op.Parts), 11+3*len(op.Parts)+6*nw
+	if op.Ban != nil {
+		nk, nargs = nk+1, nargs+4
 	}
+	if op.Lease != nil {
+		nk, nargs = nk+1, nargs+3
+	}
+	if op.Override != nil {
+		nk++
+	}
+	c.keys = resize(c.keys, nk)
+	c.args = resize(c.args, nargs)
+	c.ints = resize(c.ints, nargs)
+	c.strs = resize(c.strs, nw+2)
+
 	ban, lease, ov, scope := 0, 0, 0, ""
 	if op.Ban != nil {
 		ban = 1
@@ -233,7 +277,8 @@ func newCheck(op *Op, deadline int64) check {
 	if op.Override != nil {
 		ov, scope = 1, op.Override.Scope
 	}
-	c.args = append(c.args, 0, 0, int(op.Mode), op.Now, deadline, op.Cost, len(op.Parts), ban, lease, ov, scope)
+	c.args = append(c.args, 0, 0, int(op.Mode), c.int(op.Now), c.int(deadline), c.int(op.Cost), len(op.Parts),
+		ban, lease, ov, c.str(scope))
 	for i := range op.Parts {
 		p := &op.Parts[i]
 		c.keys = append(c.keys, p.Key)
@@ -245,25 +290,57 @@ func newCheck(op *Op, deadline int64) check {
 		for j := range p.Windows {
 			w := &p.Windows[j]
 			if p.Kind == KindCalendar {
-				c.args = append(c.args, w.Name, w.Limit, w.Bounds[0], w.Bounds[1], w.Bounds[2], w.Bounds[3])
+				c.args = append(c.args, c.str(w.Name), c.int(w.Limit), c.int(w.Bounds[0]), c.int(w.Bounds[1]),
+					c.int(w.Bounds[2]), c.int(w.Bounds[3]))
 			} else {
-				c.args = append(c.args, w.Name, w.Limit, w.Burst)
+				c.args = append(c.args, c.str(w.Name), c.int(w.Limit), c.int(w.Burst))
 			}
 		}
 	}
 	if b := op.Ban; b != nil {
 		c.keys = append(c.keys, b.Key)
-		c.args = append(c.args, b.After, b.Within, b.For, b.Carried)
+		c.args = append(c.args, c.int(b.After), c.int(b.Within), c.int(b.For), c.int(b.Carried))
 	}
 	if l := op.Lease; l != nil {
 		c.keys = append(c.keys, l.Key)
-		c.args = append(c.args, l.Max, l.Timeout, l.ID)
+		c.args = append(c.args, c.int(l.Max), c.int(l.Timeout), c.str(l.ID))
 	}
 	if o := op.Override; o != nil {
 		c.keys = append(c.keys, o.Key)
 	}
-	c.args[0], c.args[1] = len(c.args), len(c.keys)
-	return c
+	c.args[0], c.args[1] = c.int(int64(len(c.args))), len(c.keys)
+}
+
+// int is v for args: itself below 256, else a pointer to its copy.
+func (c *check) int(v int64) any {
+	if v >= 0 && v < 256 {
+		return v
+	}
+	c.ints = append(c.ints, v)
+	return &c.ints[len(c.ints)-1]
+}
+
+// str is s for args: a pointer to its copy.
+func (c *check) str(s string) any {
+	c.strs = append(c.strs, s)
+	return &c.strs[len(c.strs)-1]
+}
+
+// clear drops what the check points to (keys, names, lease IDs), keeping
+// its storage.
+func (c *check) clear() {
+	clear(c.keys)
+	clear(c.args)
+	clear(c.strs)
+	c.keys, c.args, c.ints, c.strs = c.keys[:0], c.args[:0], c.ints[:0], c.strs[:0]
+}
+
+// resize is s emptied, with room for n elements.
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, 0, n)
+	}
+	return s[:0]
 }
 
 // WindowName is the name of a duration window's state in its key: its

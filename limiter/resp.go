@@ -1,0 +1,236 @@
+package limiter
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+)
+
+// A batch's reply is read raw: go-redis streams it into a rawReply, which
+// its worker reuses from one batch to the next, and readReplies reads the
+// values of each check straight from the RESP bytes. Parsed by go-redis,
+// the same reply costs an []any per check and a boxed int64 per large value
+// (a time, a count): about as many allocations as the rest of a request.
+
+// rawReply receives one reply of a script call from a go-redis
+// RawWriteToCmd, which writes it line by line (a line without its CRLF,
+// then the CRLF). An error reply (its first line starts with '-') is not
+// kept: Write returns it as a redis.Error, so go-redis sees the call fail
+// with it exactly as with an error it parsed itself (a READONLY error drops
+// the connection; NOSCRIPT reaches the caller, which retries with EVAL).
+type rawReply struct{ b []byte }
+
+func (r *rawReply) Write(p []byte) (int, error) {
+	if len(r.b) == 0 && len(p) > 0 && p[0] == '-' {
+		return 0, replyError(p[1:])
+	}
+	r.b = append(r.b, p...)
+	return len(p), nil
+}
+
+// replyError is an error reply from Redis, read from a raw reply. Like the
+// errors go-redis reads, it is a redis.Error.
+type replyError string
+
+func (e replyError) Error() string { return string(e) }
+
+// RedisError marks replyError as a reply from Redis (redis.Error).
+func (replyError) RedisError() {}
+
+// readReplies reads the raw reply of a script call of len(ops) checks: an
+// array of one reply per check, in order. A check's reply is an array of
+// integers (its values, into its vals) or an error (its own error); any
+// other reply is a malformed one, for that check alone. The error is for a
+// reply that is not such an array: the whole call failed.
+func readReplies(buf []byte, ops []*batchOp) error {
+	r := respReader{buf: buf}
+	if r.at('!') {
+		// RESP3's blob error (RESP2 has only the '-' lines rawReply returns).
+		if msg, ok := r.blob(); ok {
+			return replyError(msg)
+		}
+	}
+	typ, n, ok := r.header()
+	if ok && typ == '*' && n >= 0 && n != int64(len(ops)) {
+		return fmt.Errorf("%w: %d replies for %d checks", ErrBadReply, n, len(ops))
+	}
+	if !ok || typ != '*' || n != int64(len(ops)) {
+		r.pos = 0
+		return fmt.Errorf("%w: %s for %d checks", ErrBadReply, r.describe(), len(ops))
+	}
+	for _, op := range ops {
+		var ok bool
+		op.vals, op.err, ok = r.check(op.vals[:0])
+		if !ok {
+			return fmt.Errorf("%w: cut short", ErrBadReply)
+		}
+	}
+	return nil
+}
+
+// respReader reads RESP values from buf.
+type respReader struct {
+	buf []byte
+	pos int
+}
+
+// at reports whether the next value is of type typ.
+func (r *respReader) at(typ byte) bool { return r.pos < len(r.buf) && r.buf[r.pos] == typ }
+
+// line is the next line, without its CRLF.
+func (r *respReader) line() ([]byte, bool) {
+	i := bytes.IndexByte(r.buf[r.pos:], '\n')
+	if i < 2 || r.buf[r.pos+i-1] != '\r' {
+		return nil, false
+	}
+	l := r.buf[r.pos : r.pos+i-1]
+	r.pos += i + 1
+	return l, true
+}
+
+// header reads the next line as a type and a number (a length, a count, an
+// integer).
+func (r *respReader) header() (typ byte, n int64, ok bool) {
+	l, ok := r.line()
+	if !ok {
+		return 0, 0, false
+	}
+	n, err := strconv.ParseInt(string(l[1:]), 10, 64)
+	return l[0], n, err == nil
+}
+
+// blob reads a length-prefixed string (the next value's header is its
+// length). When there is none, it reads nothing.
+func (r *respReader) blob() (string, bool) {
+	start := r.pos
+	_, n, ok := r.header()
+	if !ok || n < 0 || n > int64(len(r.buf)-r.pos-2) {
+		r.pos = start
+		return "", false
+	}
+	end := r.pos + int(n)
+	if r.buf[end] != '\r' || r.buf[end+1] != '\n' {
+		r.pos = start
+		return "", false
+	}
+	s := string(r.buf[r.pos:end])
+	r.pos = end + 2
+	return s, true
+}
+
+// check reads one check's reply: its values appended to vals, or its error.
+// ok is false when the reply is cut short (nothing after it can be read).
+func (r *respReader) check(vals []int64) (_ []int64, _ error, ok bool) {
+	start := r.pos
+	if r.at('!') {
+		if msg, ok := r.blob(); ok {
+			return nil, replyError(msg), true
+		}
+	}
+	l, ok := r.line()
+	if !ok {
+		return nil, nil, false
+	}
+	switch l[0] {
+	case '-':
+		return nil, replyError(l[1:]), true
+	case '*':
+		n, err := strconv.ParseInt(string(l[1:]), 10, 64)
+		if err != nil || n < 0 {
+			break
+		}
+		var bad error
+		for i := range n {
+			at := r.pos
+			typ, v, ok := r.header()
+			if ok && typ == ':' {
+				vals = append(vals, v)
+				continue
+			}
+			r.pos = at
+			if bad == nil {
+				bad = fmt.Errorf("%w: value %d is %s", ErrBadReply, i, r.describe())
+			}
+			if !r.skip() {
+				return nil, nil, false
+			}
+		}
+		if bad != nil {
+			return nil, bad, true
+		}
+		return vals, nil, true
+	}
+	r.pos = start
+	bad := fmt.Errorf("%w: %s", ErrBadReply, r.describe())
+	return nil, bad, r.skip()
+}
+
+// describe names the value at the reader's position, for an error.
+func (r *respReader) describe() string {
+	if r.pos >= len(r.buf) {
+		return "nothing"
+	}
+	if rest := r.buf[r.pos+1:]; bytes.HasPrefix(rest, []byte("-1\r\n")) && bytes.IndexByte([]byte("$*"), r.buf[r.pos]) >= 0 {
+		return "nil" // RESP2's nil string or array
+	}
+	switch r.buf[r.pos] {
+	case '+':
+		return "a status"
+	case '-', '!':
+		return "an error"
+	case ':':
+		return "an integer"
+	case '$', '=':
+		return "a string"
+	case '*', '~', '>':
+		return "an array"
+	case '%':
+		return "a map"
+	case '_':
+		return "nil"
+	case ',':
+		return "a double"
+	case '#':
+		return "a boolean"
+	case '(':
+		return "a big number"
+	}
+	return fmt.Sprintf("a value of type %q", r.buf[r.pos])
+}
+
+// skip passes over the next value, whatever its type. It reports whether
+// the value was whole.
+func (r *respReader) skip() bool {
+	start := r.pos
+	l, ok := r.line()
+	if !ok {
+		return false
+	}
+	switch l[0] {
+	case '$', '=', '!':
+		if bytes.Equal(l[1:], []byte("-1")) {
+			return true // RESP2's nil string
+		}
+		r.pos = start
+		_, ok := r.blob()
+		return ok
+	case '*', '~', '>', '%', '|':
+		n, err := strconv.ParseInt(string(l[1:]), 10, 64)
+		if err != nil || n > int64(len(r.buf)) {
+			return false
+		}
+		if l[0] == '%' || l[0] == '|' {
+			n *= 2
+		}
+		for range n { // none for -1, RESP2's nil array
+			if !r.skip() {
+				return false
+			}
+		}
+		if l[0] == '|' {
+			// An attribute comes before the value it describes.
+			return r.skip()
+		}
+	}
+	return true // a value of one line
+}

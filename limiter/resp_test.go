@@ -1,0 +1,183 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// TestReadReplies: a batch's raw reply gives each check its own values or
+// its own error, in order; a check whose reply is not an array of integers
+// is malformed alone, and the checks after it still get theirs. A reply that
+// is not one entry per check fails the whole call.
+func TestReadReplies(t *testing.T) {
+	t.Parallel()
+	type want struct {
+		vals []int64
+		err  string // a substring of the check's error ("" none)
+		bad  bool   // the error is ErrBadReply (else a Redis error reply)
+	}
+	for _, tc := range []struct {
+		name    string
+		reply   string
+		checks  []want
+		callErr string // the whole call's error
+	}{
+		{name: "values of each check, in order",
+			reply:  "*2\r\n*3\r\n:1\r\n:2\r\n:3\r\n*3\r\n:-1\r\n:0\r\n:1700000000000000\r\n",
+			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{-1, 0, 1700000000000000}}}},
+		{name: "an error reply is its check's alone",
+			reply:  "*3\r\n*1\r\n:1\r\n-WRONGTYPE Operation against a key holding the wrong kind of value\r\n*1\r\n:2\r\n",
+			checks: []want{{vals: []int64{1}}, {err: "WRONGTYPE Operation"}, {vals: []int64{2}}}},
+		{name: "a value that is not an integer",
+			reply:  "*2\r\n*2\r\n:1\r\n$3\r\nabc\r\n*1\r\n:5\r\n",
+			checks: []want{{err: "value 1 is a string", bad: true}, {vals: []int64{5}}}},
+		{name: "a nested array",
+			reply:  "*2\r\n*2\r\n*2\r\n:1\r\n:2\r\n:3\r\n*1\r\n:4\r\n",
+			checks: []want{{err: "value 0 is an array", bad: true}, {vals: []int64{4}}}},
+		{name: "nil replies (RESP2 and RESP3)",
+			reply:  "*4\r\n*-1\r\n$-1\r\n_\r\n*1\r\n:9\r\n",
+			checks: []want{{err: "nil", bad: true}, {err: "nil", bad: true}, {err: "nil", bad: true}, {vals: []int64{9}}}},
+		{name: "RESP3 values: blob error, map, attribute, verbatim string",
+			reply: "*4\r\n!9\r\nERR x\r\nyz\r\n%1\r\n+k\r\n:1\r\n*2\r\n|1\r\n+a\r\n:1\r\n:7\r\n:8\r\n=7\r\ntxt:abc\r\n",
+			checks: []want{{err: "ERR x\r\nyz"}, {err: "a map", bad: true}, {err: "value 0 is a value of type '|'", bad: true},
+				{err: "a string", bad: true}}},
+		{name: "too few replies", reply: "*1\r\n*1\r\n:1\r\n", checks: make([]want, 2), callErr: "1 replies for 2 checks"},
+		{name: "not an array", reply: "+OK\r\n", checks: make([]want, 1), callErr: "a status for 1 checks"},
+		{name: "a RESP3 error for the call", reply: "!11\r\nERR no luck\r\n", checks: make([]want, 1), callErr: "ERR no luck"},
+		{name: "cut short", reply: "*2\r\n*3\r\n:1\r\n:2\r\n", checks: make([]want, 2), callErr: "cut short"},
+		{name: "nothing", reply: "", checks: make([]want, 1), callErr: "nothing for 1 checks"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ops := make([]*batchOp, len(tc.checks))
+			for i := range ops {
+				ops[i] = &batchOp{vals: []int64{42}} // a stale value must not survive
+			}
+			err := readReplies([]byte(tc.reply), ops)
+			if tc.callErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.callErr) {
+					t.Fatalf("the call's error: %v, want one saying %q", err, tc.callErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("the call failed: %v", err)
+			}
+			for i, w := range tc.checks {
+				op := ops[i]
+				switch {
+				case w.err == "":
+					if op.err != nil || !slices.Equal(op.vals, w.vals) {
+						t.Errorf("check %d: %v %v, want %v", i, op.vals, op.err, w.vals)
+					}
+				case op.err == nil || !strings.Contains(op.err.Error(), w.err):
+					t.Errorf("check %d: %v %v, want an error saying %q", i, op.vals, op.err, w.err)
+				case errors.Is(op.err, ErrBadReply) != w.bad:
+					t.Errorf("check %d: %v: malformed %v, want %v", i, op.err, !w.bad, w.bad)
+				case !w.bad && !isRedisReply(op.err):
+					t.Errorf("check %d: %T is not a redis.Error", i, op.err)
+				}
+			}
+		})
+	}
+}
+
+func isRedisReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// TestRawReplyErrorLine: an error reply for the whole call never lands in
+// the buffer: the writer returns it as a Redis error reply, as go-redis
+// would have read it (so NOSCRIPT is retried, READONLY is an outage).
+func TestRawReplyErrorLine(t *testing.T) {
+	t.Parallel()
+	var r rawReply
+	_, err := r.Write([]byte("-NOSCRIPT No matching script. Please use EVAL."))
+	if !redis.HasErrorPrefix(err, "NOSCRIPT") || len(r.b) != 0 {
+		t.Fatalf("NOSCRIPT line: %v, buffer %q", err, r.b)
+	}
+	_, err = r.Write([]byte("-READONLY You can't write against a read only replica."))
+	if KindOf(err) != ErrKindConnection || !IsUnavailable(err) {
+		t.Fatalf("READONLY line: %v sorted as %s (outage %v), want connection, outage", err, KindOf(err), IsUnavailable(err))
+	}
+	for _, p := range []string{"*1", "\r\n", "-ERR inside", "\r\n"} {
+		if _, err := r.Write([]byte(p)); err != nil {
+			t.Fatalf("%q after the first line: %v", p, err)
+		}
+	}
+	if string(r.b) != "*1\r\n-ERR inside\r\n" {
+		t.Fatalf("buffer %q", r.b)
+	}
+}
+
+// FuzzReadReplies: no reply, however broken, panics the reader, and only an
+// array is read as the checks' replies.
+func FuzzReadReplies(f *testing.F) {
+	for _, s := range []string{
+		"*2\r\n*3\r\n:1\r\n:2\r\n:3\r\n-ERR x\r\n",
+		"*1\r\n%2\r\n+a\r\n:1\r\n|1\r\n+b\r\n*1\r\n:2\r\n",
+		"*1\r\n$5\r\nab\r\n",
+		"*3\r\n*9223372036854775807\r\n",
+		"*1\r\n!-5\r\n",
+		"*1\r\n*1\r\n:99999999999999999999\r\n",
+	} {
+		f.Add([]byte(s), 2)
+	}
+	f.Fuzz(func(t *testing.T, buf []byte, n int) {
+		ops := make([]*batchOp, n&7)
+		for i := range ops {
+			ops[i] = &batchOp{}
+		}
+		if err := readReplies(buf, ops); err == nil && (len(buf) == 0 || buf[0] != '*') {
+			t.Fatalf("%q read as %d replies", buf, len(ops))
+		}
+	})
+}
+
+// TestBatchCtx: a worker's context is done at its batch's deadline, and a
+// new batch finds it fresh; a timer of an earlier batch firing late does
+// not end the next one.
+func TestBatchCtx(t *testing.T) {
+	t.Parallel()
+	c := newBatchCtx()
+	t.Cleanup(c.close)
+	var ctx context.Context = c
+	deadline := time.Now().Add(20 * time.Millisecond)
+	c.start(deadline)
+	if d, ok := ctx.Deadline(); !ok || !d.Equal(deadline) {
+		t.Fatalf("deadline %v %v, want %v", d, ok, deadline)
+	}
+	select {
+	case <-ctx.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("not done at its deadline")
+	}
+	if !errors.Is(ctx.Err(), context.DeadlineExceeded) || time.Now().Before(deadline) {
+		t.Fatalf("done with %v at %v, want deadline exceeded at %v", ctx.Err(), time.Now(), deadline)
+	}
+	c.end()
+
+	c.start(time.Now().Add(time.Hour))
+	c.expire() // the last batch's timer, late
+	select {
+	case <-ctx.Done():
+		t.Fatal("the next batch is done from the start")
+	default:
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("the next batch: %v", ctx.Err())
+	}
+	c.end()
+	c.start(time.Time{})
+	if _, ok := ctx.Deadline(); ok || ctx.Err() != nil {
+		t.Fatalf("a batch without a deadline: deadline %v, err %v", ok, ctx.Err())
+	}
+	c.end()
+}
