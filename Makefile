@@ -45,5 +45,6 @@ accuracy:
 FUZZTIME ?= 10m
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzKeys$$' -fuzztime $(FUZZTIME) ./limiter/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadReplies$$' -fuzztime $(FUZZTIME) ./limiter/
 	$(GO) test -run '^$$' -fuzz '^FuzzCaddyfile$$' -fuzztime $(FUZZTIME) .
 	$(GO) test -run '^$$' -fuzz '^FuzzHostileHeaders$$' -fuzztime $(FUZZTIME) .
