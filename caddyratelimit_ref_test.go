@@ -58,12 +58,8 @@ type refRing struct {
 // event is more than window old; otherwise the wait until it is window old,
 // nothing recorded.
 func (r *refRing) when(now time.Time, window time.Duration) time.Duration {
-	if len(r.ring) == 0 {
-		// max_events 0 allows nothing; the handler then sees a wait of
-		// zero (time.Until of zero time plus window is negative) and lets
-		// the request pass. Not reachable from the Caddyfile (events > 0).
-		return 0
-	}
+	// A zone has at least one event (its Caddyfile refuses events 0, which
+	// upstream does not handle here either).
 	if now.Sub(r.ring[r.cursor]) > window {
 		r.ring[r.cursor] = now
 		r.cursor = (r.cursor + 1) % len(r.ring)

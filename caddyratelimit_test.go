@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -26,21 +28,92 @@ import (
 // example ("Coming from caddy-ratelimit").
 const convertedExample = "examples/caddy-ratelimit.Caddyfile"
 
-// caddyRatelimitExample is that example's two zones, as its README has them:
-// static_example (GET requests, one key for everybody, 100 per minute) and
-// dynamic_example (per client IP, 2 per 5 s).
-func caddyRatelimitExample() *refHandler {
-	return newRefHandler(
-		&refZone{
-			name: "static_example", maxEvents: 100, window: time.Minute,
-			match: func(r refRequest) bool { return r.method == http.MethodGet },
-			key:   func(refRequest) string { return "static" },
-		},
-		&refZone{
-			name: "dynamic_example", maxEvents: 2, window: 5 * time.Second,
-			key: func(r refRequest) string { return r.remoteHost },
-		},
-	)
+// caddyRatelimitSource is caddy-ratelimit's README example, as written
+// there (the README quotes this file as the config to convert).
+const caddyRatelimitSource = "testdata/caddy-ratelimit.Caddyfile"
+
+// caddyRatelimitExample reads caddy-ratelimit's example into the model: its
+// zones (static_example: GET requests, one key for everybody, 100 per
+// minute; dynamic_example: per client IP, 2 per 5 s) with their keys,
+// events, windows and method matchers. distributed is left out: the model is
+// the in-process limiter, which is what distributed approximates.
+func caddyRatelimitExample(t *testing.T) *refHandler {
+	t.Helper()
+	src, err := os.ReadFile(caddyRatelimitSource)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var zones []*refZone
+	d := caddyfile.NewTestDispenser(string(src))
+	for d.Next() {
+		if d.Val() != "rate_limit" {
+			continue
+		}
+		for nesting := d.Nesting(); d.NextBlock(nesting); {
+			switch d.Val() {
+			case "zone":
+				if !d.NextArg() {
+					t.Fatalf("%s:%d: zone without a name", caddyRatelimitSource, d.Line())
+				}
+				z := &refZone{name: d.Val()}
+				for zn := d.Nesting(); d.NextBlock(zn); {
+					opt := d.Val()
+					switch opt {
+					case "match":
+						for mn := d.Nesting(); d.NextBlock(mn); {
+							if d.Val() != "method" {
+								t.Fatalf("%s:%d: matcher %s is not modelled", caddyRatelimitSource, d.Line(), d.Val())
+							}
+							methods := d.RemainingArgs()
+							z.match = func(r refRequest) bool { return slices.Contains(methods, r.method) }
+						}
+						continue
+					}
+					if !d.NextArg() {
+						t.Fatalf("%s:%d: %s without a value", caddyRatelimitSource, d.Line(), opt)
+					}
+					switch v := d.Val(); opt {
+					case "key":
+						z.key = refKey(t, v)
+					case "events":
+						if z.maxEvents, err = strconv.Atoi(v); err != nil || z.maxEvents < 1 {
+							t.Fatalf("%s:%d: events %s", caddyRatelimitSource, d.Line(), v)
+						}
+					case "window":
+						if z.window, err = caddy.ParseDuration(v); err != nil {
+							t.Fatalf("%s:%d: window %s: %v", caddyRatelimitSource, d.Line(), v, err)
+						}
+					default:
+						t.Fatalf("%s:%d: zone option %s is not modelled", caddyRatelimitSource, d.Line(), opt)
+					}
+				}
+				if z.key == nil {
+					z.key = refKey(t, "") // its default: one key for the zone
+				}
+				zones = append(zones, z)
+			case "distributed":
+				for dn := d.Nesting(); d.NextBlock(dn); {
+				}
+			default:
+				t.Fatalf("%s:%d: %s is not modelled", caddyRatelimitSource, d.Line(), d.Val())
+			}
+		}
+	}
+	if len(zones) != 2 {
+		t.Fatalf("%s: %d zones, want the example's 2", caddyRatelimitSource, len(zones))
+	}
+	return newRefHandler(zones...)
+}
+
+// refKey resolves a zone's key template as caddy-ratelimit does for the
+// requests of the comparison: literal text, and {remote_host} (the
+// Caddyfile's short form of {http.request.remote.host}).
+func refKey(t *testing.T, tmpl string) func(refRequest) string {
+	t.Helper()
+	if strings.Contains(strings.ReplaceAll(tmpl, "{remote_host}", ""), "{") {
+		t.Fatalf("%s: key %s: only {remote_host} is modelled", caddyRatelimitSource, tmpl)
+	}
+	return func(r refRequest) string { return strings.ReplaceAll(tmpl, "{remote_host}", r.remoteHost) }
 }
 
 // chainStep is one handler of the adapted config, with its route's matchers.
@@ -290,7 +363,7 @@ func runComparison(t *testing.T, seq []refRequest, redisAddr string) (moved int)
 	clock := newTestClock()
 	suffix := "-" + uniqueName()
 	steps := convertedChain(t, clock, redisAddr, suffix)
-	ref := caddyRatelimitExample()
+	ref := caddyRatelimitExample(t)
 	allowed, denied := 0, map[string]int{}
 	var last time.Time
 	for i, req := range seq {
@@ -402,7 +475,7 @@ func TestCaddyRatelimitBoundary(t *testing.T) {
 	t.Parallel()
 	clock := newTestClock()
 	steps := convertedChain(t, clock, "", "-"+uniqueName())
-	ref := caddyRatelimitExample()
+	ref := caddyRatelimitExample(t)
 	const a = "192.0.2.1"
 	send := func(d time.Duration) (refDecision, ourDecision) {
 		req := refRequest{at: testEpoch.Add(d), method: http.MethodPost, remoteHost: a}
@@ -436,33 +509,6 @@ func TestCaddyRatelimitBoundary(t *testing.T) {
 	}
 }
 
-// caddyRatelimitCaddyfile is caddy-ratelimit's README example, as written.
-const caddyRatelimitCaddyfile = `{
-	order rate_limit before basicauth
-}
-
-:80
-
-rate_limit {
-	distributed
-	zone static_example {
-		match {
-			method GET
-		}
-		key    static
-		events 100
-		window 1m
-	}
-	zone dynamic_example {
-		key    {remote_host}
-		events 2
-		window 5s
-	}
-}
-
-respond "I'm behind the rate limiter!"
-`
-
 // TestCaddyRatelimitDirective: a caddy-ratelimit Caddyfile is refused by
 // Caddy itself, before this plugin sees it: its order line names a directive
 // nobody registered, and without that line the directive is unrecognized.
@@ -470,9 +516,13 @@ respond "I'm behind the rate limiter!"
 // would then fail to start), so the README's conversion is the way over.
 func TestCaddyRatelimitDirective(t *testing.T) {
 	t.Parallel()
+	src, err := os.ReadFile(caddyRatelimitSource)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct{ name, src, want string }{
-		{"as written", caddyRatelimitCaddyfile, "rate_limit is not a registered directive, at Caddyfile:2"},
-		{"without order", strings.Replace(caddyRatelimitCaddyfile, "order rate_limit before basicauth", "", 1), "Caddyfile:7: unrecognized directive: rate_limit"},
+		{"as written", string(src), "rate_limit is not a registered directive, at Caddyfile:2"},
+		{"without order", strings.Replace(string(src), "order rate_limit before basicauth", "", 1), "Caddyfile:7: unrecognized directive: rate_limit"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.src), map[string]any{"filename": "Caddyfile"})
