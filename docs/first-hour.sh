@@ -34,8 +34,8 @@ timed() {
 	local start end
 	start=$(date +%s.%N)
 	if ! (cd "$dir/src" && "$@") >"$dir/log" 2>&1; then
-		echo "first-hour: '$*' failed:" >&2
-		tail -30 "$dir/log" >&2
+		echo "first-hour: '$*' failed (its output: $dir/log):" >&2
+		grep -- '--- FAIL' "$dir/log" >&2 || tail -30 "$dir/log" >&2
 		exit 1
 	fi
 	end=$(date +%s.%N)
@@ -85,6 +85,7 @@ for step in "${steps[@]}"; do
 	loads+=("$(load)")
 	chmod -R u+w "$dir" && rm -rf "$dir"
 	rows+=("| $what | $(fmt "$f") | $(fmt "$w") |")
+	echo "${rows[-1]}" >&2 # progress
 done
 
 echo "| step | fresh machine | warm caches |"

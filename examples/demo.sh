@@ -17,13 +17,16 @@ log="$tmp/caddy.log"
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -rf "$tmp"' EXIT
 
-# Wait for Caddy on its admin endpoint (a probe of :8080 would count).
-for _ in $(seq 1 100); do
+fail() { echo "demo: FAIL: $*" >&2; cat "$log" >&2; exit 1; }
+
+# Wait for Caddy on its admin endpoint (a probe of :8080 would count), as
+# long as it runs (a busy machine may take a while), at most a minute.
+for i in $(seq 1 600); do
 	curl -s -o /dev/null localhost:2019/config/ 2>/dev/null && break
+	kill -0 "$pid" 2>/dev/null || fail "caddy exited"
+	[ "$i" -lt 600 ] || fail "caddy did not answer on localhost:2019 within a minute"
 	sleep 0.1
 done
-
-fail() { echo "demo: FAIL: $*" >&2; cat "$log" >&2; exit 1; }
 
 echo '$ for i in 1 2 3 4 5; do curl -s -D - -o /dev/null localhost:8080/ | grep -i ratelimit-remaining; done'
 for want in 4 3 2 1 0; do
