@@ -59,6 +59,13 @@ serving() {
 	return 1
 }
 
+# rebuild: make build, without the ./caddy of a run before (go build skips a
+# target that is up to date, which would measure nothing).
+rebuild() {
+	rm -f caddy
+	make build
+}
+
 xcaddy_lines() {
 	go install github.com/caddyserver/xcaddy/cmd/xcaddy@latest
 	rm -f caddy
@@ -70,7 +77,7 @@ rows=()
 loads=()
 for step in "${steps[@]}"; do
 	case $step in
-	build) what='build: `make build`' cmd=(make build) ;;
+	build) what='build: `make build`' cmd=(rebuild) ;;
 	run) what='run: `go run ./cmd/caddy run --config examples/Caddyfile`, until it serves' cmd=(serving) ;;
 	xcaddy) what='xcaddy: the install lines (`go install` xcaddy, `xcaddy build`)' cmd=(xcaddy_lines) ;;
 	test) what='test: `make test`' cmd=(make test) ;;
