@@ -6,7 +6,7 @@
 # fails make test.
 GO ?= go
 
-.PHONY: test check vet fmt run build bench accuracy fuzz
+.PHONY: test check vet fmt run build xcaddy first-hour bench accuracy fuzz
 
 test:
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
@@ -29,8 +29,21 @@ vet:
 run:
 	$(GO) run ./cmd/caddy run --config examples/Caddyfile
 
+# build: ./caddy, Caddy's standard modules and this plugin (cmd/caddy).
 build:
 	$(GO) build -o caddy ./cmd/caddy
+
+# xcaddy: ./caddy built by xcaddy from this checkout, as the README's install
+# section does, with the Caddy version of go.mod; then its modules.
+XCADDY ?= $(GO) run github.com/caddyserver/xcaddy/cmd/xcaddy@v0.4.5
+xcaddy:
+	$(XCADDY) build $$($(GO) list -m -f '{{.Version}}' github.com/caddyserver/caddy/v2) \
+		--output ./caddy --with github.com/sliding-ratelimit/sliding_ratelimit@v0.0.0=.
+	./caddy list-modules | grep sliding_ratelimit
+
+# first-hour: measure the README's times (fresh caches, then warm); long.
+first-hour:
+	docs/first-hour.sh
 
 # bench: the end-to-end benchmark (builds Caddy, starts its own redis-server,
 # prints req/s, p50, p99 and each site's ratio to Caddy without a limiter).
