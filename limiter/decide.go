@@ -546,22 +546,10 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 		d.InFlight = reply.InFlight
 		d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
 		d.Banned, d.BanStarted = reply.Status == StatusBanned, reply.BanStarted
-		switch {
-		case reply.Status == StatusAllowed:
-			d.Outcome, d.Pass = OutcomeAllowed, true
-			if op.Lease != nil || mode == ModeCheckOnly {
-				d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly}
-			}
-		case reply.Status == StatusTooLarge:
-			d.Outcome = OutcomeTooLarge
-		case d.Banned:
-			d.Outcome = OutcomeBanned
-		case reply.LeaseDenied && !anyDenied(d.Windows):
-			d.Outcome = OutcomeConcurrency
-		default:
-			d.Outcome = OutcomeLimited
+		d.setOutcome(&reply)
+		if d.Pass && (op.Lease != nil || mode == ModeCheckOnly) {
+			d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly}
 		}
-		d.RetryAfter = retryAfter(&d)
 		if d.Outcome == OutcomeLimited && l.wait(ctx, &d) {
 			now = l.p.Now()
 			op = l.op(in, mode, now)
@@ -842,20 +830,27 @@ func (l *Limiter) Peek(ctx context.Context, in *Input) (Decision, error) {
 	d.InFlight = reply.InFlight
 	d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
 	d.Banned = reply.Status == StatusBanned
+	d.setOutcome(&reply)
+	return d, nil
+}
+
+// setOutcome sets the outcome a store's reply means (d.Windows and
+// d.Banned already read from it), whether the request passes, and the
+// retry time.
+func (d *Decision) setOutcome(r *Reply) {
 	switch {
-	case reply.Status == StatusAllowed:
+	case r.Status == StatusAllowed:
 		d.Outcome, d.Pass = OutcomeAllowed, true
-	case reply.Status == StatusTooLarge:
+	case r.Status == StatusTooLarge:
 		d.Outcome = OutcomeTooLarge
 	case d.Banned:
 		d.Outcome = OutcomeBanned
-	case reply.LeaseDenied && !anyDenied(d.Windows):
+	case r.LeaseDenied && !anyDenied(d.Windows):
 		d.Outcome = OutcomeConcurrency
 	default:
 		d.Outcome = OutcomeLimited
 	}
-	d.RetryAfter = retryAfter(&d)
-	return d, nil
+	d.RetryAfter = retryAfter(d)
 }
 
 // Windows describes the windows of an Input (limits and lengths, no

@@ -607,50 +607,46 @@ func (s *RedisStore) overrideDel(ctx context.Context, key, scope string, now int
 
 func (s *RedisStore) overrideGet(ctx context.Context, key string, now int64) (map[string]string, int64, error) {
 	v, err := overrideScript.Run(ctx, s.client, []string{key}, "get", now).Slice()
-	if err != nil {
-		return nil, 0, err
-	}
-	if len(v)%2 != 1 {
-		return nil, 0, fmt.Errorf("%w: %d values", ErrBadReply, len(v))
-	}
-	t, ok := v[0].(int64)
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: now is %T", ErrBadReply, v[0])
-	}
-	f := make(map[string]string, len(v)/2)
-	for i := 1; i < len(v); i += 2 {
-		k, ok1 := v[i].(string)
-		x, ok2 := v[i+1].(string)
-		if !ok1 || !ok2 {
-			return nil, 0, fmt.Errorf("%w: field %T, value %T", ErrBadReply, v[i], v[i+1])
-		}
-		f[k] = x
-	}
-	return f, t, nil
+	f := map[string]string{}
+	t, err := readPairs(v, err, func(k string, x any) bool {
+		s, ok := x.(string)
+		f[k] = s
+		return ok
+	})
+	return f, t, err
 }
 
 func (s *RedisStore) overrideIndex(ctx context.Context, index, member string, now, until int64) (map[string]int64, int64, error) {
 	v, err := overrideScript.Run(ctx, s.client, []string{index}, "index", now, member, until).Slice()
+	m := map[string]int64{}
+	t, err := readPairs(v, err, func(k string, x any) bool {
+		u, ok := x.(int64)
+		m[k] = u
+		return ok
+	})
+	return m, t, err
+}
+
+// readPairs reads override.lua's {now, name, value, ...} replies: now, and
+// each pair through add, which reports whether the value has its type.
+func readPairs(v []any, err error, add func(name string, value any) bool) (int64, error) {
 	if err != nil {
-		return nil, 0, err
+		return 0, err
 	}
 	if len(v)%2 != 1 {
-		return nil, 0, fmt.Errorf("%w: %d values", ErrBadReply, len(v))
+		return 0, fmt.Errorf("%w: %d values", ErrBadReply, len(v))
 	}
 	t, ok := v[0].(int64)
 	if !ok {
-		return nil, 0, fmt.Errorf("%w: now is %T", ErrBadReply, v[0])
+		return 0, fmt.Errorf("%w: now is %T", ErrBadReply, v[0])
 	}
-	m := make(map[string]int64, len(v)/2)
 	for i := 1; i < len(v); i += 2 {
-		k, ok1 := v[i].(string)
-		u, ok2 := v[i+1].(int64)
-		if !ok1 || !ok2 {
-			return nil, 0, fmt.Errorf("%w: member %T, until %T", ErrBadReply, v[i], v[i+1])
+		k, ok := v[i].(string)
+		if !ok || !add(k, v[i+1]) {
+			return 0, fmt.Errorf("%w: name %T, value %T", ErrBadReply, v[i], v[i+1])
 		}
-		m[k] = u
 	}
-	return m, t, nil
+	return t, nil
 }
 
 // The in-process store keeps overrides as override.lua does, in memKey.ov
