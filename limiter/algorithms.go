@@ -216,6 +216,25 @@ func fixCarry(states []winState, wins []Win, now float64) float64 {
 	return most
 }
 
+// spanEval is span_eval: a window whose count holds over the span [s, e)
+// around now; it reports whether cost fits.
+func spanEval(count, cost, limit, s, e, now float64) (winEval, bool) {
+	var ev winEval
+	if count > 0 {
+		ev.reset = int64(e - now)
+	}
+	fits := count+cost <= limit
+	if !fits {
+		if cost > limit {
+			ev.retry = int64(e - s)
+		} else {
+			ev.retry = int64(e - now)
+		}
+	}
+	ev.count, ev.s2 = int64(count), e
+	return ev, fits
+}
+
 func fixCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
 	fits := true
 	carried, haveCarry := 0.0, false
@@ -236,20 +255,9 @@ func fixCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 			}
 			count = carried
 		}
-		wend := float64((idx + 1) * w)
-		var ev winEval
-		if count > 0 {
-			ev.reset = int64(wend - now)
-		}
-		if count+cost > limit {
-			fits = false
-			if cost > limit {
-				ev.retry = int64(w)
-			} else {
-				ev.retry = int64(wend - now)
-			}
-		}
-		ev.count, ev.s1, ev.s2 = int64(count), idx, wend
+		ev, ok := spanEval(count, cost, limit, idx*w, (idx+1)*w, now)
+		fits = fits && ok
+		ev.s1 = idx
 		evs[j] = ev
 	}
 	return fits
@@ -286,19 +294,9 @@ func calCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 				count = float64(st.c)
 			}
 		}
-		var ev winEval
-		if count > 0 {
-			ev.reset = int64(e - now)
-		}
-		if count+cost > limit {
-			fits = false
-			if cost > limit {
-				ev.retry = int64(e - s)
-			} else {
-				ev.retry = int64(e - now)
-			}
-		}
-		ev.count, ev.s1, ev.s2 = int64(count), s, e
+		ev, ok := spanEval(count, cost, limit, s, e, now)
+		fits = fits && ok
+		ev.s1 = s
 		evs[j] = ev
 	}
 	return fits

@@ -39,6 +39,26 @@ local function fix_carry(f, now, j0, j1)
   return most
 end
 
+-- span_eval fills window j, whose count holds over the span [s, e) around
+-- now (a fixed window, a calendar period), and reports whether cost fits;
+-- record needs s2 (the end).
+local function span_eval(j, count, cost, s, e, now)
+  local retry, reset = 0, 0
+  if count > 0 then
+    reset = e - now
+  end
+  local fits = count + cost <= wlim[j]
+  if not fits then
+    if cost > wlim[j] then
+      retry = e - s
+    else
+      retry = e - now
+    end
+  end
+  cnt[j], rty[j], rst[j], s2[j] = count, retry, reset, e
+  return fits
+end
+
 -- fix_check fills duration windows j0..j1 from their fields v (w, n in a
 -- row per window; f, the whole hash, when a window has none); record needs
 -- s1 (the window index) and s2 (its end).
@@ -46,7 +66,7 @@ local function fix_check(v, f, j0, j1, now, cost)
   local fits = true
   local carried = false
   for j = j0, j1 do
-    local w, ls, limit = wlen[j], wname[j], wlim[j]
+    local w = wlen[j]
     local idx = math.floor(now / w)
     local count = 0
     local o = (j - j0) * 2
@@ -63,21 +83,10 @@ local function fix_check(v, f, j0, j1, now, cost)
       end
       count = carried
     end
-    local wend = (idx + 1) * w
-    local retry, reset = 0, 0
-    if count > 0 then
-      reset = wend - now
-    end
-    if count + cost > limit then
+    if not span_eval(j, count, cost, idx * w, (idx + 1) * w, now) then
       fits = false
-      if cost > limit then
-        retry = w
-      else
-        retry = wend - now
-      end
     end
-    cnt[j], rty[j], rst[j] = count, retry, reset
-    s1[j], s2[j] = idx, wend
+    s1[j] = idx
   end
   return fits
 end
@@ -107,7 +116,6 @@ end
 local function cal_check(v, j0, j1, now, cost)
   local fits = true
   for j = j0, j1 do
-    local limit = wlim[j]
     local s, e = cb1[j], cb2[j]
     if now < cb1[j] then
       s, e = cb0[j], cb1[j]
@@ -120,20 +128,10 @@ local function cal_check(v, j0, j1, now, cost)
     if ss and (ss == s or (ss <= now and now < se)) then
       count = tonumber(v[o + 3]) or 0
     end
-    local retry, reset = 0, 0
-    if count > 0 then
-      reset = e - now
-    end
-    if count + cost > limit then
+    if not span_eval(j, count, cost, s, e, now) then
       fits = false
-      if cost > limit then
-        retry = e - s
-      else
-        retry = e - now
-      end
     end
-    cnt[j], rty[j], rst[j] = count, retry, reset
-    s1[j], s2[j] = s, e
+    s1[j] = s
   end
   return fits
 end
