@@ -5,7 +5,6 @@ package slidingratelimit
 // minutes, in fixed memory.
 
 import (
-	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"hash/maphash"
@@ -65,7 +64,7 @@ func (o *offenders) note(kind int, identity, region string, logKey bool, retry i
 	}
 	c, fresh := e[0].add(id)
 	if fresh {
-		c.hash = keyDigest(identity)
+		c.hash = limiter.KeyDigest(identity)
 		c.region = clip(region)
 	}
 	if logKey && c.key == "" {
@@ -254,11 +253,6 @@ func (o *offenders) entry(id uint64, logKey bool) offender {
 // keyHash is the key as the top offenders and the overrides show it
 // without log_key (limiter.KeyHash).
 func keyHash(identity string) string { return limiter.KeyHash(identity) }
-
-func keyDigest(identity string) [6]byte {
-	sum := sha256.Sum256([]byte(identity))
-	return [6]byte(sum[:6])
-}
 
 // clip is a copy of s, at most maxTopLabel bytes of it.
 func clip(s string) string {

@@ -56,8 +56,14 @@ type OverrideEntry struct {
 // often a secret): the first 12 hex digits of its SHA-256, e.g.
 // `printf %s "$KEY" | sha256sum | cut -c1-12`.
 func KeyHash(identity string) string {
+	d := KeyDigest(identity)
+	return hex.EncodeToString(d[:])
+}
+
+// KeyDigest is the 6 bytes KeyHash writes in hex.
+func KeyDigest(identity string) [6]byte {
 	sum := sha256.Sum256([]byte(identity))
-	return hex.EncodeToString(sum[:6])
+	return [6]byte(sum[:6])
 }
 
 // MaxOverrideTTL bounds an override's duration: a longer change belongs in
