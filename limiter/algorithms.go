@@ -263,16 +263,20 @@ func fixCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 	return fits
 }
 
+// spanAdd is span_add: it adds cost to a window spanEval filled and
+// returns the TTL (ms) its state needs.
+func spanAdd(ev *winEval, now, cost float64) float64 {
+	ev.count += int64(cost)
+	ev.reset = int64(ev.s2 - now)
+	return math.Ceil((ev.s2-now)/1000) + 1000
+}
+
 func fixRecord(wins []Win, evs []winEval, now, cost float64, out []winState) ([]winState, int64) {
 	ttl := 0.0
 	for j := range wins {
 		ev := &evs[j]
-		ev.count += int64(cost)
-		ev.reset = int64(ev.s2 - now)
+		ttl = math.Max(ttl, spanAdd(ev, now, cost))
 		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), b: ev.count})
-		if t := math.Ceil((ev.s2-now)/1000) + 1000; t > ttl {
-			ttl = t
-		}
 	}
 	return out, int64(ttl)
 }
@@ -306,12 +310,8 @@ func calRecord(wins []Win, evs []winEval, now, cost float64, out []winState) ([]
 	ttl := 0.0
 	for j := range wins {
 		ev := &evs[j]
-		ev.count += int64(cost)
-		ev.reset = int64(ev.s2 - now)
+		ttl = math.Max(ttl, spanAdd(ev, now, cost))
 		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), b: int64(ev.s2), c: ev.count})
-		if t := math.Ceil((ev.s2-now)/1000) + 1000; t > ttl {
-			ttl = t
-		}
 	}
 	return out, int64(ttl)
 }

@@ -91,19 +91,22 @@ local function fix_check(v, f, j0, j1, now, cost)
   return fits
 end
 
+-- span_add adds cost to window j (filled by span_eval) and returns the
+-- TTL (ms) its state needs: until the span ends, and a second.
+local function span_add(j, now, cost)
+  cnt[j] = cnt[j] + cost
+  rst[j] = s2[j] - now
+  return math.ceil((s2[j] - now) / 1000) + 1000
+end
+
 -- fix_record adds cost to windows j0..j1 and queues their fields.
 local function fix_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
     local fs = fieldnames[3][wname[j]]
-    cnt[j] = cnt[j] + cost
-    rst[j] = s2[j] - now
+    ttl = math.max(ttl, span_add(j, now, cost))
     hset(fs[1], s1[j])
     hset(fs[2], cnt[j])
-    local t = math.ceil((s2[j] - now) / 1000) + 1000
-    if t > ttl then
-      ttl = t
-    end
   end
   return ttl
 end
@@ -141,15 +144,10 @@ local function cal_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
     local fs = fieldnames[5][wname[j]]
-    cnt[j] = cnt[j] + cost
-    rst[j] = s2[j] - now
+    ttl = math.max(ttl, span_add(j, now, cost))
     hset(fs[1], s1[j])
     hset(fs[2], s2[j])
     hset(fs[3], cnt[j])
-    local t = math.ceil((s2[j] - now) / 1000) + 1000
-    if t > ttl then
-      ttl = t
-    end
   end
   return ttl
 end
