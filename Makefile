@@ -1,14 +1,15 @@
-# The one test command (the README's, and what .ci/run runs): every test,
-# with the race detector, in random order. Tests start their own
-# redis-server processes (redis-server must be on PATH). They run with a
-# temporary directory of their own (TMPDIR), which must be empty when they
-# end: a test that leaves a file, a socket or a server's directory behind
-# fails make test.
+# The one test command (the README's, and what .ci/run runs): first the
+# tools the tests need (.ci/deps installs what is missing, or names the one
+# command that does), gofmt and go vet; then every test, with the race
+# detector, in random order. Tests start their own redis-server processes.
+# They run with a temporary directory of their own (TMPDIR), which must be
+# empty when they end: a test that leaves a file, a socket or a server's
+# directory behind fails make test.
 GO ?= go
 
-.PHONY: test check vet fmt run build xcaddy first-hour bench accuracy fuzz
+.PHONY: test deps check vet fmt run build xcaddy first-hour bench accuracy fuzz
 
-test:
+test: deps fmt vet
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	echo "TMPDIR=$$tmp $(GO) test -race -count=1 -shuffle=on -timeout 15m ./..." && \
 	TMPDIR=$$tmp $(GO) test -race -count=1 -shuffle=on -timeout 15m ./... && \
@@ -16,8 +17,12 @@ test:
 		echo "make test: the tests left this in their temporary directory:"; find "$$tmp" -mindepth 1 | head -50; exit 1; \
 	fi
 
-# check: formatting and vet, then the tests.
-check: fmt vet test
+# deps: redis-server, redis-cli, curl and promtool (Debian packages, as root).
+deps:
+	@.ci/deps
+
+# check: the same as test (which runs gofmt and go vet first), kept as a name.
+check: test
 
 fmt:
 	@out="$$(gofmt -l .)"; if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

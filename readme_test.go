@@ -56,7 +56,7 @@ func TestReadmeTestCommand(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !regexp.MustCompile(`(?m)^test:\n(?:\t.*\n)*?\t.*\$\(GO\) test [^\n]*\./\.\.\.`).Match(mk) {
+		if !regexp.MustCompile(`(?m)^test:[^\n]*\n(?:\t.*\n)*?\t.*\$\(GO\) test [^\n]*\./\.\.\.`).Match(mk) {
 			t.Errorf("Makefile's test target does not run go test ./...")
 		}
 	}
