@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -58,6 +60,12 @@ func adapt(t *testing.T, src []byte) []byte {
 // TestExamplesAdapt adapts every example to its golden JSON and validates
 // the result as Caddy would load it (modules provisioned, nothing started).
 func TestExamplesAdapt(t *testing.T) {
+	// The goldens are the examples' defaults: an environment variable of
+	// the shell running the tests must not change what they adapt to.
+	for _, v := range exampleEnv {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
+	}
 	for _, ex := range exampleFiles(t) {
 		t.Run(filepath.Base(ex), func(t *testing.T) {
 			src, err := os.ReadFile(ex)
@@ -90,16 +98,124 @@ func TestExamplesAdapt(t *testing.T) {
 	}
 }
 
+// exampleEnv are the environment variables the examples read when adapted
+// ({$VAR:default}), each with a loopback default.
+var exampleEnv = []string{"REDIS_URL", "REDIS_CLUSTER", "UPSTREAM"}
+
 // TestExamplesValidateWithEmptyEnvironment runs this repo's Caddy as a user
 // would, `caddy validate --config <example>`, with an empty environment:
-// every example loads without a password or any variable set.
+// every example loads without a password or any variable set. And it dials
+// nothing but loopback: `caddy adapt`, in the same environment, gives every
+// Redis address of every example on a loopback address.
 func TestExamplesValidateWithEmptyEnvironment(t *testing.T) {
 	bin := buildCaddy(t)
+	env := []string{"HOME=" + t.TempDir(), "PATH=/usr/bin:/bin"}
 	for _, ex := range exampleFiles(t) {
 		cmd := exec.Command(bin, "validate", "--config", ex, "--adapter", "caddyfile")
-		cmd.Env = []string{"HOME=" + t.TempDir(), "PATH=/usr/bin:/bin"}
+		cmd.Env = env
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Errorf("caddy validate --config %s with an empty environment: %v\n%s", ex, err, out)
+		}
+		cmd = exec.Command(bin, "adapt", "--config", ex, "--adapter", "caddyfile")
+		cmd.Env = env
+		out, err := cmd.Output()
+		if err != nil {
+			t.Errorf("caddy adapt --config %s with an empty environment: %v\n%s", ex, err, out)
+			continue
+		}
+		addrs, err := redisAddresses(out)
+		if err != nil {
+			t.Errorf("%s: %v", ex, err)
+			continue
+		}
+		src, err := os.ReadFile(ex)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(src, []byte("redis")) && len(addrs) == 0 {
+			t.Errorf("%s names Redis, but no Redis address was found in its adapted JSON", ex)
+		}
+		for _, a := range addrs {
+			if !isLoopback(a) {
+				t.Errorf("%s dials %s with an empty environment: an example's addresses take a loopback default ({$REDIS_URL:redis://127.0.0.1:6379})", ex, a)
+			}
+		}
+	}
+}
+
+// redisAddresses returns the Redis URL and addresses of every
+// sliding_ratelimit handler in an adapted config, wherever it sits.
+func redisAddresses(config []byte) ([]string, error) {
+	var v any
+	if err := json.Unmarshal(config, &v); err != nil {
+		return nil, err
+	}
+	var out []string
+	var walk func(any)
+	walk = func(v any) {
+		switch v := v.(type) {
+		case []any:
+			for _, e := range v {
+				walk(e)
+			}
+		case map[string]any:
+			if r, ok := v["redis"].(map[string]any); ok && v["handler"] == "sliding_ratelimit" {
+				if u, ok := r["url"].(string); ok {
+					out = append(out, u)
+				}
+				for _, a := range asStrings(r["addresses"]) {
+					out = append(out, a)
+				}
+			}
+			for _, e := range v {
+				walk(e)
+			}
+		}
+	}
+	walk(v)
+	return out, nil
+}
+
+func asStrings(v any) []string {
+	var out []string
+	if l, ok := v.([]any); ok {
+		for _, e := range l {
+			if s, ok := e.(string); ok {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
+}
+
+// isLoopback: a redis:// URL or a host:port whose host is localhost or a
+// loopback IP.
+func isLoopback(addr string) bool {
+	hostport := addr
+	if u, err := url.Parse(addr); err == nil && u.Scheme != "" && u.Host != "" {
+		hostport = u.Host
+	}
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = hostport
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// TestIsLoopback: the check above tells loopback from the rest.
+func TestIsLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"redis://127.0.0.1:6379": true, "rediss://user:pw@localhost:6380/2": true, "127.0.0.1:7000": true,
+		"[::1]:6379": true, "redis://[::1]:6379": true,
+		"10.0.0.11:6379": false, "redis://10.0.0.11:6379": false, "redis.internal:6379": false,
+		"rediss://ratelimit:secret@redis.internal:6380": false, "192.168.1.5:26379": false,
+	} {
+		if got := isLoopback(addr); got != want {
+			t.Errorf("isLoopback(%q) = %v, want %v", addr, got, want)
 		}
 	}
 }
