@@ -24,12 +24,12 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
-// convertedExample is the README's conversion of caddy-ratelimit's main
-// example ("Coming from caddy-ratelimit").
+// convertedExample is docs/migrating.md's conversion of caddy-ratelimit's
+// main example.
 const convertedExample = "examples/caddy-ratelimit.Caddyfile"
 
 // caddyRatelimitSource is caddy-ratelimit's README example, as written
-// there (the README quotes this file as the config to convert).
+// there (docs/migrating.md quotes this file as the config to convert).
 const caddyRatelimitSource = "testdata/caddy-ratelimit.Caddyfile"
 
 // caddyRatelimitExample reads caddy-ratelimit's example into the model: its
@@ -394,7 +394,7 @@ func runComparison(t *testing.T, seq []refRequest, redisAddr string) (moved int)
 	return moved
 }
 
-// TestComingFromCaddyRatelimit holds the README's conversion of
+// TestComingFromCaddyRatelimit holds docs/migrating.md's conversion of
 // caddy-ratelimit's main example to its word: the converted Caddyfile,
 // adapted and run by this plugin with an injected clock, decides every
 // request of bursty sequences (several clients, GET and POST, bursts at and
@@ -464,7 +464,7 @@ func TestComingFromCaddyRatelimit(t *testing.T) {
 }
 
 // TestCaddyRatelimitBoundary shows the one instant where the two differ, as
-// the README says: exactly window after the oldest counted request.
+// docs/migrating.md says: exactly window after the oldest counted request.
 // caddy-ratelimit still counts that request (it frees its slot only when
 // MORE than window has passed), computes a wait of 0, and its handler, which
 // refuses only on a wait above 0, lets the request through without recording
@@ -513,7 +513,7 @@ func TestCaddyRatelimitBoundary(t *testing.T) {
 // Caddy itself, before this plugin sees it: its order line names a directive
 // nobody registered, and without that line the directive is unrecognized.
 // This plugin does not register rate_limit (a Caddy built with both plugins
-// would then fail to start), so the README's conversion is the way over.
+// would then fail to start), so docs/migrating.md's conversion is the way over.
 func TestCaddyRatelimitDirective(t *testing.T) {
 	t.Parallel()
 	src, err := os.ReadFile(caddyRatelimitSource)

@@ -29,6 +29,7 @@ const (
 	dashboardFile = "examples/grafana/sliding_ratelimit.json"
 	rulesFile     = "examples/prometheus/sliding_ratelimit.rules.yml"
 	rulesTestFile = "examples/prometheus/sliding_ratelimit.rules.test.yml"
+	operatingDoc  = "docs/operating.md" // describes the dashboard and the rules
 )
 
 // targetLabels are the labels Prometheus adds to every series it scrapes:
@@ -602,17 +603,17 @@ func TestDashboardJSON(t *testing.T) {
 }
 
 // TestRulesShape: every alert waits (for:), has a severity, and says which
-// limiter in its summary and description; the README describes each alert
-// and each dashboard panel.
+// limiter in its summary and description; docs/operating.md describes each
+// alert and each dashboard panel.
 func TestRulesShape(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("README.md")
+	doc, err := os.ReadFile(operatingDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, section, ok := strings.Cut(string(readme), "\n## Dashboard and alerts\n")
+	_, section, ok := strings.Cut(string(doc), "\n## Dashboard and alerts\n")
 	if !ok {
-		t.Fatal(`README.md has no "## Dashboard and alerts" section`)
+		t.Fatalf(`%s has no "## Dashboard and alerts" section`, operatingDoc)
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
 	section = strings.Join(strings.Fields(section), " ") // names may wrap
@@ -640,7 +641,7 @@ func TestRulesShape(t *testing.T) {
 			t.Errorf("alert %s: a Grafana variable in a rule: %s", r.Alert, r.Expr)
 		}
 		if !strings.Contains(section, "`"+r.Alert+"`") {
-			t.Errorf("README's Dashboard and alerts section does not describe alert %s", r.Alert)
+			t.Errorf("%s's Dashboard and alerts section does not describe alert %s", operatingDoc, r.Alert)
 		}
 	}
 	if len(seen) == 0 {
@@ -648,7 +649,7 @@ func TestRulesShape(t *testing.T) {
 	}
 	for _, p := range allPanels(loadDashboard(t).Panels) {
 		if p.Type != "row" && !strings.Contains(section, "**"+p.Title+"**") {
-			t.Errorf("README's Dashboard and alerts section does not describe panel %q (as **%s**)", p.Title, p.Title)
+			t.Errorf("%s's Dashboard and alerts section does not describe panel %q (as **%s**)", operatingDoc, p.Title, p.Title)
 		}
 	}
 }

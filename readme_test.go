@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"syscall"
@@ -120,24 +121,20 @@ func TestReadmeRunCommand(t *testing.T) {
 	}
 }
 
-// TestReadmeACL: the ACL line in the README grants every command the
+// TestDocsACL: the ACL line in docs/redis.md grants every command the
 // scripts run (the same list TestACL proves sufficient on a real Redis).
-func TestReadmeACL(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	line := regexp.MustCompile(`(?m)^\s*ACL SETUSER ratelimit .*$`).Find(b)
-	if line == nil {
-		t.Fatal("README has no ACL SETUSER ratelimit line")
+func TestDocsACL(t *testing.T) {
+	line := regexp.MustCompile(`(?m)^\s*ACL SETUSER ratelimit .*$`).FindString(readFile(t, "docs/redis.md"))
+	if line == "" {
+		t.Fatal("docs/redis.md has no ACL SETUSER ratelimit line")
 	}
 	granted := map[string]bool{}
-	for _, f := range strings.Fields(string(line)) {
+	for _, f := range strings.Fields(line) {
 		granted[f] = true
 	}
 	for _, c := range limiterACLCommands(t) {
 		if !granted[c] {
-			t.Errorf("README's ACL line lacks %s, which the limiter needs", c)
+			t.Errorf("docs/redis.md's ACL line lacks %s, which the limiter needs", c)
 		}
 	}
 }
@@ -159,41 +156,6 @@ func syntaxFromCode(t *testing.T) []string {
 		lines = append(lines, strings.Join(strings.Fields(strings.TrimPrefix(l, "//")), " "))
 	}
 	return lines
-}
-
-// TestReadmeReferenceMatchesSyntax: the README's Caddyfile reference is the
-// Syntax block of UnmarshalCaddyfile, line for line; every subdirective the
-// parser accepts is in it and has a row in the README's tables.
-func TestReadmeReferenceMatchesSyntax(t *testing.T) {
-	b, err := os.ReadFile("README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref := regexp.MustCompile("(?s)## Caddyfile reference\n\n```caddyfile\n(.*?)```").FindSubmatch(b)
-	if ref == nil {
-		t.Fatal("README has no Caddyfile reference block")
-	}
-	var readme []string
-	for _, l := range strings.Split(strings.TrimRight(string(ref[1]), "\n"), "\n") {
-		readme = append(readme, strings.Join(strings.Fields(l), " "))
-	}
-	code := syntaxFromCode(t)
-	if strings.Join(readme, "\n") != strings.Join(code, "\n") {
-		t.Fatalf("README reference and the Syntax comment differ:\nREADME:\n%s\n\ncaddyfile.go:\n%s", strings.Join(readme, "\n"), strings.Join(code, "\n"))
-	}
-	syntax := strings.Join(code, "\n")
-	subs := parsedSubdirectives(t)
-	if len(subs) < 30 {
-		t.Fatalf("found only %d subdirectives in caddyfile.go: %v", len(subs), subs)
-	}
-	for _, sub := range subs {
-		if !regexp.MustCompile(`(?m)^` + sub + `\b`).MatchString(syntax) {
-			t.Errorf("subdirective %q is parsed but missing from the Syntax block", sub)
-		}
-		if !strings.Contains(string(b), "`"+sub+"`") && !strings.Contains(string(b), "`"+sub+" ") {
-			t.Errorf("subdirective %q is not described in the README", sub)
-		}
-	}
 }
 
 // parsedSubdirectives lists the names the parser's `switch sub` statements
@@ -236,18 +198,36 @@ func parsedSubdirectives(t *testing.T) []string {
 	return subs
 }
 
-// readmeFence is a fenced block of README.md and the line just before it.
+// readmeFence is a fenced block of README.md (or of a page of docs/) and
+// the paragraph just before it.
 type readmeFence struct {
 	intro string // the paragraph just before the block, on one line
 	info  string // the fence's info string (caddyfile, json, ...)
 	body  string // the block, every line with its newline
-	line  int    // the README line of the opening fence
+	file  string // the file it is in
+	line  int    // the line of the opening fence
+}
+
+// docFiles are the README and the pages of docs/.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil || len(pages) < 5 {
+		t.Fatalf("docs/*.md: %v (%d pages)", err, len(pages))
+	}
+	return append([]string{"README.md"}, pages...)
 }
 
 // readmeFences returns every fenced block of README.md, in order.
 func readmeFences(t *testing.T) []readmeFence {
 	t.Helper()
-	b, err := os.ReadFile("README.md")
+	return docFences(t, "README.md")
+}
+
+// docFences returns every fenced block of a Markdown file, in order.
+func docFences(t *testing.T, file string) []readmeFence {
+	t.Helper()
+	b, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +239,7 @@ func readmeFences(t *testing.T) []readmeFence {
 		if !strings.HasPrefix(open[len(indent):], "```") {
 			continue
 		}
-		f := readmeFence{info: strings.TrimPrefix(open[len(indent):], "```"), line: i + 1}
+		f := readmeFence{info: strings.TrimPrefix(open[len(indent):], "```"), file: file, line: i + 1}
 		var para []string
 		for j := i - 1; j >= 0; j-- {
 			l := strings.TrimSpace(lines[j])
@@ -277,7 +257,7 @@ func readmeFences(t *testing.T) []readmeFence {
 			body.WriteString(strings.TrimPrefix(lines[j], indent))
 		}
 		if j == len(lines) {
-			t.Fatalf("README.md:%d: fence never closed", i+1)
+			t.Fatalf("%s:%d: fence never closed", file, i+1)
 		}
 		f.body = body.String()
 		out = append(out, f)
@@ -286,36 +266,50 @@ func readmeFences(t *testing.T) []readmeFence {
 	return out
 }
 
-// quotedFile matches the README's way of saying that a block is a file of
+// quotedFile matches the docs' way of saying that a block is a file of
 // this repository: the paragraph before it ends with the path in backticks
 // in parentheses and a colon, as in "On Redis (`examples/redis.Caddyfile`):".
 var quotedFile = regexp.MustCompile("\\(`([^`]+)`\\):$")
 
-// TestReadmeQuotesFiles: every block the README introduces as a file of this
-// repository ("(`examples/redis.Caddyfile`):" just before the fence) is that
-// file, byte for byte, comments included.
-func TestReadmeQuotesFiles(t *testing.T) {
-	quoted := 0
-	for _, f := range readmeFences(t) {
-		m := quotedFile.FindStringSubmatch(f.intro)
-		if m == nil {
-			continue
-		}
-		quoted++
-		want, err := os.ReadFile(m[1])
-		if err != nil {
-			t.Errorf("README.md:%d quotes %s: %v", f.line, m[1], err)
-			continue
-		}
-		if f.body != string(want) {
-			t.Errorf("README.md:%d quotes %s, but the file differs from the quote:\n%s", f.line, m[1], firstDifference("the quote", f.body, "the file", string(want)))
+// TestDocsQuoteFiles: every block the README or a page of docs/ introduces
+// as a file of this repository ("(`examples/redis.Caddyfile`):" just before
+// the fence) is that file, byte for byte, comments included; the README
+// quotes the quick start's and the production example whole.
+func TestDocsQuoteFiles(t *testing.T) {
+	quoted := map[string]bool{}
+	for _, doc := range docFiles(t) {
+		for _, f := range docFences(t, doc) {
+			m := quotedFile.FindStringSubmatch(f.intro)
+			if m == nil {
+				continue
+			}
+			path := m[1]
+			if doc != "README.md" && strings.HasPrefix(path, "../") {
+				path = strings.TrimPrefix(path, "../")
+			}
+			quoted[doc+" "+path] = true
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Errorf("%s:%d quotes %s: %v", doc, f.line, path, err)
+				continue
+			}
+			if f.body != string(want) {
+				t.Errorf("%s:%d quotes %s, but the file differs from the quote:\n%s", doc, f.line, path, firstDifference("the quote", f.body, "the file", string(want)))
+			}
 		}
 	}
-	// The examples the README shows (the quick start, Redis, the access log,
-	// the conversion from caddy-ratelimit) are quoted this way: if the
-	// convention drifts, this count says so instead of passing on nothing.
-	if quoted < 4 {
-		t.Fatalf("README quotes %d files with the (`path`): convention, want at least 4", quoted)
+	// If the convention drifts, these say so instead of passing on nothing.
+	for _, want := range []string{"README.md examples/Caddyfile", "README.md examples/production.Caddyfile", "docs/redis.md examples/redis.Caddyfile", "docs/migrating.md examples/caddy-ratelimit.Caddyfile", "docs/reference.md examples/access-log.Caddyfile"} {
+		if !quoted[want] {
+			t.Errorf("%s does not quote %s with the (`path`): convention", strings.Fields(want)[0], strings.Fields(want)[1])
+		}
+	}
+}
+
+// TestReadmeLength: the README is the front door, read in minutes.
+func TestReadmeLength(t *testing.T) {
+	if n := strings.Count(readFile(t, "README.md"), "\n"); n > 350 {
+		t.Errorf("README.md has %d lines, at most 350: move reference material to docs/", n)
 	}
 }
 
@@ -350,13 +344,15 @@ var maskDate = regexp.MustCompile(`(?m)^Date: .*$`)
 // the README calls output "as is" must be one a test produces.
 func TestReadmeDemoOutput(t *testing.T) {
 	var shown []readmeFence
-	for _, f := range readmeFences(t) {
-		if asIs.MatchString(f.intro) {
-			if !strings.Contains(f.intro, "`examples/demo.sh`") {
-				t.Errorf("README.md:%d calls output %q 'as is', but no test produces it", f.line, f.intro)
-				continue
+	for _, doc := range docFiles(t) {
+		for _, f := range docFences(t, doc) {
+			if asIs.MatchString(f.intro) {
+				if doc != "README.md" || !strings.Contains(f.intro, "`examples/demo.sh`") {
+					t.Errorf("%s:%d calls output %q 'as is', but no test produces it", doc, f.line, f.intro)
+					continue
+				}
+				shown = append(shown, f)
 			}
-			shown = append(shown, f)
 		}
 	}
 	if len(shown) != 1 {
@@ -408,8 +404,11 @@ var (
 	// vagueTime is a time stated without a measurement behind it.
 	vagueTime = regexp.MustCompile(`(?i)\b(about|around|roughly|under|takes|took) (a|an|one|two|three|four|five|ten|a few|\d+(\.\d+)?) (seconds?|minutes?|min|hours?)\b`)
 	// measuredBy is the line under the table: its source, date and machine.
-	measuredBy = regexp.MustCompile("(?m)^Measured by `(docs/first-hour.sh)` on (\\d{4}-\\d{2}-\\d{2}): \\d+ vCPUs .+, \\d+ GiB, go\\d")
+	measuredBy = regexp.MustCompile("(?m)^Measured by `(docs/first-hour.sh)` on (\\d{4}-\\d{2}-\\d{2}): \\d+ vCPUs .+, \\d+ GiB, go\\d.*$")
 )
+
+// firstHourRecord is the output of docs/first-hour.sh's last run.
+const firstHourRecord = "docs/first-hour.txt"
 
 // TestReadmeTimesMeasured: the times the README states for installing,
 // building, running and testing are measured ones. Every such time in the
@@ -437,6 +436,12 @@ func TestReadmeTimesMeasured(t *testing.T) {
 	}
 	if _, err := os.Stat(m[1]); err != nil {
 		t.Fatalf("the table's source: %v", err)
+	}
+	// The table and its line are the record of the script's last run, as
+	// it printed them (make first-hour writes docs/first-hour.txt).
+	record := readFile(t, firstHourRecord)
+	if shown := strings.Join(table, "\n") + "\n\n" + m[0]; !strings.HasPrefix(record, shown) {
+		t.Errorf("the README's table of measured times is not the record %s:\n%s", firstHourRecord, firstDifference("the README", shown, "the record", record))
 	}
 	cells := map[string]bool{}
 	for _, row := range table[2:] {
@@ -510,5 +515,64 @@ func TestReadmeInstall(t *testing.T) {
 	}
 	if !strings.Contains(install, "./caddy list-modules | grep sliding_ratelimit") {
 		t.Error("README's Install section does not show how to list the modules")
+	}
+}
+
+// headingSlug is the anchor GitHub gives a heading: lower case, without
+// punctuation but hyphens and underscores, spaces as hyphens.
+func headingSlug(h string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9':
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// docAnchors returns the anchors of a Markdown file's headings.
+func docAnchors(t *testing.T, file string) map[string]bool {
+	t.Helper()
+	out := map[string]bool{}
+	for _, l := range strings.Split(withoutFences(readFile(t, file)), "\n") {
+		if m := regexp.MustCompile(`^#+ (.*)$`).FindStringSubmatch(l); m != nil {
+			out[headingSlug(m[1])] = true
+		}
+	}
+	return out
+}
+
+// TestDocsLinks: every relative link of the README and docs/ reaches a file
+// of this repository and, with an anchor, a heading of it: moving a section
+// to another page must move the links to it.
+func TestDocsLinks(t *testing.T) {
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	links := 0
+	for _, doc := range docFiles(t) {
+		for _, m := range link.FindAllStringSubmatch(withoutFences(readFile(t, doc)), -1) {
+			target := m[1]
+			if regexp.MustCompile(`^[a-z]+:`).MatchString(target) {
+				continue // https:, mailto:
+			}
+			links++
+			path, anchor, _ := strings.Cut(target, "#")
+			file := doc
+			if path != "" {
+				file = filepath.Join(filepath.Dir(doc), path)
+			}
+			if _, err := os.Stat(file); err != nil {
+				t.Errorf("%s links to %s: no such file (%s)", doc, target, file)
+				continue
+			}
+			if anchor != "" && strings.HasSuffix(file, ".md") && !docAnchors(t, file)[anchor] {
+				t.Errorf("%s links to %s: %s has no heading #%s", doc, target, file, anchor)
+			}
+		}
+	}
+	if links < 20 {
+		t.Fatalf("found %d relative links in the README and docs/: the scan is broken", links)
 	}
 }

@@ -141,7 +141,7 @@ func TestRedisTTL(t *testing.T) {
 
 // TestRedisMemoryPerKey: what one key of each algorithm holds in a real
 // Redis, full at limit 100 and 1000 (MEMORY USAGE), within the figures the
-// README gives.
+// reference (docs/reference.md) gives.
 func TestRedisMemoryPerKey(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -149,7 +149,7 @@ func TestRedisMemoryPerKey(t *testing.T) {
 	store := limiter.NewRedisStore(client)
 	ctx := context.Background()
 	clock := &testClock{t: t0}
-	bounds := map[string]map[int64]int64{ // bytes, from the README's table with 15% to spare
+	bounds := map[string]map[int64]int64{ // bytes, from docs/reference.md's table with 15% to spare
 		"sliding_log":     {100: 3700, 1000: 137000},
 		"sliding_counter": {100: 160, 1000: 160},
 		"fixed_window":    {100: 140, 1000: 140},
@@ -178,7 +178,7 @@ func TestRedisMemoryPerKey(t *testing.T) {
 			enc := client.ObjectEncoding(ctx, key).Val()
 			t.Logf("MEMORY USAGE %-16s limit %4d, full: %6d bytes (%s; key %d bytes)", alg, limit, bytes, enc, len(key))
 			if b := bounds[alg.String()][limit]; bytes > b {
-				t.Errorf("%s at limit %d: %d bytes, more than the README's %d", alg, limit, bytes, b)
+				t.Errorf("%s at limit %d: %d bytes, more than docs/reference.md's %d", alg, limit, bytes, b)
 			}
 		}
 	}
@@ -233,7 +233,7 @@ func TestSlidingLogRebase(t *testing.T) {
 }
 
 // TestScriptsNeedRedis5: every command the script runs, and the forms it
-// runs them in, exist in Redis 5.0, the oldest version the README states
+// runs them in, exist in Redis 5.0, the oldest version docs/redis.md states
 // (where a script may write after reading TIME without further ado). Read
 // from the running redis-server's COMMAND DOCS.
 func TestScriptsNeedRedis5(t *testing.T) {
