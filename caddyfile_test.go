@@ -163,9 +163,7 @@ func redisAddresses(config []byte) ([]string, error) {
 				if u, ok := r["url"].(string); ok {
 					out = append(out, u)
 				}
-				for _, a := range asStrings(r["addresses"]) {
-					out = append(out, a)
-				}
+				out = append(out, asStrings(r["addresses"])...)
 			}
 			for _, e := range v {
 				walk(e)
