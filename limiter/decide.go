@@ -294,6 +294,12 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	}
 	if b.Remote {
 		go l.watchOverrides()
+	} else if list, err := l.ActiveOverrides(context.Background()); err == nil {
+		// An in-process store outlives a config reload, and so do the
+		// overrides set in it: the new limiter's requests read them.
+		for _, e := range list {
+			l.ov.add(e.Identity)
+		}
 	}
 	return l, nil
 }

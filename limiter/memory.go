@@ -213,10 +213,12 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	peek, record := op.Mode == ModePeek, op.Mode == ModeRecord
 	reply := Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+	var ovEnd int64 // when the override that changed a limit ends
 	if op.Override != nil {
 		if k := sh.get(op.Override.Key, wall); k != nil && len(k.ov) > 0 {
 			c := overriddenCopy(op)
-			if applyOverride(k.ov, c, now) {
+			if changed, ends := applyOverride(k.ov, c, now); changed {
+				ovEnd = ends
 				op = c
 				reply.Limits, reply.Bursts = limitsOf(op)
 				if op.Mode != ModeRecord && tooLarge(op) {
@@ -378,6 +380,12 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 			ctrReset(p.Windows, evs[off:off+len(p.Windows)], fnow)
 		}
 		off += len(p.Windows)
+	}
+	if ovEnd > 0 {
+		// The limits come back when the override ends: no retry goes past it.
+		for j := range evs {
+			evs[j].retry = min(evs[j].retry, ovEnd-now)
+		}
 	}
 
 	switch {

@@ -50,7 +50,9 @@
 --        scope argument) its bucket in that region alone, and it wins over
 --        "" there. An override whose until has passed is ignored. A token
 --        bucket's burst follows its limit in proportion. A cost above a
---        capacity the override lowered is status 4 (it can never fit).
+--        capacity the override lowered is status 4 (it can never fit). A
+--        window's retry is at most the time until the first override that
+--        changed a limit ends (the limits change again then).
 --
 -- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
 -- lease_denied, then count, retry, reset per window, in order}.
@@ -223,12 +225,13 @@ local pkey, pkind, pj0, pj1, pstale = {}, {}, {}, {}, {}
 local ptot, pnew, pmax = {}, {}, {}
 
 -- override applies the identity's active override, if any, to the limits
--- and bursts of the check's windows; it reports whether a limit changed.
+-- and bursts of the check's windows; it reports whether a limit changed,
+-- and when the first override that changed one ends.
 local pglobal = {}
 local function override(key, scope, nparts, now)
   local raw = redis.call("HGETALL", key)
   if #raw == 0 then
-    return false
+    return false, 0
   end
   local f = {}
   for i = 1, #raw, 2 do
@@ -239,7 +242,7 @@ local function override(key, scope, nparts, now)
     return u ~= nil and u > now
   end
   local all = active("")
-  local changed = false
+  local changed, ends = false, 0
   for p = 1, nparts do
     local sc = false
     if not pglobal[p] and scope ~= "" and active(scope) then
@@ -267,12 +270,16 @@ local function override(key, scope, nparts, now)
             end
             wlim[j] = lim
             changed = true
+            local u = tonumber(f[sc .. "|u"])
+            if ends == 0 or u < ends then
+              ends = u
+            end
           end
         end
       end
     end
   end
-  return changed
+  return changed, ends
 end
 
 -- with_limits appends the windows' limits and bursts to a reply.
@@ -337,7 +344,10 @@ local function decide(a, k)
     redis.call("ZREM", lkey, lid)
     return {1, now, now_redis or 0, 0, 0, -1, 0}
   end
-  local overridden = hasov and override(KEYS[k], scope, nparts, now)
+  local overridden, ovend = false, 0
+  if hasov then
+    overridden, ovend = override(KEYS[k], scope, nparts, now)
+  end
   if overridden and mode ~= 3 then
     for p = 1, nparts do
       for j = pj0[p], pj1[p] do
@@ -451,6 +461,14 @@ local function decide(a, k)
   for p = 1, nparts do
     if pkind[p] == 2 then
       ctr_reset(pj0[p], pj1[p], now)
+    end
+  end
+  if overridden then
+    -- The limits come back when the override ends: no retry goes past it.
+    for j = 1, nw do
+      if rty[j] > ovend - now then
+        rty[j] = ovend - now
+      end
     end
   end
 
