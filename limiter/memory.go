@@ -396,16 +396,16 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	default:
 		reply.Status = StatusDenied
 	}
-	if b := op.Ban; b != nil && reply.BanLeft == 0 && (op.Mode == ModeCheck || op.Mode == ModeCheckOnly) {
-		n := b.Carried
-		if !allowed {
-			n++
+	if b := op.Ban; b != nil && reply.BanLeft == 0 && (op.Mode == ModeCheck || op.Mode == ModeCheckOnly) && !fits {
+		var retry int64
+		for _, ev := range evs {
+			retry = max(retry, ev.retry)
 		}
-		if n > 0 {
+		if retry > b.Wait {
 			if ban == nil {
 				ban = &memKey{}
 			}
-			if banCount(ban, n, now, b) {
+			if banCount(ban, 1, now, b) {
 				reply.Status, reply.BanLeft, reply.BanStarted = StatusBanned, b.For, true
 			}
 			span := int64(math.Ceil(2*float64(b.Within)/1000)) + 1000

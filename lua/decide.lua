@@ -24,7 +24,7 @@
 --                duration kinds: len limit burst   (len, in µs, also names
 --                                                   the window's fields)
 --                calendar:       period limit b0 b1 b2 b3
---   ban:       after within for carried           (when hasban is 1)
+--   ban:       after within for wait              (when hasban is 1)
 --   lease:     max timeout id                     (when haslease is 1)
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
@@ -36,10 +36,12 @@
 --        gave up and applied its fail mode, so a check delivered late (a
 --        stalled network) is never charged; 0 for none, -1 for none but
 --        read TIME (the caller learns Redis's clock from the reply).
--- ban:   after n denials (weighted over a sliding span of within µs,
---        counting carried denials served meanwhile by a deny cache) the key
---        is banned for `for` µs. A banned key is denied; its requests neither
---        record nor lengthen the ban.
+-- ban:   after n refusals by a window (weighted over a sliding span of
+--        within µs) the key is banned for `for` µs. A refusal by the
+--        concurrency bound alone does not count, nor one whose every
+--        refusing window has room within wait µs (the caller queues the
+--        request and checks it again: only its last refusal counts). A banned
+--        key is denied; its requests neither record nor lengthen the ban.
 -- lease: at most max leases in flight, each expiring timeout µs after it
 --        was taken (a node that died never releases its own).
 -- override (hasov 1): the identity's temporary overrides, a hash of fields
@@ -330,9 +332,9 @@ local function decide(a, k)
     end
     pj1[p] = nw
   end
-  local bkey, after, within, bfor, carried
+  local bkey, after, within, bfor, wait
   if hasban then
-    bkey, after, within, bfor, carried = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    bkey, after, within, bfor, wait = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
     k, a = k + 1, a + 4
   end
   local lkey, lmax, ltimeout, lid
@@ -479,12 +481,14 @@ local function decide(a, k)
     status = 1
   end
   local started = 0
-  if hasban and banleft == 0 and (mode == 0 or mode == 2) then
-    local n = carried
-    if not allowed then
-      n = n + 1
+  if hasban and banleft == 0 and (mode == 0 or mode == 2) and not fits then
+    local retry = 0
+    for j = 1, nw do
+      if rty[j] > retry then
+        retry = rty[j]
+      end
     end
-    if n > 0 and ban_count(bkey, ban, n, now, after, within, bfor) then
+    if retry > wait and ban_count(bkey, ban, 1, now, after, within, bfor) then
       status, banleft, started = 2, bfor, 1
     end
   end
