@@ -294,6 +294,12 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	}
 	if b.Remote {
 		go l.watchOverrides()
+	} else if list, err := l.ActiveOverrides(context.Background()); err == nil {
+		// An in-process store outlives a config reload, and so do the
+		// overrides set in it: the new limiter's requests read them.
+		for _, e := range list {
+			l.ov.add(e.Identity)
+		}
 	}
 	return l, nil
 }
@@ -326,7 +332,13 @@ func (l *Limiter) plan() {
 		}
 	}
 	if l.p.Ban != nil {
-		l.specs = append(l.specs, KeySpec{Segment: "ban"})
+		// A dry run's would-be refusals ban no one: they count in a ban key
+		// of their own, which only dry runs read.
+		seg := "ban"
+		if l.p.DryRun {
+			seg = "dryban"
+		}
+		l.specs = append(l.specs, KeySpec{Segment: seg})
 	}
 	if l.p.Concurrency {
 		l.specs = append(l.specs, KeySpec{Segment: "lease"})
@@ -511,6 +523,7 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 	}
 	op := l.op(in, mode, now)
 	d := Decision{Identity: in.Identity, Cost: op.Cost, InFlight: -1}
+	l.queueBudget(op, &d)
 	if l.p.Regions {
 		d.Region = in.Region
 	}
@@ -553,6 +566,7 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 		if d.Outcome == OutcomeLimited && l.wait(ctx, &d) {
 			now = l.p.Now()
 			op = l.op(in, mode, now)
+			l.queueBudget(op, &d)
 			continue
 		}
 		if d.Queued {
@@ -607,6 +621,18 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 		}
 	}
 	return Reply{}, nil, err
+}
+
+// queueBudget tells the store how long the request would wait in the
+// queue (what is left of MaxWait, when a waiter's place is free): a
+// refusal within it is not counted toward the ban, as the request waits
+// and is checked again; only its last refusal counts.
+func (l *Limiter) queueBudget(op *Op, d *Decision) {
+	q := l.p.Queue
+	if op.Ban == nil || q.MaxWait <= 0 || l.p.DryRun || !d.Queued && l.waiters.Load() >= int64(q.MaxWaiters) {
+		return
+	}
+	op.Ban.Wait = max(q.MaxWait-d.Waited, 0).Microseconds()
 }
 
 // wait lets a limited request wait for its turn when the queue allows it:

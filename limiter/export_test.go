@@ -11,3 +11,7 @@ func SetOverrideFields(ctx context.Context, s Store, key, scope string, now, ttl
 func DeleteOverrideScope(ctx context.Context, s Store, key, scope string, now int64) (bool, error) {
 	return s.(overrider).overrideDel(ctx, key, scope, now)
 }
+
+// ReadOverrideIndex makes l read its index of live overrides now, as its
+// watcher does every OverrideRefresh.
+func ReadOverrideIndex(l *Limiter) { l.readIndex() }
