@@ -521,6 +521,12 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 		return l.finish(d), nil
 	}
 
+	// A waiter's place, once taken, is given back on every way out.
+	defer func() {
+		if d.Queued {
+			l.waiters.Add(-1)
+		}
+	}()
 	for {
 		reply, store, err := l.ask(ctx, op)
 		d.Took += l.p.Now().Sub(now)
@@ -554,9 +560,6 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 			now = l.p.Now()
 			op = l.op(in, mode, now)
 			continue
-		}
-		if d.Queued {
-			l.waiters.Add(-1)
 		}
 		return l.finish(d), nil
 	}
