@@ -159,6 +159,7 @@ type pending struct {
 	store  Store // the store that decided (a lease is released there)
 	lease  bool  // a lease was taken
 	record bool  // count_only: units to record when the status matches
+	ended  atomic.Bool
 }
 
 // Tightest is the window with the least left (the one X-RateLimit headers
@@ -212,6 +213,7 @@ type Limiter struct {
 	ovStop  chan struct{}
 	ovDone  chan struct{}
 	ovView  atomic.Pointer[indexView]
+	flight  flight // requests between Decide and Done
 
 	closeOnce sync.Once
 }
@@ -501,6 +503,15 @@ func (l *Limiter) window(i int) Window {
 // mode. With a concurrency bound or count_only, call Done after the
 // response.
 func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
+	l.flight.enter()
+	d, err := l.decide(ctx, in)
+	if d.done == nil {
+		l.flight.leave()
+	}
+	return d, err
+}
+
+func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 	if err := l.checkInput(in); err != nil {
 		return Decision{}, err
 	}
@@ -761,9 +772,10 @@ func (l *Limiter) jitter(retry time.Duration) time.Duration {
 func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 	p := d.done
 	d.done = nil
-	if p == nil {
-		return
+	if p == nil || p.ended.Swap(true) {
+		return // a copy of the decision was done already
 	}
+	defer l.flight.leave()
 	ctx = context.WithoutCancel(ctx)
 	if p.record && l.p.CountOnly(status) {
 		rec := *p.op

@@ -125,3 +125,45 @@ func TestCountOnlyRecordedAfterCircuitCloses(t *testing.T) {
 		t.Fatalf("after the circuit closed, the key's window holds %d units; want the 1 of the failed login that ended while it was open", count)
 	}
 }
+
+// TestAfterDoneWaitsForRequestsInFlight: the owner of a limiter's store
+// (the adapter, at a reload) gives it back only once every request decided
+// has released its lease: AfterDone runs at once with nothing in flight,
+// and otherwise after the last Done, once, however many copies of the
+// decision are done.
+func TestAfterDoneWaitsForRequestsInFlight(t *testing.T) {
+	t.Parallel()
+	mem := limiter.NewMemoryStore()
+	defer mem.Close()
+	l, err := limiter.New(limiter.Policy{Name: "flight", Windows: []limiter.Window{{Duration: time.Hour}}, Concurrency: true},
+		limiter.Backend{Store: mem, Source: limiter.SourceMemory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	in := &limiter.Input{Identity: "k", Limits: []int64{10}, MaxConcurrent: 5}
+	a, _ := l.Decide(ctx, in)
+	b, _ := l.Decide(ctx, in)
+	copyOfA := a
+	ran := make(chan bool, 2)
+	l.AfterDone(func(deferred bool) { ran <- deferred })
+	l.Done(ctx, &a, http.StatusOK)
+	l.Done(ctx, &copyOfA, http.StatusOK)
+	select {
+	case <-ran:
+		t.Fatal("AfterDone ran with a request still in flight")
+	default:
+	}
+	if d, _ := l.Peek(ctx, in); d.InFlight != 1 {
+		t.Fatalf("in flight after one of two requests ended (its decision done twice): %d, want 1", d.InFlight)
+	}
+	l.Done(ctx, &b, http.StatusOK)
+	if deferred := <-ran; !deferred {
+		t.Fatal("AfterDone ran before the last request was done")
+	}
+	l.AfterDone(func(deferred bool) { ran <- deferred })
+	if deferred := <-ran; deferred {
+		t.Fatal("with nothing in flight, AfterDone did not run at once")
+	}
+}
