@@ -680,8 +680,7 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		ow := wins[l.layout[i]]
 		switch {
 		case win.Period != PeriodNone:
-			b := ow.Bounds
-			w.Seconds = ceilSeconds(time.Duration(b[2]-b[1]) * time.Microsecond)
+			w.Seconds = ceilSeconds(time.Duration(periodLen(ow.Bounds, r)) * time.Microsecond)
 		case l.p.Algorithm == TokenBucket:
 			interval := max(int64(float64(ow.Len)/float64(limit)+0.5), 1)
 			w.Seconds = ceilSeconds(time.Duration(capacity*interval) * time.Microsecond)
@@ -704,6 +703,20 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		out[i] = w
 	}
 	return out
+}
+
+// periodLen is the length (µs) of the period of bounds b that the store
+// decided in: the one holding the reply's time (the store may be on
+// another clock), or, without a reply, the one holding the caller's.
+func periodLen(b [4]int64, r *Reply) int64 {
+	switch {
+	case r == nil || r.Now == 0:
+	case r.Now >= b[2]:
+		return b[3] - b[2]
+	case r.Now < b[1]:
+		return b[1] - b[0]
+	}
+	return b[2] - b[1]
 }
 
 func anyDenied(ws []WindowUsage) bool {
