@@ -820,7 +820,9 @@ func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 }
 
 // call runs an Op after the response within the timeout; an error is
-// dropped (a lease then expires by itself; count_only units are lost).
+// dropped here (a Breaker holds a release, or a record it did not send, for
+// when its circuit closes; otherwise a lease expires by itself and
+// count_only units are lost).
 func (l *Limiter) call(ctx context.Context, s Store, op *Op) {
 	if l.p.Timeout > 0 {
 		var cancel context.CancelFunc
