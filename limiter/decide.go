@@ -159,6 +159,7 @@ type pending struct {
 	store  Store // the store that decided (a lease is released there)
 	lease  bool  // a lease was taken
 	record bool  // count_only: units to record when the status matches
+	ended  atomic.Bool
 }
 
 // Tightest is the window with the least left (the one X-RateLimit headers
@@ -212,6 +213,7 @@ type Limiter struct {
 	ovStop  chan struct{}
 	ovDone  chan struct{}
 	ovView  atomic.Pointer[indexView]
+	flight  flight // requests between Decide and Done
 
 	closeOnce sync.Once
 }
@@ -513,6 +515,15 @@ func (l *Limiter) window(i int) Window {
 // mode. With a concurrency bound or count_only, call Done after the
 // response.
 func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
+	l.flight.enter()
+	d, err := l.decide(ctx, in)
+	if d.done == nil {
+		l.flight.leave()
+	}
+	return d, err
+}
+
+func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 	if err := l.checkInput(in); err != nil {
 		return Decision{}, err
 	}
@@ -534,6 +545,12 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 		return l.finish(d), nil
 	}
 
+	// A waiter's place, once taken, is given back on every way out.
+	defer func() {
+		if d.Queued {
+			l.waiters.Add(-1)
+		}
+	}()
 	for {
 		reply, store, err := l.ask(ctx, op)
 		d.Took += l.p.Now().Sub(now)
@@ -568,9 +585,6 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 			op = l.op(in, mode, now)
 			l.queueBudget(op, &d)
 			continue
-		}
-		if d.Queued {
-			l.waiters.Add(-1)
 		}
 		return l.finish(d), nil
 	}
@@ -692,8 +706,7 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		ow := wins[l.layout[i]]
 		switch {
 		case win.Period != PeriodNone:
-			b := ow.Bounds
-			w.Seconds = ceilSeconds(time.Duration(b[2]-b[1]) * time.Microsecond)
+			w.Seconds = ceilSeconds(time.Duration(periodLen(ow.Bounds, r)) * time.Microsecond)
 		case l.p.Algorithm == TokenBucket:
 			interval := max(int64(float64(ow.Len)/float64(limit)+0.5), 1)
 			w.Seconds = ceilSeconds(time.Duration(capacity*interval) * time.Microsecond)
@@ -716,6 +729,20 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		out[i] = w
 	}
 	return out
+}
+
+// periodLen is the length (µs) of the period of bounds b that the store
+// decided in: the one holding the reply's time (the store may be on
+// another clock), or, without a reply, the one holding the caller's.
+func periodLen(b [4]int64, r *Reply) int64 {
+	switch {
+	case r == nil || r.Now == 0:
+	case r.Now >= b[2]:
+		return b[3] - b[2]
+	case r.Now < b[1]:
+		return b[1] - b[0]
+	}
+	return b[2] - b[1]
 }
 
 func anyDenied(ws []WindowUsage) bool {
@@ -784,9 +811,10 @@ func (l *Limiter) jitter(retry time.Duration) time.Duration {
 func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 	p := d.done
 	d.done = nil
-	if p == nil {
-		return
+	if p == nil || p.ended.Swap(true) {
+		return // a copy of the decision was done already
 	}
+	defer l.flight.leave()
 	ctx = context.WithoutCancel(ctx)
 	if p.record && l.p.CountOnly(status) {
 		rec := *p.op
@@ -818,7 +846,9 @@ func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 }
 
 // call runs an Op after the response within the timeout; an error is
-// dropped (a lease then expires by itself; count_only units are lost).
+// dropped here (a Breaker holds a release, or a record it did not send, for
+// when its circuit closes; otherwise a lease expires by itself and
+// count_only units are lost).
 func (l *Limiter) call(ctx context.Context, s Store, op *Op) {
 	if l.p.Timeout > 0 {
 		var cancel context.CancelFunc
