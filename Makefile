@@ -47,6 +47,7 @@ first-hour:
 
 # bench: the end-to-end benchmark (builds Caddy, starts its own redis-server,
 # prints req/s, p50, p99 and each site's ratio to Caddy without a limiter).
+# PEER_SRC=<a clone of mholt/caddy-ratelimit> measures the peer in the same run.
 bench:
 	$(GO) run ./cmd/bench
 

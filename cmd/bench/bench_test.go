@@ -274,14 +274,23 @@ FAIL	github.com/sliding-ratelimit/sliding_ratelimit	3.1s
 }
 
 func TestSelectSitesAndCaddyfile(t *testing.T) {
-	ss, err := selectSites("redis_log, none")
+	ss, err := selectSites("redis_log, none", false)
 	if err != nil || len(ss) != 2 || ss[0].Name != "none" || ss[1].Name != "redis_log" {
 		t.Fatalf("got %v %v", ss, err)
 	}
-	if _, err := selectSites("none,nope"); err == nil {
+	if _, err := selectSites("none,nope", false); err == nil {
 		t.Fatal("unknown site: want an error")
 	}
-	all, _ := selectSites("all")
+	if ss, err := selectSites("all", false); err != nil || slices.ContainsFunc(ss, func(s site) bool { return s.Peer }) {
+		t.Errorf("all without -peer: %v %v, want no peer site", ss, err)
+	}
+	if _, err := selectSites("none,peer_memory", false); err == nil || !strings.Contains(err.Error(), "-peer") {
+		t.Errorf("the peer's site without -peer: %v, want an error naming -peer", err)
+	}
+	all, _ := selectSites("all", true)
+	if !slices.ContainsFunc(all, func(s site) bool { return s.Name == "peer_memory" }) {
+		t.Errorf("all with -peer lacks peer_memory")
+	}
 	ports := map[string]int{}
 	for i, s := range all {
 		ports[s.Name] = 20000 + i
@@ -291,6 +300,7 @@ func TestSelectSitesAndCaddyfile(t *testing.T) {
 		"admin 127.0.0.1:19999", "auto_https off", "http://127.0.0.1:20000 {", "bind 127.0.0.1",
 		"redis redis://127.0.0.1:1234", "algorithm token_bucket", "algorithm fixed_window", "algorithm sliding_counter",
 		"limit 100\n", "limit 10000\n", "deny_cache off", "pipeline off", `respond "ok" 200`,
+		"\trate_limit {\n\t\tzone bench_peer {\n\t\tkey {http.request.header.X-Key}\n\t\tevents 100\n\t\twindow 1s\n\t\t}\n\t}\n",
 	} {
 		if !strings.Contains(cf, want) {
 			t.Errorf("Caddyfile lacks %q:\n%s", want, cf)

@@ -69,6 +69,7 @@ type options struct {
 	halfDuration    time.Duration
 	skipUnsupported bool
 	caddyBin        string
+	peer            string
 	micro           bool
 	microBenchtime  string
 	quick           bool
@@ -106,6 +107,7 @@ func run() (code int) {
 	flag.DurationVar(&o.halfDuration, "half-duration", 5*time.Second, "measured load per site of the half-load measurement")
 	flag.BoolVar(&o.skipUnsupported, "skip-unsupported", false, "skip sites whose config this Caddy build rejects, instead of failing")
 	flag.StringVar(&o.caddyBin, "caddy", "", "use this Caddy binary instead of building ./cmd/caddy (it must include the plugin)")
+	flag.StringVar(&o.peer, "peer", os.Getenv("PEER_SRC"), "a local clone of github.com/mholt/caddy-ratelimit (default $PEER_SRC): build one Caddy with both plugins (a scratch module in the temp dir) and measure the peer's sites too")
 	flag.BoolVar(&o.micro, "micro", true, "also run the handler micro-benchmark (go test -bench "+microBenchName+" -benchmem) for allocs/op")
 	flag.StringVar(&o.microBenchtime, "micro-benchtime", "2000x", "-benchtime of the micro-benchmark")
 	flag.BoolVar(&o.quick, "quick", false, "smoke test: -pairs 1 -pair-duration 300ms -warmup 200ms -fill-max 2s -half-duration 500ms -micro=false (flags given explicitly win)")
@@ -132,7 +134,10 @@ func run() (code int) {
 	if err := o.check(); err != nil {
 		return fail(err)
 	}
-	sites, err := selectSites(o.sites)
+	if o.peer != "" && o.caddyBin != "" {
+		return fail(errors.New("-peer builds its own Caddy: give -peer or -caddy, not both"))
+	}
+	sites, err := selectSites(o.sites, o.peer != "")
 	if err != nil {
 		return fail(err)
 	}
@@ -322,9 +327,15 @@ func (b *bench) run(sites []site, layouts []layout) error {
 		if b.goBin == "" {
 			return errors.New("go not found on PATH (needed to build ./cmd/caddy)")
 		}
-		logf("building Caddy (go build ./cmd/caddy) in %s", b.root)
 		t := time.Now()
-		if b.caddyBin, err = buildCaddy(ctx, b.goBin, b.root, dir); err != nil {
+		if b.o.peer != "" {
+			logf("building Caddy with this plugin and the peer from %s (a scratch module in %s)", b.o.peer, dir)
+			b.caddyBin, err = buildWithPeer(ctx, b.goBin, b.root, b.o.peer, dir)
+		} else {
+			logf("building Caddy (go build ./cmd/caddy) in %s", b.root)
+			b.caddyBin, err = buildCaddy(ctx, b.goBin, b.root, dir)
+		}
+		if err != nil {
 			return err
 		}
 		logf("built in %v", time.Since(t).Round(100*time.Millisecond))
