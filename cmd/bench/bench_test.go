@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -368,5 +369,30 @@ func TestGoLoad(t *testing.T) {
 	}
 	if r.Sched.total != r.Responses {
 		t.Errorf("paced: want a from-schedule latency per response")
+	}
+}
+
+// TestWritePlot: the plot of a report is a PNG, and a report without a
+// ratio is refused rather than drawn empty.
+func TestWritePlot(t *testing.T) {
+	rep := &report{Config: reportConfig{Pairs: 3}, Machine: machine{Date: "2026-12-01"}}
+	for _, name := range []string{"pinned", "shared"} {
+		l := layoutReport{Name: name}
+		for i, site := range []string{"none", "memory_log", "peer_memory"} {
+			v := 0.7 + 0.1*float64(i)
+			l.Sites = append(l.Sites, siteReport{Site: site, Ratio: &spread{N: 3, Median: v, Min: v - 0.02, Max: v + 0.03}})
+		}
+		rep.Layouts = append(rep.Layouts, l)
+	}
+	path := filepath.Join(t.TempDir(), "bench.png")
+	if err := writePlot(path, rep); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 1000 || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("plot: %d bytes, %v, want a PNG", len(b), err)
+	}
+	if err := writePlot(path, &report{}); err == nil {
+		t.Error("a report without ratios: no error")
 	}
 }

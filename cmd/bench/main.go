@@ -63,6 +63,7 @@ type options struct {
 	sites, layouts  string
 	keep            bool
 	jsonPath        string
+	plotPath        string
 	generator       string
 	halfLoad        bool
 	halfRate        float64
@@ -101,6 +102,7 @@ func run() (code int) {
 	flag.StringVar(&o.layouts, "layouts", "shared,pinned", "comma-separated CPU layouts: shared, pinned (or all)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (Caddyfile, logs, binary)")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
+	flag.StringVar(&o.plotPath, "plot", "", "also draw each site's ratio to bare Caddy (median and min–max of the pairs, per layout, the peer's beside ours) into this PNG file")
 	flag.StringVar(&o.generator, "generator", "auto", "load generator: auto (wrk if on PATH, else go), wrk or go")
 	flag.BoolVar(&o.halfLoad, "halfload", true, "measure p99 of none and redis_log at half of redis_log's max rate, per layout (needs redis_log)")
 	flag.Float64Var(&o.halfRate, "half-rate", 0, "rate (req/s) of the half-load measurement; 0 means half of redis_log's median")
@@ -373,6 +375,12 @@ func (b *bench) run(sites []site, layouts []layout) error {
 			return err
 		}
 		logf("wrote %s", b.o.jsonPath)
+	}
+	if b.o.plotPath != "" {
+		if err := writePlot(b.o.plotPath, rep); err != nil {
+			return err
+		}
+		logf("wrote %s", b.o.plotPath)
 	}
 	return nil
 }
