@@ -93,12 +93,13 @@ func (s *RedisStore) head(ctx context.Context, ro bool) (cmd, name any, loads ui
 // detect learns the store's call path from INFO server: functions when
 // Redis is 7 or later, or when it refuses INFO (an ACL user without it: the
 // first FCALL tells). When Redis cannot be asked (unreachable), this call
-// goes by EVALSHA and the next one asks again.
+// goes by EVALSHA and the next one asks again. Calls made while another
+// asks do not wait for it: they go by EVALSHA.
 func (s *RedisStore) detect(ctx context.Context) callPath {
 	select {
 	case s.scripts.turn <- struct{}{}:
 		defer func() { <-s.scripts.turn }()
-	case <-ctx.Done():
+	default:
 		return pathEval
 	}
 	if p := callPath(s.scripts.path.Load()); p != pathUnknown {
