@@ -53,8 +53,10 @@ first-hour:
 
 # bench: the end-to-end benchmark (builds Caddy, starts its own redis-server,
 # prints req/s, p50, p99 and each site's ratio to Caddy without a limiter).
+# PEER_SRC=<a clone of mholt/caddy-ratelimit> measures the peer in the same run;
+# docs/bench.png draws the ratios.
 bench:
-	$(GO) run ./cmd/bench
+	$(GO) run ./cmd/bench -plot docs/bench.png
 
 # accuracy: sliding_counter against the exact sliding_log on a 1M-request trace.
 # Its output is the record docs/accuracy.txt, which docs/testing.md quotes.

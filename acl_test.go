@@ -22,13 +22,14 @@ import (
 var redisCallRE = regexp.MustCompile(`\bp?call\(\s*["']([A-Za-z]+)["']`)
 
 // limiterACLCommands is the least a limiter's ACL user needs: the script
-// commands, PING, DEL (the admin API's reset), PUBLISH and SUBSCRIBE (reset
+// commands (FCALL and FUNCTION LOAD for the function library, EVALSHA, EVAL
+// and SCRIPT LOAD for the script and for override.lua), PING, DEL (the admin API's reset), PUBLISH and SUBSCRIBE (reset
 // notices between nodes), and every command the scripts call, read from the
 // scripts themselves (Redis checks a script's calls against the caller's
 // ACL too, so EVALSHA/EVAL/SCRIPT alone cannot work).
 func limiterACLCommands(t *testing.T) []string {
 	t.Helper()
-	cmds := []string{"+evalsha", "+eval", "+script|load", "+ping", "+del", "+publish", "+subscribe"}
+	cmds := []string{"+fcall", "+fcall_ro", "+function|load", "+evalsha", "+eval", "+script|load", "+ping", "+del", "+publish", "+subscribe"}
 	seen := map[string]bool{}
 	for _, src := range lua.Files {
 		for _, m := range redisCallRE.FindAllStringSubmatch(src, -1) {

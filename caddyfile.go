@@ -128,6 +128,7 @@ func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
 //			pool_size    <n>
 //			pipeline     <n> | off
 //			key_prefix   <string>
+//			scripts      functions | eval
 //		}
 //	}
 //
@@ -397,13 +398,13 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, pos map[string]
 			if err := c.TLS.unmarshalCaddyfile(d); err != nil {
 				return err
 			}
-		case "sentinel", "sentinel_password", "username", "password", "key_prefix":
+		case "sentinel", "sentinel_password", "username", "password", "key_prefix", "scripts":
 			v, err := oneArg(d)
 			if err != nil {
 				return err
 			}
 			*map[string]*string{"sentinel": &c.Sentinel, "sentinel_password": &c.SentinelPassword,
-				"username": &c.Username, "password": &c.Password, "key_prefix": &c.KeyPrefix}[sub] = v
+				"username": &c.Username, "password": &c.Password, "key_prefix": &c.KeyPrefix, "scripts": &c.Scripts}[sub] = v
 		case "db", "pool_size":
 			v, err := oneArg(d)
 			if err != nil {

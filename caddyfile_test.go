@@ -279,6 +279,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"redis unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@replicas 2\n}", "unrecognized sliding_ratelimit redis subdirective 'replicas'"},
 		{"key prefix with brace", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@key_prefix a{b\n}", "key_prefix 'a{b' must not contain"},
 		{"redis bad pipeline", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@pipeline 0\n}", "redis pipeline must be off or 1 to 64, got '0'"},
+		{"redis bad scripts", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@scripts evalsha\n}", "scripts must be functions or eval, got 'evalsha'"},
 		{"redis option twice", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntimeout 1s\n@timeout 2s\n}", "redis timeout given twice"},
 		{"limit with a bad window", "@limit 5 6\nwindow 1m", "limit: bad window '6'"},
 		{"limit with three values", "@limit 5 1m 6", "limit takes a limit and an optional window"},
@@ -466,6 +467,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 			pool_size    64
 			pipeline     4
 			key_prefix   rl:
+			scripts      eval
 		}
 	}`)
 	var h Handler
@@ -476,7 +478,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 		Name: "api", Algorithm: "sliding_log", Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
 		Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Clock: "app", Headers: "ietf",
 		Redis: &RedisConfig{Addresses: []string{"10.0.0.1:6379"}, Username: "limiter", Password: "pw", DB: 2,
-			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, Pipeline: 4, KeyPrefix: "rl:"},
+			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, Pipeline: 4, KeyPrefix: "rl:", Scripts: "eval"},
 	}
 	got, _ := json.Marshal(h)
 	exp, _ := json.Marshal(want)

@@ -257,11 +257,15 @@ func faultScriptFlush(t *testing.T, limit, workers, perWorker int) {
 		provision(t, h, newTestClock())
 		runs = append(runs, run{alg + "/clock_app", h})
 	}
-	h := &Handler{Name: uniqueName(), Key: faultKey, Limit: Amount(strconv.Itoa(limit)),
-		Window: caddy.Duration(time.Minute), Fail: "closed", DenyCacheSize: -1,
-		Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(faultTimeout)}}
-	provision(t, h, nil)
-	runs = append(runs, run{"sliding_log/clock_redis", h})
+	// The function library does not mind SCRIPT FLUSH; by EVALSHA each
+	// flush makes calls fall back to EVAL.
+	for _, scripts := range []string{"functions", "eval"} {
+		h := &Handler{Name: uniqueName(), Key: faultKey, Limit: Amount(strconv.Itoa(limit)),
+			Window: caddy.Duration(time.Minute), Fail: "closed", DenyCacheSize: -1,
+			Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Timeout: caddy.Duration(faultTimeout), Scripts: scripts}}
+		provision(t, h, nil)
+		runs = append(runs, run{"sliding_log/clock_redis/" + scripts, h})
+	}
 
 	ctx := context.Background()
 	stop := make(chan struct{})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
 // testClock is an injectable clock for `clock app`.
@@ -277,28 +278,42 @@ func TestConcurrencyIsExact(t *testing.T) {
 	})
 }
 
-// TestScriptFlush: after SCRIPT FLUSH (what a Redis restart does to the
-// script cache) the next request is still decided, and correctly.
+// TestScriptFlush: after SCRIPT FLUSH (what a Redis restarted empty does to
+// the script cache) and FUNCTION FLUSH (to the function library) the next
+// request is still decided, and correctly, on both ways of calling the
+// script: the library is loaded again (or the script, by EVAL).
 func TestScriptFlush(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute),
-		Redis: &RedisConfig{Addresses: []string{srv.Addr()}}}
-	provision(t, h, newTestClock())
-	serve(t, h, nil)
-	serve(t, h, nil)
-	if got := srv.CLI(t, "SCRIPT", "FLUSH"); got != "OK" {
-		t.Fatalf("SCRIPT FLUSH: %q", got)
-	}
-	w := serve(t, h, nil)
-	if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Remaining") != "0" {
-		t.Fatalf("after flush: status %d remaining %q, want 200 and 0", w.Code, w.Header().Get("X-RateLimit-Remaining"))
-	}
-	if w := serve(t, h, nil); w.Code != http.StatusTooManyRequests {
-		t.Fatalf("4th: status %d, want 429", w.Code)
-	}
-	if n := srv.CLI(t, "SCRIPT", "EXISTS", scriptSHA(t, srv)); n != "1" {
-		t.Errorf("script not cached again after EVAL fallback: %q", n)
+	for _, scripts := range []string{"", "eval"} {
+		t.Run("scripts="+scripts, func(t *testing.T) {
+			t.Parallel()
+			srv := redistest.Start(t)
+			h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute),
+				Redis: &RedisConfig{Addresses: []string{srv.Addr()}, Scripts: scripts}}
+			provision(t, h, newTestClock())
+			serve(t, h, nil)
+			serve(t, h, nil)
+			for _, flush := range []string{"SCRIPT", "FUNCTION"} {
+				if got := srv.CLI(t, flush, "FLUSH"); got != "OK" {
+					t.Fatalf("%s FLUSH: %q", flush, got)
+				}
+			}
+			w := serve(t, h, nil)
+			if w.Code != http.StatusOK || w.Header().Get("X-RateLimit-Remaining") != "0" {
+				t.Fatalf("after flush: status %d remaining %q, want 200 and 0", w.Code, w.Header().Get("X-RateLimit-Remaining"))
+			}
+			if w := serve(t, h, nil); w.Code != http.StatusTooManyRequests {
+				t.Fatalf("4th: status %d, want 429", w.Code)
+			}
+			libs := srv.CLI(t, "FUNCTION", "LIST", "LIBRARYNAME", lua.Library)
+			cached := srv.CLI(t, "SCRIPT", "EXISTS", scriptSHA(t, srv))
+			if scripts == "eval" && (cached != "1" || libs != "") {
+				t.Errorf("scripts eval: script cached %q, libraries %q; want the script cached again after the EVAL fallback, no library", cached, libs)
+			}
+			if scripts == "" && (cached != "0" || !strings.Contains(libs, lua.Library)) {
+				t.Errorf("scripts functions: script cached %q, libraries %q; want the library %s loaded again, no script", cached, libs, lua.Library)
+			}
+		})
 	}
 }
 

@@ -80,6 +80,12 @@ type RedisConfig struct {
 	// resets are announced on). It must not contain '{' or '}'.
 	// Default "ratelimit:".
 	KeyPrefix string `json:"key_prefix,omitempty"`
+
+	// Scripts is how the script is called: "functions" (the default) loads
+	// it once as a function library where Redis has functions (7 and
+	// later, Valkey) and calls it with FCALL, and uses EVALSHA elsewhere;
+	// "eval" always uses EVALSHA.
+	Scripts string `json:"scripts,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis. An empty block uses the system roots.
@@ -152,6 +158,9 @@ func (c *RedisConfig) validate() error {
 	}
 	if c.DB < 0 || c.PoolSize < 0 || c.Timeout < 0 || c.DialTimeout < 0 {
 		return redisErr("", "db, pool_size and timeouts must not be negative")
+	}
+	if c.Scripts != "" && c.Scripts != "functions" && c.Scripts != "eval" {
+		return redisErr("scripts", "scripts must be functions or eval, got '%s'", c.Scripts)
 	}
 	if c.Pipeline < -1 || c.Pipeline > 64 {
 		return redisErr("pipeline", "pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
@@ -350,6 +359,9 @@ func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, e
 		var ropts []limiter.RedisOption
 		if w := cfg.pipelines(); w > 0 {
 			ropts = append(ropts, limiter.WithBatching(w, maxBatch))
+		}
+		if cfg.Scripts == "eval" {
+			ropts = append(ropts, limiter.WithScripts(limiter.ScriptsEval))
 		}
 		store := limiter.NewRedisStore(client, ropts...)
 		target := cfg.target()

@@ -8,20 +8,10 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-
-	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
 // errBatcherClosed answers calls queued when the store closes.
 var errBatcherClosed = errors.New("redis store closed")
-
-// The script's name and hash, boxed once: every batch passes them.
-var (
-	evalshaArg any = "evalsha"
-	shaArg     any = script.Hash()
-	evalArg    any = "eval"
-	srcArg     any = lua.Decide
-)
 
 // batcher sends the checks of concurrent requests to Redis together: the
 // checks of one hash slot (all of them, off a cluster) go in one call of
@@ -261,10 +251,11 @@ func (w *worker) run(batch []*batchOp) {
 }
 
 // runOne sends the checks in one script call and reads its raw reply,
-// retrying a NOSCRIPT answer with EVAL (which loads the script for the next
-// batches).
+// sending it again as the store's retry says (the library loaded after
+// "function not found", EVAL after NOSCRIPT).
 func (w *worker) runOne(ops []*batchOp) {
-	args := append(w.args[:0], evalshaArg, shaArg, 0)
+	cmd, name, loads := w.b.store.head(w.ctx, allPeek(ops))
+	args := append(w.args[:0], cmd, name, 0)
 	for _, op := range ops {
 		for i := range op.c.keys {
 			args = append(args, &op.c.keys[i])
@@ -277,8 +268,11 @@ func (w *worker) runOne(ops []*batchOp) {
 	}
 	w.args = args
 	err := w.call(args)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		args[0], args[1] = evalArg, srcArg
+	for tries := 0; tries < 2; tries++ {
+		again := false
+		if again, err = w.b.store.retry(w.ctx, err, args, loads); !again {
+			break
+		}
 		err = w.call(args)
 	}
 	if err == nil {
@@ -290,6 +284,16 @@ func (w *worker) runOne(ops []*batchOp) {
 		}
 	}
 	clear(w.args) // the keys and values of requests gone
+}
+
+// allPeek reports whether every check of ops only peeks (FCALL_RO).
+func allPeek(ops []*batchOp) bool {
+	for _, op := range ops {
+		if !op.c.peek {
+			return false
+		}
+	}
+	return true
 }
 
 // call runs one script call, its raw reply into w.reply.
@@ -307,24 +311,26 @@ type group struct {
 	send bool // exec sends it
 }
 
-// runSlots sends a script call per slot, all in one pipeline, retrying
-// NOSCRIPT answers with EVAL (which loads the script for the next batches).
+// runSlots sends a script call per slot, all in one pipeline, sending
+// calls again as the store's retry says (the library loaded after
+// "function not found", EVAL after NOSCRIPT), at most twice.
 func (w *worker) runSlots(ops []*batchOp) {
+	loads := w.b.store.scripts.loads.Load()
 	groups := w.groupBySlot(ops)
 	for i := range groups {
 		groups[i].send = true
 	}
 	w.exec(groups)
-	retry := false
-	for i := range groups {
-		g := &groups[i]
-		g.send = g.err != nil && redis.HasErrorPrefix(g.err, "NOSCRIPT")
-		if g.send {
-			g.args[0], g.args[1] = evalArg, srcArg
-			retry = true
+	for tries := 0; tries < 2; tries++ {
+		retry := false
+		for i := range groups {
+			g := &groups[i]
+			g.send, g.err = w.b.store.retry(w.ctx, g.err, g.args, loads)
+			retry = retry || g.send
 		}
-	}
-	if retry {
+		if !retry {
+			break
+		}
 		w.exec(groups)
 	}
 	for i := range groups {
@@ -379,7 +385,8 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 	}
 	for i := range groups {
 		g := &groups[i]
-		args := append(g.args[:0], evalshaArg, shaArg, 0)
+		cmd, name, _ := w.b.store.head(w.ctx, allPeek(g.ops))
+		args := append(g.args[:0], cmd, name, 0)
 		for _, op := range g.ops {
 			for j := range op.c.keys {
 				args = append(args, &op.c.keys[j])

@@ -425,9 +425,10 @@ type backend struct {
 	open func(t *testing.T) limiter.Backend
 }
 
-// backends lists every store stack the conformance table runs against. The
-// real redis-server is started once for the calling test (t), and every case
-// uses its own random identity on it.
+// backends lists every store stack the conformance table runs against, on
+// Redis 7 both ways of calling the script (the function library and
+// EVALSHA). The real redis-server is started once for the calling test (t),
+// and every case uses its own random identity on it.
 func backends(t *testing.T) []backend {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
@@ -446,16 +447,23 @@ func backends(t *testing.T) []backend {
 		{"redis-server", func(t *testing.T) limiter.Backend {
 			return limiter.Backend{Store: limiter.NewRedisStore(client), Source: limiter.SourceRedis}
 		}},
+		{"redis-server EVALSHA", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client, limiter.WithScripts(limiter.ScriptsEval)), Source: limiter.SourceRedis}
+		}},
 		{"production stack: deny cache, breaker, batched redis-server", func(t *testing.T) limiter.Backend {
 			return productionStack(t, client)
+		}},
+		{"production stack, EVALSHA", func(t *testing.T) limiter.Backend {
+			return productionStack(t, client, limiter.WithScripts(limiter.ScriptsEval))
 		}},
 	}
 }
 
 // productionStack is what a Caddy limiter on Redis runs: a deny cache in
 // front of a breaker in front of the batched Redis store, with notices.
-func productionStack(t *testing.T, client limiter.Scripter) limiter.Backend {
-	s := limiter.NewRedisStore(client, limiter.WithBatching(2, 16))
+// On Redis 7 it calls the function library unless opts say otherwise.
+func productionStack(t *testing.T, client limiter.Scripter, opts ...limiter.RedisOption) limiter.Backend {
+	s := limiter.NewRedisStore(client, append([]limiter.RedisOption{limiter.WithBatching(2, 16)}, opts...)...)
 	t.Cleanup(func() { s.Close() })
 	br := limiter.NewBreaker(s, limiter.BreakerConfig{IsFailure: limiter.IsUnavailable})
 	return limiter.Backend{Store: br, Base: s, Source: limiter.SourceRedis, Remote: true, Notifier: s}

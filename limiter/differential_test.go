@@ -200,13 +200,15 @@ func (g *diffGen) op() (*limiter.Op, string) {
 }
 
 // TestDifferential runs the same seeded random Ops on the in-process store,
-// miniredis and a real redis-server (clock app) and requires every reply
-// to be identical: status, ban, leases, and every window's count, retry and
+// miniredis and two real redis-servers (clock app), one called through the
+// function library (FCALL), one by EVALSHA, and requires every reply to be
+// identical: status, ban, leases, and every window's count, retry and
 // reset, to the microsecond.
 func TestDifferential(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	client := srv.Client(t)
+	evalClient := redistest.Start(t).Client(t)
 	const n = 2500
 	for _, alg := range allAlgorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -216,8 +218,9 @@ func TestDifferential(t *testing.T) {
 			m := miniredis.RunT(t)
 			mc := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { mc.Close() })
-			names := []string{"memory", "miniredis", "redis-server"}
-			stores := []limiter.Store{mem, limiter.NewRedisStore(mc), limiter.NewRedisStore(client)}
+			names := []string{"memory", "miniredis", "redis-server FCALL", "redis-server EVALSHA"}
+			stores := []limiter.Store{mem, limiter.NewRedisStore(mc), limiter.NewRedisStore(client),
+				limiter.NewRedisStore(evalClient, limiter.WithScripts(limiter.ScriptsEval))}
 
 			kb, _ := limiter.NewKeyBuilder("diff:", "d")
 			rng := rand.New(rand.NewPCG(uint64(alg)+1, 0x5eed))

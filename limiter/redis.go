@@ -44,9 +44,12 @@ var (
 	_ Scripter = (redis.UniversalClient)(nil)
 )
 
-// RedisStore decides Ops with one call of decide.lua each (EVALSHA, and
-// EVAL when Redis answers NOSCRIPT, as after a restart), or, batched, one
-// call for the concurrent checks of one hash slot. It works with a single
+// RedisStore decides Ops with one call of decide.lua each, or, batched, one
+// call for the concurrent checks of one hash slot: FCALL of the script
+// loaded as a function library where Redis has functions (7 and later,
+// Valkey; the library is loaded again when Redis answers "function not
+// found", as after a restart), EVALSHA elsewhere (and EVAL when Redis
+// answers NOSCRIPT). It works with a single
 // Redis, a Sentinel-managed one or a Redis Cluster: all keys of an Op share
 // a hash tag. The client belongs to the caller; the store never closes it.
 type RedisStore struct {
@@ -55,6 +58,7 @@ type RedisStore struct {
 	batch   *batcher // nil: one round trip per call
 	clock   offsetClock
 	notify  notifier
+	scripts scripts // how decide.lua is called: FCALL or EVALSHA
 }
 
 // RedisOption configures a RedisStore.
@@ -77,6 +81,7 @@ func WithBatching(workers, maxBatch int) RedisOption {
 // when done.
 func NewRedisStore(client Scripter, opts ...RedisOption) *RedisStore {
 	s := &RedisStore{client: client}
+	s.scripts.turn = make(chan struct{}, 1)
 	_, s.cluster = client.(*redis.ClusterClient)
 	if u, ok := client.(redis.UniversalClient); ok {
 		if _, c := u.(*redis.ClusterClient); c {
@@ -126,10 +131,15 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	}
 	var c check
 	c.encode(op, deadline)
-	args := make([]any, 0, 1+len(c.args))
+	cmd, name, loads := s.head(ctx, op.Mode == ModePeek)
+	args := make([]any, 0, 4+len(c.keys)+len(c.args))
+	args = append(args, cmd, name, len(c.keys))
+	for i := range c.keys {
+		args = append(args, &c.keys[i])
+	}
 	args = append(args, 1)
 	args = append(args, c.args...)
-	out, err := script.Run(ctx, s.client, c.keys, args...).Result()
+	out, err := s.call(ctx, args, loads)
 	if err == nil {
 		out, err = only(out)
 	}
@@ -247,6 +257,7 @@ type check struct {
 	args []any
 	ints []int64
 	strs []string
+	peek bool // the Op only peeks: it writes nothing
 }
 
 // encode encodes op, with the deadline on Redis's clock.
@@ -266,6 +277,7 @@ func (c *check) encode(op *Op, deadline int64) {
 	c.args = resize(c.args, nargs)
 	c.ints = resize(c.ints, nargs)
 	c.strs = resize(c.strs, nw+2)
+	c.peek = op.Mode == ModePeek
 
 	ban, lease, ov, scope := 0, 0, 0, ""
 	if op.Ban != nil {

@@ -1,9 +1,20 @@
 -- decide.lua: the decision, one script for every algorithm. The algorithm
 -- files (sliding_log.lua, sliding_counter.lua, fixed_window.lua,
 -- token_bucket.lua) are spliced in at the @algorithms line below; lua.go
--- builds the whole script once.
+-- builds the whole script once, in two forms around the same body:
+--   the script    for EVALSHA (Redis 5 and 6): the body runs on every call,
+--                 and its last line runs the checks;
+--   the library   for FUNCTION LOAD (Redis 7, Valkey), named
+--                 sliding_ratelimit_<hash> after its source: the body runs
+--                 once, at load, and registers <library>_decide and, for
+--                 calls that only peek, <library>_peek (no-writes, FCALL_RO);
+--                 each call runs the checks on helpers built once.
+-- Either way the checks see KEYS and ARGV as the chunk's locals of those
+-- names (the library sets them on each call) and start from a clean
+-- per-call state (run below).
 --
--- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... with ARGV[1] = n, the
+-- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... (or FCALL <function>
+-- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the
 -- number of checks, followed by n checks. The checks run in order, each
 -- all-or-nothing over its own keys (it reads everything before it writes),
 -- each with its own reply: with n > 1 an error in one check (a key of the
@@ -72,10 +83,10 @@
 -- every window and takes a lease, or, when one of them says no, nothing is
 -- recorded and no lease is taken. Rejected requests are never recorded.
 
--- Globals are used as globals: a chunk-level local captured by the
--- functions below would make every call dearer (Lua walks its open upvalues
--- for each closure the script defines, and the script defines its functions
--- on every call).
+-- The chunk's state (the tables below) lives as long as the chunk: one
+-- call under EVALSHA, from one FUNCTION LOAD to the next under FCALL. Every
+-- check fills what it reads (as the checks of one batch always have), and
+-- run resets what a call shares (the clock read, the queued hash fields).
 
 local now_redis = false
 local function clock()
@@ -503,22 +514,31 @@ local function decide(a, k)
   return reply
 end
 
-local n = tonumber(ARGV[1])
-local out = {}
-local a, k = 2, 1
-if n == 1 then
-  out[1] = decide(a, k)
-else
-  for c = 1, n do
-    local ok, r = pcall(decide, a, k)
-    if ok then
-      out[c] = r
-    elseif type(r) == "table" and r.err then
-      out[c] = r
-    else
-      out[c] = {err = tostring(r)}
+-- run decides the call's checks, in order, and returns their replies. A
+-- check that failed leaves nothing queued for the next one.
+local function run()
+  now_redis = false
+  hn = 0
+  local n = tonumber(ARGV[1])
+  local out = {}
+  local a, k = 2, 1
+  if n == 1 then
+    out[1] = decide(a, k)
+  else
+    for c = 1, n do
+      hn = 0
+      local ok, r = pcall(decide, a, k)
+      if ok then
+        out[c] = r
+      elseif type(r) == "table" and r.err then
+        out[c] = r
+      else
+        out[c] = {err = tostring(r)}
+      end
+      a, k = a + tonumber(ARGV[a]), k + tonumber(ARGV[a + 1])
     end
-    a, k = a + tonumber(ARGV[a]), k + tonumber(ARGV[a + 1])
   end
+  return out
 end
-return out
+
+-- @entry

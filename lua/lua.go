@@ -11,11 +11,14 @@
 // algorithm file documents its state, units and answers. override.lua keeps
 // the temporary overrides decide.lua reads. One script serves
 // every algorithm, so a batch of checks from limiters of different
-// algorithms is still one EVALSHA.
+// algorithms is still one EVALSHA, or, on Redis 7 and Valkey, one FCALL of
+// the same code loaded as a function library (LibraryCode).
 package lua
 
 import (
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"strings"
 )
 
@@ -36,18 +39,56 @@ var (
 	Override string
 )
 
-// algorithmsMarker is the line of decide.lua the algorithm files replace.
-const algorithmsMarker = "-- @algorithms\n"
+// The lines of decide.lua the algorithm files and the entry point replace.
+const (
+	algorithmsMarker = "-- @algorithms\n"
+	entryMarker      = "-- @entry"
+)
 
-// Decide is the whole script: decide.lua with the algorithm files in place
-// of its @algorithms line.
-var Decide = func() string {
-	if strings.Count(decide, algorithmsMarker) != 1 {
-		panic("lua: decide.lua must hold the @algorithms line once")
+// body is decide.lua with the algorithm files in place of its @algorithms
+// line, up to its @entry line: the helpers and run, defined, not run.
+var body = func() string {
+	if strings.Count(decide, algorithmsMarker) != 1 || strings.Count(decide, entryMarker) != 1 {
+		panic("lua: decide.lua must hold the @algorithms and @entry lines once each")
 	}
 	algs := slidingLog + "\n" + slidingCounter + "\n" + fixedWindow + "\n" + tokenBucket + "\n"
-	return strings.Replace(decide, algorithmsMarker, algs, 1)
+	b := strings.Replace(decide, algorithmsMarker, algs, 1)
+	return b[:strings.Index(b, entryMarker)]
 }()
+
+// Decide is the script for EVALSHA: the body, then a call of run on the
+// call's KEYS and ARGV. Redis runs all of it, defining every helper, on
+// each call.
+var Decide = "local KEYS, ARGV = KEYS, ARGV\n" + body + "return run()\n"
+
+// Library is the name of the function library: sliding_ratelimit_ and the
+// first 8 hex digits of the SHA-1 of the body, so that two releases of the
+// script, loaded side by side on one Redis, never replace each other's.
+var Library = func() string {
+	sum := sha1.Sum([]byte(body))
+	return "sliding_ratelimit_" + hex.EncodeToString(sum[:4])
+}()
+
+// Function names in the library: DecideFunction runs any check (FCALL),
+// PeekFunction only checks that write nothing (mode peek; no-writes, so
+// FCALL_RO, on a replica too).
+var (
+	DecideFunction = Library + "_decide"
+	PeekFunction   = Library + "_peek"
+)
+
+// LibraryCode is the library for FUNCTION LOAD: the body, run once when
+// Redis loads it, and two functions that set KEYS and ARGV and call run.
+var LibraryCode = "#!lua name=" + Library + "\nlocal KEYS, ARGV\n" + body + `
+local function entry(keys, args)
+  KEYS, ARGV = keys, args
+  local out = run()
+  KEYS, ARGV = nil, nil
+  return out
+end
+redis.register_function{function_name = "` + DecideFunction + `", callback = entry}
+redis.register_function{function_name = "` + PeekFunction + `", callback = entry, flags = {"no-writes"}}
+`
 
 // Files are the script's source files, by name (for tests that read them).
 var Files = map[string]string{

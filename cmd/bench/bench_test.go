@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -274,14 +275,23 @@ FAIL	github.com/sliding-ratelimit/sliding_ratelimit	3.1s
 }
 
 func TestSelectSitesAndCaddyfile(t *testing.T) {
-	ss, err := selectSites("redis_log, none")
+	ss, err := selectSites("redis_log, none", false)
 	if err != nil || len(ss) != 2 || ss[0].Name != "none" || ss[1].Name != "redis_log" {
 		t.Fatalf("got %v %v", ss, err)
 	}
-	if _, err := selectSites("none,nope"); err == nil {
+	if _, err := selectSites("none,nope", false); err == nil {
 		t.Fatal("unknown site: want an error")
 	}
-	all, _ := selectSites("all")
+	if ss, err := selectSites("all", false); err != nil || slices.ContainsFunc(ss, func(s site) bool { return s.Peer }) {
+		t.Errorf("all without -peer: %v %v, want no peer site", ss, err)
+	}
+	if _, err := selectSites("none,peer_memory", false); err == nil || !strings.Contains(err.Error(), "-peer") {
+		t.Errorf("the peer's site without -peer: %v, want an error naming -peer", err)
+	}
+	all, _ := selectSites("all", true)
+	if !slices.ContainsFunc(all, func(s site) bool { return s.Name == "peer_memory" }) {
+		t.Errorf("all with -peer lacks peer_memory")
+	}
 	ports := map[string]int{}
 	for i, s := range all {
 		ports[s.Name] = 20000 + i
@@ -291,6 +301,7 @@ func TestSelectSitesAndCaddyfile(t *testing.T) {
 		"admin 127.0.0.1:19999", "auto_https off", "http://127.0.0.1:20000 {", "bind 127.0.0.1",
 		"redis redis://127.0.0.1:1234", "algorithm token_bucket", "algorithm fixed_window", "algorithm sliding_counter",
 		"limit 100\n", "limit 10000\n", "deny_cache off", "pipeline off", `respond "ok" 200`,
+		"\trate_limit {\n\t\tzone bench_peer {\n\t\tkey {http.request.header.X-Key}\n\t\tevents 100\n\t\twindow 1s\n\t\t}\n\t}\n",
 	} {
 		if !strings.Contains(cf, want) {
 			t.Errorf("Caddyfile lacks %q:\n%s", want, cf)
@@ -358,5 +369,30 @@ func TestGoLoad(t *testing.T) {
 	}
 	if r.Sched.total != r.Responses {
 		t.Errorf("paced: want a from-schedule latency per response")
+	}
+}
+
+// TestWritePlot: the plot of a report is a PNG, and a report without a
+// ratio is refused rather than drawn empty.
+func TestWritePlot(t *testing.T) {
+	rep := &report{Config: reportConfig{Pairs: 3}, Machine: machine{Date: "2026-12-01"}}
+	for _, name := range []string{"pinned", "shared"} {
+		l := layoutReport{Name: name}
+		for i, site := range []string{"none", "memory_log", "peer_memory"} {
+			v := 0.7 + 0.1*float64(i)
+			l.Sites = append(l.Sites, siteReport{Site: site, Ratio: &spread{N: 3, Median: v, Min: v - 0.02, Max: v + 0.03}})
+		}
+		rep.Layouts = append(rep.Layouts, l)
+	}
+	path := filepath.Join(t.TempDir(), "bench.png")
+	if err := writePlot(path, rep); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 1000 || !bytes.HasPrefix(b, []byte("\x89PNG\r\n\x1a\n")) {
+		t.Fatalf("plot: %d bytes, %v, want a PNG", len(b), err)
+	}
+	if err := writePlot(path, &report{}); err == nil {
+		t.Error("a report without ratios: no error")
 	}
 }

@@ -63,12 +63,14 @@ type options struct {
 	sites, layouts  string
 	keep            bool
 	jsonPath        string
+	plotPath        string
 	generator       string
 	halfLoad        bool
 	halfRate        float64
 	halfDuration    time.Duration
 	skipUnsupported bool
 	caddyBin        string
+	peer            string
 	micro           bool
 	microBenchtime  string
 	quick           bool
@@ -100,12 +102,14 @@ func run() (code int) {
 	flag.StringVar(&o.layouts, "layouts", "shared,pinned", "comma-separated CPU layouts: shared, pinned (or all)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (Caddyfile, logs, binary)")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
+	flag.StringVar(&o.plotPath, "plot", "", "also draw each site's ratio to bare Caddy (median and min–max of the pairs, per layout, the peer's beside ours) into this PNG file")
 	flag.StringVar(&o.generator, "generator", "auto", "load generator: auto (wrk if on PATH, else go), wrk or go")
 	flag.BoolVar(&o.halfLoad, "halfload", true, "measure p99 of none and redis_log at half of redis_log's max rate, per layout (needs redis_log)")
 	flag.Float64Var(&o.halfRate, "half-rate", 0, "rate (req/s) of the half-load measurement; 0 means half of redis_log's median")
 	flag.DurationVar(&o.halfDuration, "half-duration", 5*time.Second, "measured load per site of the half-load measurement")
 	flag.BoolVar(&o.skipUnsupported, "skip-unsupported", false, "skip sites whose config this Caddy build rejects, instead of failing")
 	flag.StringVar(&o.caddyBin, "caddy", "", "use this Caddy binary instead of building ./cmd/caddy (it must include the plugin)")
+	flag.StringVar(&o.peer, "peer", os.Getenv("PEER_SRC"), "a local clone of github.com/mholt/caddy-ratelimit (default $PEER_SRC): build one Caddy with both plugins (a scratch module in the temp dir) and measure the peer's sites too")
 	flag.BoolVar(&o.micro, "micro", true, "also run the handler micro-benchmark (go test -bench "+microBenchName+" -benchmem) for allocs/op")
 	flag.StringVar(&o.microBenchtime, "micro-benchtime", "2000x", "-benchtime of the micro-benchmark")
 	flag.BoolVar(&o.quick, "quick", false, "smoke test: -pairs 1 -pair-duration 300ms -warmup 200ms -fill-max 2s -half-duration 500ms -micro=false (flags given explicitly win)")
@@ -132,7 +136,10 @@ func run() (code int) {
 	if err := o.check(); err != nil {
 		return fail(err)
 	}
-	sites, err := selectSites(o.sites)
+	if o.peer != "" && o.caddyBin != "" {
+		return fail(errors.New("-peer builds its own Caddy: give -peer or -caddy, not both"))
+	}
+	sites, err := selectSites(o.sites, o.peer != "")
 	if err != nil {
 		return fail(err)
 	}
@@ -322,9 +329,15 @@ func (b *bench) run(sites []site, layouts []layout) error {
 		if b.goBin == "" {
 			return errors.New("go not found on PATH (needed to build ./cmd/caddy)")
 		}
-		logf("building Caddy (go build ./cmd/caddy) in %s", b.root)
 		t := time.Now()
-		if b.caddyBin, err = buildCaddy(ctx, b.goBin, b.root, dir); err != nil {
+		if b.o.peer != "" {
+			logf("building Caddy with this plugin and the peer from %s (a scratch module in %s)", b.o.peer, dir)
+			b.caddyBin, err = buildWithPeer(ctx, b.goBin, b.root, b.o.peer, dir)
+		} else {
+			logf("building Caddy (go build ./cmd/caddy) in %s", b.root)
+			b.caddyBin, err = buildCaddy(ctx, b.goBin, b.root, dir)
+		}
+		if err != nil {
 			return err
 		}
 		logf("built in %v", time.Since(t).Round(100*time.Millisecond))
@@ -362,6 +375,12 @@ func (b *bench) run(sites []site, layouts []layout) error {
 			return err
 		}
 		logf("wrote %s", b.o.jsonPath)
+	}
+	if b.o.plotPath != "" {
+		if err := writePlot(b.o.plotPath, rep); err != nil {
+			return err
+		}
+		logf("wrote %s", b.o.plotPath)
 	}
 	return nil
 }

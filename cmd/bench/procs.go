@@ -176,6 +176,55 @@ func buildCaddy(ctx context.Context, goBin, root, dir string) (string, error) {
 	return bin, nil
 }
 
+// peerModule is the module path of the peer, mholt/caddy-ratelimit.
+const peerModule = "github.com/mholt/caddy-ratelimit"
+
+// buildWithPeer builds one Caddy with this plugin and the peer (its source
+// in peerDir) into dir: a scratch module in dir/peerbuild, never in the
+// repository, requires both with replace lines to root and peerDir, starts
+// from root's go.sum, resolves the rest with go mod tidy (the peer may need
+// modules from the proxy) and builds.
+func buildWithPeer(ctx context.Context, goBin, root, peerDir, dir string) (string, error) {
+	peerDir, err := filepath.Abs(peerDir)
+	if err != nil {
+		return "", err
+	}
+	if b, err := os.ReadFile(filepath.Join(peerDir, "go.mod")); err != nil || !strings.Contains(string(b), "module "+peerModule+"\n") {
+		return "", fmt.Errorf("-peer %s: not a clone of %s (its go.mod: %v)", peerDir, peerModule, err)
+	}
+	mod := filepath.Join(dir, "peerbuild")
+	if err := os.MkdirAll(mod, 0o755); err != nil {
+		return "", err
+	}
+	files := map[string]string{
+		"go.mod": "module benchcaddy\n\ngo 1.26\n\nrequire (\n\tgithub.com/sliding-ratelimit/sliding_ratelimit v0.0.0\n\t" +
+			peerModule + " v0.0.0\n)\n\nreplace github.com/sliding-ratelimit/sliding_ratelimit => " + root +
+			"\n\nreplace " + peerModule + " => " + peerDir + "\n",
+		"main.go": "// Caddy with both rate limiters, for go run ./cmd/bench -peer.\npackage main\n\nimport (\n" +
+			"\tcaddycmd \"github.com/caddyserver/caddy/v2/cmd\"\n\n\t_ \"github.com/caddyserver/caddy/v2/modules/standard\"\n" +
+			"\t_ \"" + peerModule + "\"\n\t_ \"github.com/sliding-ratelimit/sliding_ratelimit\"\n)\n\nfunc main() { caddycmd.Main() }\n",
+	}
+	if sum, err := os.ReadFile(filepath.Join(root, "go.sum")); err == nil {
+		files["go.sum"] = string(sum)
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(mod, name), []byte(body), 0o644); err != nil {
+			return "", err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	bin := filepath.Join(dir, "caddy")
+	for _, args := range [][]string{{"mod", "tidy"}, {"build", "-o", bin, "."}} {
+		cmd := exec.CommandContext(ctx, goBin, args...)
+		cmd.Dir = mod
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("go %s in %s: %v\n%s", strings.Join(args, " "), mod, err, out)
+		}
+	}
+	return bin, nil
+}
+
 var errRedisMissing = errors.New("redis-server not found on PATH: install it (e.g. apt-get install redis-server), " +
 	"or run only sites without Redis (-sites none,memory_log); the benchmark starts its own server on a free port " +
 	"and never uses 127.0.0.1:6379")

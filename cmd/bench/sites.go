@@ -41,18 +41,36 @@ type site struct {
 	// Limiter is the sliding_ratelimit block body, one subdirective a line,
 	// with %REDIS% for the Redis URL; empty means no limiter.
 	Limiter []string
+	// Peer: the limiter is mholt/caddy-ratelimit's rate_limit (Limiter is
+	// its block body), so the site runs only when -peer gives its source.
+	Peer bool
 	// Needs says which feature the site depends on, for error messages.
 	Needs string
+}
+
+// directive is the site's limiter directive.
+func (s site) directive() string {
+	if s.Peer {
+		return "rate_limit"
+	}
+	return "sliding_ratelimit"
 }
 
 // allSites is every site, in the order they run and print.
 var allSites = []site{
 	{Name: bareSite, Desc: "Caddy without a limiter, paired with itself: the noise floor"},
 	{Name: "memory_log", Desc: "in-process sliding_log, many keys", Limiter: manyKeys("bench_memory_log", "sliding_log", false)},
+	{Name: "memory_log_noheaders", Desc: "as memory_log with `headers off` (the peer sends no headers on success)",
+		Limiter: append(manyKeys("bench_memory_log_noheaders", "sliding_log", false), "headers off")},
+	{Name: "peer_memory", Desc: "the peer, mholt/caddy-ratelimit: its in-process sliding window, many keys, limit 100 a second (with -peer)",
+		Peer: true, Limiter: peerZone("bench_peer", 100, "1s")},
 	{Name: "redis_log", Desc: "Redis sliding_log, many keys (sets of a few entries), pipelined",
 		Redis: true, Limiter: manyKeys("bench_redis_log", "sliding_log", true)},
 	{Name: "redis_log_nopipe", Desc: "as redis_log with `pipeline off`", Redis: true, Needs: "redis { pipeline off }",
 		Limiter: append(manyKeys("bench_redis_log_nopipe", "sliding_log", false), "redis %REDIS% {", "pipeline off", "}")},
+	{Name: "redis_log_eval", Desc: "as redis_log with `redis { scripts eval }`: EVALSHA, as on Redis 5 and 6, instead of the function library",
+		Redis: true, Needs: "redis { scripts eval }",
+		Limiter: append(manyKeys("bench_redis_log_eval", "sliding_log", false), "redis %REDIS% {", "scripts eval", "}")},
 	{Name: "redis_log_100", Desc: "Redis sliding_log, limit 100: 10 keys held at their limit (sets of 100), deny cache off",
 		Redis: true, Keys: fillKeys, Fill: true, Limiter: atLimit("bench_redis_log_100", 100), Needs: "subdirective deny_cache off"},
 	{Name: "redis_log_10000", Desc: "Redis sliding_log, limit 10000: 10 keys held at their limit (sets of 10000), deny cache off",
@@ -102,6 +120,20 @@ func manyKeys(name, algorithm string, onRedis bool) []string {
 	return l
 }
 
+// peerZone is a rate_limit block of one zone keyed like the many-key
+// sites. The peer keeps a ring of events timestamps per key, so its limit
+// stays small (100 a second, as in the issue's layout); spread over -keys
+// keys, no key comes near it either.
+func peerZone(name string, events int, window string) []string {
+	return []string{
+		"zone " + name + " {",
+		"key {http.request.header.X-Key}",
+		fmt.Sprintf("events %d", events),
+		"window " + window,
+		"}",
+	}
+}
+
 func hotKey(name string, noCache bool) []string {
 	l := []string{
 		"name " + name,
@@ -140,11 +172,18 @@ func siteNames() []string {
 }
 
 // selectSites parses the -sites flag: a comma-separated list of names, or
-// "all". The result keeps the canonical order.
-func selectSites(flagVal string) ([]site, error) {
+// "all". The result keeps the canonical order. The peer's sites need peer
+// (-peer given): "all" leaves them out without it, naming one is an error.
+func selectSites(flagVal string, peer bool) ([]site, error) {
 	flagVal = strings.TrimSpace(flagVal)
 	if flagVal == "" || flagVal == "all" {
-		return append([]site(nil), allSites...), nil
+		var out []site
+		for _, s := range allSites {
+			if peer || !s.Peer {
+				out = append(out, s)
+			}
+		}
+		return out, nil
 	}
 	want := map[string]bool{}
 	for _, n := range strings.Split(flagVal, ",") {
@@ -152,14 +191,12 @@ func selectSites(flagVal string) ([]site, error) {
 		if n == "" {
 			continue
 		}
-		found := false
-		for _, s := range allSites {
-			if s.Name == n {
-				found = true
-			}
-		}
-		if !found {
+		s := siteByName(n)
+		if s.Name == "" {
 			return nil, fmt.Errorf("unknown site %q in -sites (known: %s)", n, strings.Join(siteNames(), ","))
+		}
+		if s.Peer && !peer {
+			return nil, fmt.Errorf("site %q is mholt/caddy-ratelimit's: give its source with -peer DIR (or PEER_SRC=DIR)", n)
 		}
 		want[n] = true
 	}
@@ -184,7 +221,7 @@ func caddyfile(adminPort int, sites []site, ports map[string]int, redisURL strin
 	for _, s := range sites {
 		fmt.Fprintf(&b, "\n# site %s\nhttp://127.0.0.1:%d {\n\tbind 127.0.0.1\n", s.Name, ports[s.Name])
 		if len(s.Limiter) > 0 {
-			b.WriteString("\tsliding_ratelimit {\n")
+			fmt.Fprintf(&b, "\t%s {\n", s.directive())
 			for _, line := range s.Limiter {
 				fmt.Fprintf(&b, "\t\t%s\n", strings.ReplaceAll(line, "%REDIS%", redisURL))
 			}

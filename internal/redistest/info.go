@@ -100,9 +100,9 @@ func ParseCommandStats(text string) CommandStats {
 	return out
 }
 
-// ScriptCommands are the commands that run a Lua script: one call each
-// (a call may carry several checks when the caller batches them).
-var ScriptCommands = []string{"evalsha", "eval", "evalsha_ro", "eval_ro"}
+// ScriptCommands are the commands that run a Lua script or function: one
+// call each (a call may carry several checks when the caller batches them).
+var ScriptCommands = []string{"evalsha", "eval", "evalsha_ro", "eval_ro", "fcall", "fcall_ro"}
 
 // Sum adds up the named commands (absent ones count 0), with UsecPerCall
 // recomputed over the sum.
@@ -121,8 +121,8 @@ func (cs CommandStats) Sum(names ...string) CommandStat {
 	return t
 }
 
-// Scripts is Sum(ScriptCommands...): every EVALSHA and EVAL (and their _ro
-// forms).
+// Scripts is Sum(ScriptCommands...): every EVALSHA, EVAL and FCALL (and
+// their _ro forms).
 func (cs CommandStats) Scripts() CommandStat { return cs.Sum(ScriptCommands...) }
 
 // CPUStats is INFO cpu: the CPU time the server process used so far
