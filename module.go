@@ -258,34 +258,8 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.logger = ctx.Logger()
 	}
 	h.logs = newLogGates()
-	if h.Name == "" {
-		h.Name = DefaultName
-	}
-	if h.Key == "" {
-		h.Key = DefaultKey
-	}
-	if h.Fail == "" {
-		h.Fail = "open"
-	}
-	if h.Clock == "" {
-		h.Clock = "redis"
-	}
-	if h.Headers == "" {
-		h.Headers = "both"
-	}
-	if h.OnLimit == "" {
-		h.OnLimit = "respond"
-	}
-	if h.WarnAt == 0 {
-		h.WarnAt = DefaultWarnAt
-	}
-	if h.nowFn == nil {
-		h.nowFn = time.Now
-	}
+	h.setDefaults()
 	h.top = sharedOffenders(h.Name)
-	if h.Redis != nil {
-		h.Redis.provision()
-	}
 	p, err := h.policy()
 	if err != nil {
 		return h.named(err)
@@ -333,6 +307,37 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.warnTemplates()
 	}
 	return nil
+}
+
+// setDefaults fills in the defaults of the fields left unset.
+func (h *Handler) setDefaults() {
+	if h.Name == "" {
+		h.Name = DefaultName
+	}
+	if h.Key == "" {
+		h.Key = DefaultKey
+	}
+	if h.Fail == "" {
+		h.Fail = "open"
+	}
+	if h.Clock == "" {
+		h.Clock = "redis"
+	}
+	if h.Headers == "" {
+		h.Headers = "both"
+	}
+	if h.OnLimit == "" {
+		h.OnLimit = "respond"
+	}
+	if h.WarnAt == 0 {
+		h.WarnAt = DefaultWarnAt
+	}
+	if h.nowFn == nil {
+		h.nowFn = time.Now
+	}
+	if h.Redis != nil {
+		h.Redis.provision()
+	}
 }
 
 // Validate checks the configuration (every value, whichever way it came:
@@ -559,83 +564,114 @@ func (h *Handler) policy() (limiter.Policy, error) {
 			return p, &configError{field: e.name, err: err}
 		}
 	}
+	if err := h.policyWindows(&p); err != nil {
+		return p, err
+	}
+	if err := h.policyRequests(&p); err != nil {
+		return p, err
+	}
+	if err := h.policyStore(&p); err != nil {
+		return p, err
+	}
+	p.DryRun = h.DryRun
+	p.AppClock = h.Clock == "app"
+	p.Now = h.nowFn
+	return p, nil
+}
+
+// policyWindows sets the policy's algorithm, windows, burst, regions and
+// time zone.
+func (h *Handler) policyWindows(p *limiter.Policy) error {
 	var err error
 	if h.Algorithm != "" {
 		if p.Algorithm, err = limiter.ParseAlgorithm(h.Algorithm); err != nil {
-			return p, &configError{field: "algorithm", err: err}
+			return &configError{field: "algorithm", err: err}
 		}
 	}
 	if h.Limit == "" && len(h.Limits) == 0 {
-		return p, cfgErr("limit", "limit is required")
+		return cfgErr("limit", "limit is required")
 	}
 	if p.Windows, _, err = h.windows(false); err != nil {
-		return p, err
+		return err
 	}
 	if p.GlobalWindows, _, err = h.windows(true); err != nil {
-		return p, err
+		return err
 	}
 	if h.Window != 0 && h.Limit == "" && h.GlobalLimit == "" {
-		return p, cfgErr("window", "window is the window of limit <n> (and global_limit <n>), and every limit here has a window of its own: drop window")
+		return cfgErr("window", "window is the window of limit <n> (and global_limit <n>), and every limit here has a window of its own: drop window")
 	}
 	if h.Algorithm != "" && p.Algorithm != limiter.FixedWindow && !hasDuration(p.Windows) {
-		return p, cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
+		return cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
 	}
 	p.Burst = h.Burst
 	p.Regions = h.Region != ""
 	if h.Timezone != "" {
 		if p.Location, err = time.LoadLocation(h.Timezone); err != nil {
-			return p, cfgErr("timezone", "unknown time zone '%s': %v", h.Timezone, err)
+			return cfgErr("timezone", "unknown time zone '%s': %v", h.Timezone, err)
 		}
 	} else if hasPeriod(p.Windows) || hasPeriod(p.GlobalWindows) {
 		p.Location = time.UTC
 	}
 	if h.Timezone != "" && !hasPeriod(p.Windows) && !hasPeriod(p.GlobalWindows) {
-		return p, cfgErr("timezone", "timezone applies to calendar periods (limit <n> day), and this limiter has none")
+		return cfgErr("timezone", "timezone applies to calendar periods (limit <n> day), and this limiter has none")
 	}
+	return nil
+}
+
+// policyRequests sets what the policy does with a request beyond counting
+// it: ban, concurrency, count_only, queue, jitter; and checks the cost.
+func (h *Handler) policyRequests(p *limiter.Policy) error {
+	var err error
 	if h.Ban != nil {
 		p.Ban = &limiter.Ban{After: h.Ban.After, Within: time.Duration(h.Ban.Within), For: time.Duration(h.Ban.For)}
 	}
 	p.Concurrency = h.MaxConcurrent != ""
 	if err := h.MaxConcurrent.checkStatic("max_concurrent"); err != nil {
-		return p, &configError{field: "max_concurrent", err: err}
+		return &configError{field: "max_concurrent", err: err}
 	}
 	if h.LeaseTimeout != 0 && !p.Concurrency {
-		return p, cfgErr("lease_timeout", "lease_timeout applies to max_concurrent, and this limiter has none")
+		return cfgErr("lease_timeout", "lease_timeout applies to max_concurrent, and this limiter has none")
 	}
 	p.LeaseTimeout = time.Duration(h.LeaseTimeout)
 	if len(h.CountOnly) > 0 {
 		match, err := statusMatcher(h.CountOnly)
 		if err != nil {
-			return p, &configError{field: "count_only", err: err}
+			return &configError{field: "count_only", err: err}
 		}
 		p.CountOnly = match
 	}
 	if q := h.Queue; q != nil {
 		if q.MaxWait <= 0 || q.MaxWaiters < 0 {
-			return p, cfgErr("queue", "queue needs a positive max wait and a positive number of waiters, got %s and %d", time.Duration(q.MaxWait), q.MaxWaiters)
+			return cfgErr("queue", "queue needs a positive max wait and a positive number of waiters, got %s and %d", time.Duration(q.MaxWait), q.MaxWaiters)
 		}
 		p.Queue = limiter.Queue{MaxWait: time.Duration(q.MaxWait), MaxWaiters: q.MaxWaiters}
 	}
 	if h.Jitter != "" {
 		if p.Jitter, err = parseJitter(h.Jitter); err != nil {
-			return p, &configError{field: "jitter", err: err}
+			return &configError{field: "jitter", err: err}
 		}
 	}
 	if err := h.Cost.checkStatic("cost"); err != nil {
-		return p, &configError{field: "cost", err: err}
+		return &configError{field: "cost", err: err}
 	}
+	return nil
+}
+
+// policyStore sets the policy's store settings (key prefix, timeout, fail
+// mode) and checks the options that apply to one kind of store.
+func (h *Handler) policyStore(p *limiter.Policy) error {
 	if h.WarnAt > 1 {
-		return p, cfgErr("warn_at", "warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
+		return cfgErr("warn_at", "warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
 	}
 	if h.DenyCacheSize < -1 {
-		return p, cfgErr("deny_cache", "deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
+		return cfgErr("deny_cache", "deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
 	}
 	if h.DenyCacheSize != 0 && h.Redis == nil {
-		return p, cfgErr("deny_cache", "deny_cache applies to a Redis store (the in-process store needs no cache)")
+		return cfgErr("deny_cache", "deny_cache applies to a Redis store (the in-process store needs no cache)")
 	}
 	if h.Redis != nil {
 		if err := h.Redis.validate(); err != nil {
-			return p, err
+			return err
 		}
 		p.KeyPrefix = h.Redis.KeyPrefix
 		p.Timeout = h.Redis.timeout()
@@ -644,15 +680,12 @@ func (h *Handler) policy() (limiter.Policy, error) {
 		p.Fail = fail
 	}
 	if (h.Fail == "closed" || h.Fail == "local") && h.Redis == nil {
-		return p, cfgErr("fail", "fail %s applies to a Redis store (the in-process store does not fail)", h.Fail)
+		return cfgErr("fail", "fail %s applies to a Redis store (the in-process store does not fail)", h.Fail)
 	}
 	if h.Clock == "app" && h.Redis == nil {
-		return p, cfgErr("clock", "clock app applies to a Redis store (the in-process store always uses Caddy's clock)")
+		return cfgErr("clock", "clock app applies to a Redis store (the in-process store always uses Caddy's clock)")
 	}
-	p.DryRun = h.DryRun
-	p.AppClock = h.Clock == "app"
-	p.Now = h.nowFn
-	return p, nil
+	return nil
 }
 
 func hasPeriod(ws []limiter.Window) bool {
