@@ -41,11 +41,11 @@ func register(h *Handler) (first bool, err error) {
 	defer registry.Unlock()
 	first = true
 	for _, x := range registry.byName[h.Name] {
-		if x.configID != h.configID {
+		if x.rt.configID != h.rt.configID {
 			continue
 		}
 		first = false
-		if x.fingerprt == h.fingerprt {
+		if x.rt.fingerprt == h.rt.fingerprt {
 			continue
 		}
 		if h.Name == DefaultName {
@@ -64,7 +64,7 @@ func predecessor(h *Handler) *Handler {
 	defer registry.Unlock()
 	hs := registry.byName[h.Name]
 	for i := len(hs) - 1; i >= 0; i-- {
-		if hs[i].configID != h.configID {
+		if hs[i].rt.configID != h.rt.configID {
 			return hs[i]
 		}
 	}
@@ -235,7 +235,7 @@ func serveTop(w http.ResponseWriter, r *http.Request, name string, h *Handler) e
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n must be an integer from 1 to %d, got '%s'", topCounters, v)}
 		}
 	}
-	return writeJSON(w, h.top.report(name, n, h.LogKey, h.nowFn()))
+	return writeJSON(w, h.rt.top.report(name, n, h.LogKey, h.rt.now()))
 }
 
 // serveKey answers GET (what K's next request would get) and DELETE (reset
@@ -256,7 +256,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		d, err := h.lim.Peek(ctx, in)
+		d, err := h.rt.lim.Peek(ctx, in)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 		}
@@ -277,7 +277,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 		// the other nodes through the store's notices.
 		var notified bool
 		for i, x := range hs {
-			n, err := x.lim.Reset(ctx, key, region)
+			n, err := x.rt.lim.Reset(ctx, key, region)
 			if err != nil {
 				return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 			}
@@ -322,13 +322,13 @@ func (h *Handler) adminInput(q url.Values) (*limiter.Input, error) {
 		}
 		return out
 	}
-	in.Limits = take("limit", h.limits)
-	in.GlobalLimits = take("global_limit", h.globals)
-	if c := take("cost", []amount{h.cost}); len(c) == 1 {
+	in.Limits = take("limit", h.rt.limits)
+	in.GlobalLimits = take("global_limit", h.rt.globals)
+	if c := take("cost", []amount{h.rt.cost}); len(c) == 1 {
 		in.Cost = c[0]
 	}
 	if h.MaxConcurrent != "" {
-		in.MaxConcurrent = take("max_concurrent", []amount{h.concurrent})[0]
+		in.MaxConcurrent = take("max_concurrent", []amount{h.rt.concurrent})[0]
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("this limiter's values come from placeholders; give the client's: %s", strings.Join(missing, ", "))
@@ -343,10 +343,10 @@ func listLimiters() []limiterInfo {
 	for name, hs := range registry.byName {
 		h := hs[len(hs)-1]
 		info := limiterInfo{
-			Name: name, Algorithm: h.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
+			Name: name, Algorithm: h.rt.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
 			Store: h.storeName(), Fail: h.Fail, Ban: h.Ban, DryRun: h.DryRun, Instances: len(hs),
 		}
-		if ws, err := h.lim.Windows(staticInput(h)); err == nil {
+		if ws, err := h.rt.lim.Windows(staticInput(h)); err == nil {
 			_, as, _ := h.windows(false)
 			_, gs, _ := h.windows(true)
 			all := append(as, gs...)

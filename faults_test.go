@@ -157,7 +157,7 @@ func faultClientsClosed(t *testing.T) {
 	l := startFaultLoad(t, targets, 0)
 	time.Sleep(100 * time.Millisecond)
 	l.halt()
-	key := targets[0].h.storeKey
+	key := targets[0].h.rt.storeKey
 	if n, ok := stores.References(key); !ok || n != 2 {
 		t.Fatalf("store references with two handlers: %d (loaded %v), want 2", n, ok)
 	}
@@ -235,7 +235,7 @@ func faultKillRestart(t *testing.T, tm faultTiming) {
 	// Decisions come from Redis again: exactly the limit, recorded there
 	// (one member per request, and the log's two bookkeeping members).
 	faultBurst(t, targets[2].h, "burst-up", 5, faultRedis)
-	if n := srv.CLI(t, "ZCOUNT", targets[2].h.lim.Keys().Key("log", "burst-up", false, ""), "0", "+inf"); n != "5" {
+	if n := srv.CLI(t, "ZCOUNT", targets[2].h.rt.lim.Keys().Key("log", "burst-up", false, ""), "0", "+inf"); n != "5" {
 		t.Errorf("after recovery: %s requests recorded in Redis for the burst key, want 5 (decided by Redis)", n)
 	}
 }

@@ -77,7 +77,7 @@ func TestConcurrencyAcrossNodes(t *testing.T) {
 	if most.Load() > 3 || ok.Load() < 3 || limited.Load() == 0 {
 		t.Fatalf("upstream saw up to %d at once; %d passed, %d limited", most.Load(), ok.Load(), limited.Load())
 	}
-	leaseKey := hs[0].lim.Keys().Key("lease", "k", false, "")
+	leaseKey := hs[0].rt.lim.Keys().Key("lease", "k", false, "")
 	if n := srv.CLI(t, "ZCARD", leaseKey); n != "0" {
 		t.Fatalf("%s leases left in Redis after every request ended", n)
 	}
@@ -85,7 +85,7 @@ func TestConcurrencyAcrossNodes(t *testing.T) {
 	// A node dies with a request in flight: its lease is never released.
 	in := &limiter.Input{Identity: "k", Limits: []int64{1000}, Cost: 1, MaxConcurrent: 3}
 	for i := 0; i < 3; i++ {
-		if d, err := hs[0].lim.Decide(context.Background(), in); err != nil || !d.Pass {
+		if d, err := hs[0].rt.lim.Decide(context.Background(), in); err != nil || !d.Pass {
 			t.Fatalf("lease %d: %+v %v", i, d, err)
 		}
 	}
@@ -183,7 +183,7 @@ func TestCountOnlyOvershoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := h.lim.Peek(context.Background(), in)
+	d, err := h.rt.lim.Peek(context.Background(), in)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -109,3 +109,57 @@ func TestLongFuncsFindsALongFunction(t *testing.T) {
 		t.Fatalf("longFuncs = %q, want only the 81-line function", got)
 	}
 }
+
+// TestHandlerHoldsItsConfigAndOneValue checks the Handler: its documented
+// configuration (the JSON fields) and one unexported value for what
+// Provision builds, at most maxHandlerFields fields in all.
+func TestHandlerHoldsItsConfigAndOneValue(t *testing.T) {
+	_, files := parseSources(t, ".")
+	var st *ast.StructType
+	for _, f := range files {
+		ast.Inspect(f, func(n ast.Node) bool {
+			if ts, ok := n.(*ast.TypeSpec); ok && ts.Name.Name == "Handler" {
+				st, _ = ts.Type.(*ast.StructType)
+			}
+			return st == nil
+		})
+	}
+	if st == nil {
+		t.Fatal("no struct type Handler in the root package")
+	}
+	var fields, unexported []string
+	for _, f := range st.Fields.List {
+		names := f.Names
+		if len(names) == 0 { // embedded
+			t.Errorf("Handler embeds %s: name its fields", typeName(f.Type))
+			continue
+		}
+		for _, n := range names {
+			fields = append(fields, n.Name)
+			if !n.IsExported() {
+				unexported = append(unexported, n.Name)
+			} else if f.Tag == nil || !strings.Contains(f.Tag.Value, `json:"`) {
+				t.Errorf("Handler.%s is exported with no json tag: configuration is JSON", n.Name)
+			}
+		}
+	}
+	if len(fields) > maxHandlerFields {
+		t.Errorf("Handler has %d fields, want at most %d: configuration on one side, what Provision builds in its one unexported value", len(fields), maxHandlerFields)
+	}
+	if len(unexported) > 1 {
+		t.Errorf("Handler has %d unexported fields %v, want one value for what Provision builds (put new state in it)", len(unexported), unexported)
+	}
+}
+
+// typeName names a type expression for a message.
+func typeName(e ast.Expr) string {
+	switch t := e.(type) {
+	case *ast.StarExpr:
+		return "*" + typeName(t.X)
+	case *ast.SelectorExpr:
+		return typeName(t.X) + "." + t.Sel.Name
+	case *ast.Ident:
+		return t.Name
+	}
+	return "a type"
+}
