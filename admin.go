@@ -164,27 +164,38 @@ type windowInfo struct {
 
 // usageInfo is what a key's next request would get.
 type usageInfo struct {
-	Limiter    string        `json:"limiter"`
-	Key        string        `json:"key"`
-	KeyHash    string        `json:"key_hash"`
-	Region     string        `json:"region,omitempty"`
-	Allowed    bool          `json:"allowed"`
-	Outcome    string        `json:"outcome"`
-	RetryAfter int64         `json:"retry_after"`
-	Banned     bool          `json:"banned,omitempty"`
-	BanLeft    int64         `json:"ban_left,omitempty"`
-	InFlight   *int64        `json:"in_flight,omitempty"`
-	Windows    []windowUsage `json:"windows"`
+	Limiter string `json:"limiter"`
+	Key     string `json:"key"`
+	KeyHash string `json:"key_hash"`
+	Region  string `json:"region,omitempty"`
+	// RegionTemplate is the limiter's region template, when it counts per
+	// region: with no region asked for, the answer is the bucket of the
+	// requests whose region is empty.
+	RegionTemplate string        `json:"region_template,omitempty"`
+	Allowed        bool          `json:"allowed"`
+	Outcome        string        `json:"outcome"`
+	RetryAfter     int64         `json:"retry_after"`
+	Banned         bool          `json:"banned,omitempty"`
+	BanLeft        int64         `json:"ban_left,omitempty"`
+	InFlight       *int64        `json:"in_flight,omitempty"`
+	Windows        []windowUsage `json:"windows"`
 }
 
 // resetInfo is the answer of a reset.
 type resetInfo struct {
-	Limiter            string `json:"limiter"`
-	Key                string `json:"key"`
-	KeyHash            string `json:"key_hash"`
-	Region             string `json:"region"`
-	Reset              bool   `json:"reset"`
-	OtherNodesNotified bool   `json:"other_nodes_notified"`
+	Limiter        string `json:"limiter"`
+	Key            string `json:"key"`
+	KeyHash        string `json:"key_hash"`
+	Region         string `json:"region"`
+	RegionTemplate string `json:"region_template,omitempty"` // as in usageInfo
+	Reset          bool   `json:"reset"`
+	// Windows are the windows reset: the region's, and the global
+	// ceiling's (the key's count across every region); Ban that the key's
+	// ban was lifted (the limiter has one). Requests in flight keep their
+	// places, and overrides stay.
+	Windows            []windowInfo `json:"windows"`
+	Ban                bool         `json:"ban,omitempty"`
+	OtherNodesNotified bool         `json:"other_nodes_notified"`
 }
 
 type windowUsage struct {
@@ -261,7 +272,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 		}
 		u := usageInfo{
-			Limiter: name, Key: key, KeyHash: keyHash(key), Region: d.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
+			Limiter: name, Key: key, KeyHash: keyHash(key), Region: d.Region, RegionTemplate: h.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
 			Outcome: d.Outcome.String(), RetryAfter: retryAfterSeconds(&d), Banned: d.Banned, BanLeft: ceilSeconds(d.BanLeft),
 		}
 		if d.InFlight >= 0 {
@@ -285,7 +296,8 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 				notified = n
 			}
 		}
-		return writeJSON(w, resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, Reset: true, OtherNodesNotified: notified})
+		return writeJSON(w, resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, RegionTemplate: h.Region,
+			Reset: true, Windows: windowInfos(h), Ban: h.Ban != nil, OtherNodesNotified: notified})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET or DELETE")}
 }
@@ -346,17 +358,43 @@ func listLimiters() []limiterInfo {
 			Name: name, Algorithm: h.rt.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
 			Store: h.storeName(), Fail: h.Fail, Ban: h.Ban, DryRun: h.DryRun, Instances: len(hs),
 		}
-		if ws, err := h.rt.lim.Windows(staticInput(h)); err == nil {
-			_, as, _ := h.windows(false)
-			_, gs, _ := h.windows(true)
-			all := append(as, gs...)
-			for i, w := range ws {
-				info.Windows = append(info.Windows, windowInfo{Policy: w.Policy, Limit: all[i], Window: w.Window.Label(), Global: w.Global})
-			}
-		}
+		info.Windows = windowInfos(h)
 		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// windowInfos lists h's windows, the region's then the global ceiling's,
+// with their limits as configured: a number, or the placeholder that gives
+// it per request.
+func windowInfos(h *Handler) []windowInfo {
+	// The windows' names and lengths do not depend on the limits: 1 stands
+	// for a limit a placeholder gives.
+	in := staticInput(h)
+	for i, a := range h.rt.limits {
+		if a.tmpl != "" {
+			in.Limits[i] = 1
+		}
+	}
+	for i, a := range h.rt.globals {
+		if a.tmpl != "" {
+			in.GlobalLimits[i] = 1
+		}
+	}
+	ws, err := h.rt.lim.Windows(in)
+	if err != nil {
+		return nil
+	}
+	_, as, _ := h.windows(false)
+	_, gs, _ := h.windows(true)
+	all := append(as, gs...)
+	var out []windowInfo
+	for i, w := range ws {
+		if i < len(all) {
+			out = append(out, windowInfo{Policy: w.Policy, Limit: all[i], Window: w.Window.Label(), Global: w.Global})
+		}
+	}
 	return out
 }
 
