@@ -240,7 +240,11 @@ func TestConcurrencyIsExact(t *testing.T) {
 			go func(h *Handler) {
 				defer wg.Done()
 				<-start
-				w := serve(t, h, map[string]string{"X-API-Key": "hot"})
+				w, err := serveErr(t, h, map[string]string{"X-API-Key": "hot"}) // no t.Fatal off the test's goroutine
+				if err != nil {
+					t.Errorf("ServeHTTP: %v", err)
+					return
+				}
 				switch w.Code {
 				case http.StatusOK:
 					admitted.Add(1)

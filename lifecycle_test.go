@@ -261,7 +261,13 @@ func TestQueueWaitsForItsTurn(t *testing.T) {
 		serve(t, h, nil)
 		serve(t, h, nil)
 		first := make(chan int)
-		go func() { first <- serve(t, h, nil).Code }()
+		go func() { // no t.Fatal off the test's goroutine
+			w, err := serveErr(t, h, nil)
+			if err != nil {
+				t.Errorf("first waiter: %v", err)
+			}
+			first <- w.Code
+		}()
 		time.Sleep(200 * time.Millisecond) // the first waiter is waiting
 		began := time.Now()
 		if w := serve(t, h, nil); w.Code != http.StatusTooManyRequests || time.Since(began) > 400*time.Millisecond {

@@ -59,7 +59,11 @@ func TestSeveralWindowsAcrossNodes(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					w := serve(t, h, hdr)
+					w, err := serveErr(t, h, hdr) // no t.Fatal off the test's goroutine
+					if err != nil {
+						t.Errorf("ServeHTTP: %v", err)
+						return
+					}
 					mu.Lock()
 					defer mu.Unlock()
 					switch w.Code {
