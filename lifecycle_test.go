@@ -30,12 +30,14 @@ import (
 // Redis; 30 slow requests of one key at once, spread over the nodes: the
 // upstream never sees more than 3 at a time, the others get 429, and no
 // lease is left in Redis afterwards. A node that dies holding a lease (its
-// request never ends) loses it after lease_timeout.
+// request never ends) loses it after lease_timeout (on an injected clock:
+// clock app).
 func TestConcurrencyAcrossNodes(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	name := uniqueName()
-	hs := nodes(t, 3, srv, nil, func() *Handler {
+	clock := newTestClock()
+	hs := nodes(t, 3, srv, clock, func() *Handler {
 		return &Handler{Name: name, Key: "{http.request.header.X-API-Key}", Limit: "1000", Window: caddy.Duration(time.Minute),
 			MaxConcurrent: "3", LeaseTimeout: caddy.Duration(2 * time.Second)}
 	})
@@ -92,7 +94,11 @@ func TestConcurrencyAcrossNodes(t *testing.T) {
 	if w := serve(t, hs[1], hdr); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("with 3 leases held by a dead node: %d, want 429", w.Code)
 	}
-	time.Sleep(2100 * time.Millisecond) // lease_timeout on Redis's clock: real time must pass
+	clock.Advance(1900 * time.Millisecond)
+	if w := serve(t, hs[1], hdr); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("before lease_timeout: %d, want 429 (the dead node's leases still held)", w.Code)
+	}
+	clock.Advance(200 * time.Millisecond)
 	if w := serve(t, hs[1], hdr); w.Code != http.StatusOK {
 		t.Fatalf("after lease_timeout: %d, want 200", w.Code)
 	}
