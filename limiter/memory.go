@@ -219,7 +219,9 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	ban := m.checkBan()
 	var evbuf [2 * MaxWindows]winEval
-	evs, keys, restate, fits := m.checkParts(evbuf[:0])
+	keys := make([]*memKey, len(m.op.Parts))
+	restate := make([]bool, len(m.op.Parts)) // a token state under another interval or burst
+	evs, fits := m.checkParts(evbuf[:0], keys, restate)
 	lease := m.checkLease()
 
 	allowed := m.record || (m.reply.BanLeft == 0 && fits && !m.reply.LeaseDenied)
@@ -288,13 +290,11 @@ func (m *memDo) checkBan() *memKey {
 }
 
 // checkParts evaluates every window of every part, appending the windows'
-// evaluations to evs. It returns them, each part's key (nil when it has no
-// state), whether a part's token state is under another interval or burst,
-// and whether the cost fits every window.
-func (m *memDo) checkParts(evs []winEval) ([]winEval, []*memKey, []bool, bool) {
+// evaluations to evs, and sets each part's key (nil when it has no state)
+// and whether its token state is under another interval or burst. It
+// returns the evaluations and whether the cost fits every window.
+func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]winEval, bool) {
 	op := m.op
-	keys := make([]*memKey, len(op.Parts))
-	restate := make([]bool, len(op.Parts)) // a token state under another interval or burst
 	fits := true
 	fnow, fcost := float64(m.now), float64(op.Cost)
 	for i := range op.Parts {
@@ -328,7 +328,7 @@ func (m *memDo) checkParts(evs []winEval) ([]winEval, []*memKey, []bool, bool) {
 			fits = false
 		}
 	}
-	return evs, keys, restate, fits
+	return evs, fits
 }
 
 // checkLease returns the lease key (nil when it has none) and sets the
