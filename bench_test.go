@@ -55,7 +55,7 @@ func benchHandler(b *testing.B, store, alg string, srv *redistest.Server, limit 
 	if err := h.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	h.logger = zap.NewNop()
+	h.rt.logger = zap.NewNop()
 	return h
 }
 

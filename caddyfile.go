@@ -35,7 +35,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 const blocksSeen = "sliding_ratelimit.blocks"
 
 type seenBlock struct {
-	line        int
+	at          string // file:line of its name, or of the directive
 	fingerprint string
 }
 
@@ -66,15 +66,20 @@ func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
 		name = DefaultName
 	}
 	prev, ok := seen[name]
+	here := fmt.Sprintf("%s:%d", at.File, at.Line)
 	if !ok {
-		seen[name] = seenBlock{line: at.Line, fingerprint: string(fp)}
+		seen[name] = seenBlock{at: here, fingerprint: string(fp)}
 		return nil
 	}
+	// The message names both blocks: inside a route or handle, Caddy adds
+	// the closing brace of the enclosing block after this line.
 	switch {
+	case m.Name == "" && prev.at == here:
+		return d.Errf("sliding_ratelimit: the block at %s is used twice (a snippet imported twice?) and left at the default name %q: give it a name (name <string>), the same name meaning one limiter and one budget", here, DefaultName)
 	case m.Name == "":
-		return d.Errf("sliding_ratelimit: a second block left at the default name %q (the first on line %d): give each block its own name (name <string>), or they would share one budget", DefaultName, prev.line)
+		return d.Errf("sliding_ratelimit: two blocks left at the default name %q, at %s and %s: give each block its own name (name <string>), or they would share one budget", DefaultName, prev.at, here)
 	case prev.fingerprint != string(fp):
-		return d.Errf("sliding_ratelimit: a second block named %q with different settings (the first on line %d): give each its own name (the same name means the same limiter and one budget)", name, prev.line)
+		return d.Errf("sliding_ratelimit: two blocks named %q with different settings, at %s and %s: give each its own name (the same name means the same limiter and one budget)", name, prev.at, here)
 	}
 	return nil
 }
@@ -165,79 +170,15 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 // with their own window, one line per window.
 func repeatable(sub string) bool { return sub == "limit" || sub == "global_limit" }
 
+// subdirective reads one subdirective of the block.
 func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[string]caddyfile.Token) error {
 	switch sub {
 	case "name", "algorithm", "key", "region", "timezone", "jitter", "cost", "max_concurrent":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		switch sub {
-		case "name":
-			h.Name = v
-		case "algorithm":
-			h.Algorithm = v
-		case "key":
-			h.Key = v
-		case "region":
-			h.Region = v
-		case "timezone":
-			h.Timezone = v
-		case "jitter":
-			h.Jitter = v
-		case "cost":
-			h.Cost = Amount(v)
-		case "max_concurrent":
-			h.MaxConcurrent = Amount(v)
-		}
+		return h.stringSub(d, sub)
 	case "limit", "global_limit":
-		args := d.RemainingArgs()
-		if len(args) == 0 || len(args) > 2 {
-			return d.Errf("%s takes a limit and an optional window (%s 100 1m), got %d values", sub, sub, len(args))
-		}
-		a := Amount(args[0])
-		if len(args) == 1 {
-			first := &h.Limit
-			if sub == "global_limit" {
-				first = &h.GlobalLimit
-			}
-			if *first != "" {
-				return d.Errf("%s %s given twice without a window (first on line %d): give each its window (%s %s 1m)", sub, args[0], pos[sub].Line, sub, args[0])
-			}
-			*first = a
-			pos[sub] = d.Token()
-			break
-		}
-		lc := LimitConfig{Limit: a}
-		if _, ok := limiter.ParsePeriod(args[1]); ok {
-			lc.Period = args[1]
-		} else {
-			dur, err := caddy.ParseDuration(args[1])
-			if err != nil {
-				return d.Errf("%s: bad window '%s': want a duration (1m) or hour, day, week, month", sub, args[1])
-			}
-			lc.Window = caddy.Duration(dur)
-		}
-		list := &h.Limits
-		if sub == "global_limit" {
-			list = &h.GlobalLimits
-		}
-		pos[fmt.Sprintf("%ss[%d]", sub, len(*list))] = d.Token()
-		*list = append(*list, lc)
+		return h.limitSub(d, sub, pos)
 	case "window", "lease_timeout":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		dur, err := caddy.ParseDuration(v)
-		if err != nil {
-			return d.Errf("%s: bad duration '%s': %v", sub, v, err)
-		}
-		if sub == "window" {
-			h.Window = caddy.Duration(dur)
-		} else {
-			h.LeaseTimeout = caddy.Duration(dur)
-		}
+		return h.durationSub(d, sub)
 	case "fail", "clock", "headers", "on_limit":
 		v, err := oneArg(d)
 		if err != nil {
@@ -256,18 +197,7 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 		}
 		h.Burst = n
 	case "ban":
-		// ban <duration> after <n> within <duration>
-		args := d.RemainingArgs()
-		if len(args) != 5 || args[1] != "after" || args[3] != "within" {
-			return d.Errf("ban takes: ban <duration> after <n> within <duration> (ban 1h after 20 within 10s), got '%s'", strings.Join(args, " "))
-		}
-		dur, err1 := caddy.ParseDuration(args[0])
-		n, err2 := parsePositive(args[2])
-		within, err3 := caddy.ParseDuration(args[4])
-		if err := errors.Join(err1, err2, err3); err != nil {
-			return d.Errf("ban %s: %v", strings.Join(args, " "), err)
-		}
-		h.Ban = &BanConfig{For: caddy.Duration(dur), After: n, Within: caddy.Duration(within)}
+		return h.banSub(d)
 	case "count_only":
 		args := d.RemainingArgs()
 		if len(args) < 2 || args[0] != "status" {
@@ -275,36 +205,9 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 		}
 		h.CountOnly = args[1:]
 	case "queue":
-		args := d.RemainingArgs()
-		if len(args) == 0 || len(args) > 2 {
-			return d.Err("queue takes: queue <max_wait> [<max_waiters>]")
-		}
-		dur, err := caddy.ParseDuration(args[0])
-		if err != nil {
-			return d.Errf("queue: bad duration '%s': %v", args[0], err)
-		}
-		h.Queue = &QueueConfig{MaxWait: caddy.Duration(dur)}
-		if len(args) == 2 {
-			n, err := strconv.Atoi(args[1])
-			if err != nil || n <= 0 {
-				return d.Errf("queue: max_waiters must be a positive integer, got '%s'", args[1])
-			}
-			h.Queue.MaxWaiters = n
-		}
+		return h.queueSub(d)
 	case "warn_at":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		if v == "off" {
-			h.WarnAt = -1
-			return nil
-		}
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f <= 0 || f > 1 {
-			return d.Errf("warn_at must be a share of the limit in (0, 1], or off, got '%s'", v)
-		}
-		h.WarnAt = f
+		return h.warnAtSub(d)
 	case "log_key", "dry_run":
 		if d.NextArg() {
 			return d.Errf("%s takes no value, got '%s'", sub, d.Val())
@@ -315,27 +218,179 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 			h.DryRun = true
 		}
 	case "deny_cache":
-		v, err := oneArg(d)
-		if err != nil {
-			return err
-		}
-		switch v {
-		case "off":
-			h.DenyCacheSize = -1
-		case "on":
-			h.DenyCacheSize = 0
-		default:
-			n, err := strconv.Atoi(v)
-			if err != nil || n <= 0 {
-				return d.Errf("deny_cache must be on, off or a number of keys, got '%s'", v)
-			}
-			h.DenyCacheSize = n
-		}
+		return h.denyCacheSub(d)
 	case "redis":
 		h.Redis = new(RedisConfig)
 		return h.Redis.unmarshalCaddyfile(d, pos)
 	default:
 		return d.Errf("unrecognized sliding_ratelimit subdirective '%s'", sub)
+	}
+	return nil
+}
+
+// stringSub reads a subdirective of one string value.
+func (h *Handler) stringSub(d *caddyfile.Dispenser, sub string) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "name":
+		h.Name = v
+	case "algorithm":
+		h.Algorithm = v
+	case "key":
+		h.Key = v
+	case "region":
+		h.Region = v
+	case "timezone":
+		h.Timezone = v
+	case "jitter":
+		h.Jitter = v
+	case "cost":
+		h.Cost = Amount(v)
+	case "max_concurrent":
+		h.MaxConcurrent = Amount(v)
+	}
+	return nil
+}
+
+// limitSub reads `limit <n> [<window>]` or `global_limit <n> [<window>]`:
+// without a window it sets Limit (GlobalLimit), with one it adds a window
+// to Limits (GlobalLimits).
+func (h *Handler) limitSub(d *caddyfile.Dispenser, sub string, pos map[string]caddyfile.Token) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return d.Errf("%s takes a limit and an optional window (%s 100 1m), got %d values", sub, sub, len(args))
+	}
+	a := Amount(args[0])
+	if len(args) == 1 {
+		first := &h.Limit
+		if sub == "global_limit" {
+			first = &h.GlobalLimit
+		}
+		if *first != "" {
+			return d.Errf("%s %s given twice without a window (first on line %d): give each its window (%s %s 1m)", sub, args[0], pos[sub].Line, sub, args[0])
+		}
+		*first = a
+		pos[sub] = d.Token()
+		return nil
+	}
+	lc := LimitConfig{Limit: a}
+	if _, ok := limiter.ParsePeriod(args[1]); ok {
+		lc.Period = args[1]
+	} else {
+		dur, err := caddy.ParseDuration(args[1])
+		if err != nil {
+			return d.Errf("%s: bad window '%s': want a duration (1m) or hour, day, week, month", sub, args[1])
+		}
+		if dur == 0 { // else taken for no window at all
+			return d.Errf("%s %s %s: window must be at least 1ms, got 0s", sub, args[0], args[1])
+		}
+		lc.Window = caddy.Duration(dur)
+	}
+	list := &h.Limits
+	if sub == "global_limit" {
+		list = &h.GlobalLimits
+	}
+	pos[fmt.Sprintf("%ss[%d]", sub, len(*list))] = d.Token()
+	*list = append(*list, lc)
+	return nil
+}
+
+// durationSub reads `window <duration>` or `lease_timeout <duration>`.
+func (h *Handler) durationSub(d *caddyfile.Dispenser, sub string) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	dur, err := caddy.ParseDuration(v)
+	if err != nil {
+		return d.Errf("%s: bad duration '%s': %v", sub, v, err)
+	}
+	if sub == "window" {
+		if dur == 0 { // else taken for no window at all
+			return d.Errf("window must be at least 1ms, got 0s")
+		}
+		h.Window = caddy.Duration(dur)
+	} else {
+		h.LeaseTimeout = caddy.Duration(dur)
+	}
+	return nil
+}
+
+// banSub reads `ban <duration> after <n> within <duration>`.
+func (h *Handler) banSub(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) != 5 || args[1] != "after" || args[3] != "within" {
+		return d.Errf("ban takes: ban <duration> after <n> within <duration> (ban 1h after 20 within 10s), got '%s'", strings.Join(args, " "))
+	}
+	dur, err1 := caddy.ParseDuration(args[0])
+	n, err2 := parsePositive(args[2])
+	within, err3 := caddy.ParseDuration(args[4])
+	if err := errors.Join(err1, err2, err3); err != nil {
+		return d.Errf("ban %s: %v", strings.Join(args, " "), err)
+	}
+	h.Ban = &BanConfig{For: caddy.Duration(dur), After: n, Within: caddy.Duration(within)}
+	return nil
+}
+
+// queueSub reads `queue <max_wait> [<max_waiters>]`.
+func (h *Handler) queueSub(d *caddyfile.Dispenser) error {
+	args := d.RemainingArgs()
+	if len(args) == 0 || len(args) > 2 {
+		return d.Err("queue takes: queue <max_wait> [<max_waiters>]")
+	}
+	dur, err := caddy.ParseDuration(args[0])
+	if err != nil {
+		return d.Errf("queue: bad duration '%s': %v", args[0], err)
+	}
+	h.Queue = &QueueConfig{MaxWait: caddy.Duration(dur)}
+	if len(args) == 2 {
+		n, err := strconv.Atoi(args[1])
+		if err != nil || n <= 0 {
+			return d.Errf("queue: max_waiters must be a positive integer, got '%s'", args[1])
+		}
+		h.Queue.MaxWaiters = n
+	}
+	return nil
+}
+
+// warnAtSub reads `warn_at <ratio> | off`.
+func (h *Handler) warnAtSub(d *caddyfile.Dispenser) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	if v == "off" {
+		h.WarnAt = -1
+		return nil
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f <= 0 || f > 1 {
+		return d.Errf("warn_at must be a share of the limit in (0, 1], or off, got '%s'", v)
+	}
+	h.WarnAt = f
+	return nil
+}
+
+// denyCacheSub reads `deny_cache on | off | <max keys>`.
+func (h *Handler) denyCacheSub(d *caddyfile.Dispenser) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	switch v {
+	case "off":
+		h.DenyCacheSize = -1
+	case "on":
+		h.DenyCacheSize = 0
+	default:
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return d.Errf("deny_cache must be on, off or a number of keys, got '%s'", v)
+		}
+		h.DenyCacheSize = n
 	}
 	return nil
 }
@@ -381,76 +436,88 @@ func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, pos map[string]
 		if _, seen := pos["redis."+sub]; !seen {
 			pos["redis."+sub] = d.Token()
 		}
-		switch sub {
-		case "address":
-			if !d.NextArg() {
-				return d.ArgErr()
-			}
-			c.Addresses = append(c.Addresses, d.Val())
-			c.Addresses = append(c.Addresses, d.RemainingArgs()...)
-		case "cluster":
-			if d.NextArg() {
-				return d.ArgErr()
-			}
-			c.Cluster = true
-		case "tls":
-			c.TLS = new(RedisTLS)
-			if err := c.TLS.unmarshalCaddyfile(d); err != nil {
-				return err
-			}
-		case "sentinel", "sentinel_password", "username", "password", "key_prefix", "scripts":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			*map[string]*string{"sentinel": &c.Sentinel, "sentinel_password": &c.SentinelPassword,
-				"username": &c.Username, "password": &c.Password, "key_prefix": &c.KeyPrefix, "scripts": &c.Scripts}[sub] = v
-		case "db", "pool_size":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 || sub == "pool_size" && n == 0 {
-				return d.Errf("redis %s must be a %s integer, got '%s'", sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)
-			}
-			if sub == "db" {
-				c.DB = n
-			} else {
-				c.PoolSize = n
-			}
-		case "dial_timeout", "timeout":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			dur, err := caddy.ParseDuration(v)
-			if err != nil || dur <= 0 {
-				return d.Errf("redis %s: bad duration '%s'", sub, v)
-			}
-			if sub == "timeout" {
-				c.Timeout = caddy.Duration(dur)
-			} else {
-				c.DialTimeout = caddy.Duration(dur)
-			}
-		case "pipeline":
-			v, err := oneArg(d)
-			if err != nil {
-				return err
-			}
-			if v == "off" {
-				c.Pipeline = -1
-				continue
-			}
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 || n > 64 {
-				return d.Errf("redis pipeline must be off or 1 to 64, got '%s'", v)
-			}
-			c.Pipeline = n
-		default:
-			return d.Errf("unrecognized sliding_ratelimit redis subdirective '%s'", sub)
+		if err := c.subdirective(d, sub); err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// subdirective reads one subdirective of a `redis { ... }` block.
+func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub string) error {
+	switch sub {
+	case "address":
+		if !d.NextArg() {
+			return d.ArgErr()
+		}
+		c.Addresses = append(c.Addresses, d.Val())
+		c.Addresses = append(c.Addresses, d.RemainingArgs()...)
+	case "cluster":
+		if d.NextArg() {
+			return d.ArgErr()
+		}
+		c.Cluster = true
+	case "tls":
+		c.TLS = new(RedisTLS)
+		return c.TLS.unmarshalCaddyfile(d)
+	case "sentinel", "sentinel_password", "username", "password", "key_prefix", "scripts":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		*map[string]*string{"sentinel": &c.Sentinel, "sentinel_password": &c.SentinelPassword,
+			"username": &c.Username, "password": &c.Password, "key_prefix": &c.KeyPrefix, "scripts": &c.Scripts}[sub] = v
+	case "db", "pool_size":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || sub == "pool_size" && n == 0 {
+			return d.Errf("redis %s must be a %s integer, got '%s'", sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)
+		}
+		if sub == "db" {
+			c.DB = n
+		} else {
+			c.PoolSize = n
+		}
+	case "dial_timeout", "timeout":
+		v, err := oneArg(d)
+		if err != nil {
+			return err
+		}
+		dur, err := caddy.ParseDuration(v)
+		if err != nil || dur <= 0 {
+			return d.Errf("redis %s: bad duration '%s'", sub, v)
+		}
+		if sub == "timeout" {
+			c.Timeout = caddy.Duration(dur)
+		} else {
+			c.DialTimeout = caddy.Duration(dur)
+		}
+	case "pipeline":
+		return c.pipelineSub(d)
+	default:
+		return d.Errf("unrecognized sliding_ratelimit redis subdirective '%s'", sub)
+	}
+	return nil
+}
+
+// pipelineSub reads `pipeline <n> | off`.
+func (c *RedisConfig) pipelineSub(d *caddyfile.Dispenser) error {
+	v, err := oneArg(d)
+	if err != nil {
+		return err
+	}
+	if v == "off" {
+		c.Pipeline = -1
+		return nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 || n > 64 {
+		return d.Errf("redis pipeline must be off or 1 to 64, got '%s'", v)
+	}
+	c.Pipeline = n
 	return nil
 }
 

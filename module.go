@@ -184,31 +184,8 @@ type Handler struct {
 	// is used: exact for this Caddy process, shared by nothing else.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
-	lim        *limiter.Limiter
-	limits     []amount // Limit and Limits, in the policy's order
-	globals    []amount // GlobalLimit and GlobalLimits
-	cost       amount
-	concurrent amount
-	keyTmpl    template
-	regionTmpl template
-	headers    headerPlan
-	metrics    *limiterMetrics
-	logs       logGates
-	events     *caddyevents.App
-	ctx        caddy.Context
-	logger     *zap.Logger
-	storeKey   string // the store's entry in the pool, released in Cleanup
-	localKey   string
-	breaker    *limiter.Breaker
-	memory     *limiter.MemoryStore
-	configID   any    // what tells this config from another in the registry
-	fingerprt  string // the block's settings, for same-name checks
-	statusIn   func(int) bool
-	nowFn      func() time.Time // tests inject a clock
-
-	// top counts the keys it refuses; shared by the limiter's handlers,
-	// kept across reloads.
-	top *offenders
+	// rt is what Provision builds from the configuration above.
+	rt *provisioned
 }
 
 // LimitConfig is one window of a limiter and its limit.
@@ -253,11 +230,64 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision fills in defaults, builds the engine and opens (or shares) its
 // store.
 func (h *Handler) Provision(ctx caddy.Context) (err error) {
-	h.ctx = ctx
-	if h.logger == nil { // tests may watch the log
-		h.logger = ctx.Logger()
+	h.rt = newProvisioned(ctx, h.rt)
+	h.setDefaults()
+	h.rt.top = sharedOffenders(h.Name)
+	p, err := h.policy()
+	if err != nil {
+		return h.named(err)
 	}
-	h.logs = newLogGates()
+	if err := h.checkStatic(&p); err != nil {
+		return h.named(err)
+	}
+	if err := h.checkAmounts(); err != nil {
+		return h.named(err)
+	}
+	h.rt.policy = p
+	h.compile()
+	h.rt.statusIn = p.CountOnly
+
+	storeLabel := "memory"
+	if h.Redis != nil {
+		storeLabel = "redis"
+	}
+	h.rt.metrics = newLimiterMetrics(h.Name, storeLabel)
+	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
+		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
+	}
+	// Events go out only when an events app is configured.
+	if ev, err := ctx.AppIfConfigured("events"); err == nil {
+		h.rt.events, _ = ev.(*caddyevents.App)
+	}
+
+	b, err := h.backend()
+	if err != nil {
+		return err
+	}
+	if h.rt.lim, err = limiter.New(p, b); err != nil {
+		h.release()
+		return h.named(h.policyError(err))
+	}
+	h.rt.headers = planHeaders(h, &p)
+	h.rt.configID = ctx.GetMetricsRegistry()
+	h.warnRestart(&p)
+	cfg, _ := json.Marshal(h)
+	h.rt.fingerprt = string(cfg)
+	first, err := register(h)
+	if err != nil {
+		h.rt.lim.Close()
+		h.release()
+		return h.named(err)
+	}
+	if first {
+		// Once per limiter and config, however many routes hold it.
+		h.warnTemplates()
+	}
+	return nil
+}
+
+// setDefaults fills in the defaults of the fields left unset.
+func (h *Handler) setDefaults() {
 	if h.Name == "" {
 		h.Name = DefaultName
 	}
@@ -279,63 +309,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.WarnAt == 0 {
 		h.WarnAt = DefaultWarnAt
 	}
-	if h.nowFn == nil {
-		h.nowFn = time.Now
-	}
-	h.top = sharedOffenders(h.Name)
 	if h.Redis != nil {
 		h.Redis.provision()
 	}
-	p, err := h.policy()
-	if err != nil {
-		return h.named(err)
-	}
-	if err := h.checkStatic(&p); err != nil {
-		return h.named(err)
-	}
-	if err := h.checkAmounts(); err != nil {
-		return h.named(err)
-	}
-	h.compile()
-	h.statusIn = p.CountOnly
-
-	storeLabel := "memory"
-	if h.Redis != nil {
-		storeLabel = "redis"
-	}
-	h.metrics = newLimiterMetrics(h.Name, storeLabel)
-	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
-		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
-	}
-	// Events go out only when an events app is configured.
-	if ev, err := ctx.AppIfConfigured("events"); err == nil {
-		h.events, _ = ev.(*caddyevents.App)
-	}
-
-	b, err := h.backend()
-	if err != nil {
-		return err
-	}
-	if h.lim, err = limiter.New(p, b); err != nil {
-		h.release()
-		return h.named(h.policyError(err))
-	}
-	h.headers = planHeaders(h, &p)
-	h.configID = ctx.GetMetricsRegistry()
-	h.warnRestart(&p)
-	cfg, _ := json.Marshal(h)
-	h.fingerprt = string(cfg)
-	first, err := register(h)
-	if err != nil {
-		h.lim.Close()
-		h.release()
-		return h.named(err)
-	}
-	if first {
-		// Once per limiter and config, however many routes hold it.
-		h.warnTemplates()
-	}
-	return nil
 }
 
 // Validate checks the configuration (every value, whichever way it came:
@@ -347,6 +323,11 @@ func (h *Handler) Validate() error {
 // validate is Validate with errors that name the field at fault, not the
 // limiter (the Caddyfile parser gives the line instead).
 func (h *Handler) validate() error {
+	if h.rt != nil && h.rt.lim != nil {
+		// Provision built the policy of this load and checked it
+		// (limiter.New runs Check): it is not built twice.
+		return nil
+	}
 	p, err := h.policy()
 	if err != nil {
 		return err
@@ -375,18 +356,21 @@ func (h *Handler) named(err error) error {
 // Cleanup releases this handler's use of its stores, once its requests
 // in flight are done (releaseAfterDone).
 func (h *Handler) Cleanup() error {
+	if h.rt == nil { // never provisioned
+		return nil
+	}
 	unregister(h)
-	if h.lim == nil {
+	if h.rt.lim == nil {
 		return h.release()
 	}
-	h.lim.Close()
+	h.rt.lim.Close()
 	return h.releaseAfterDone()
 }
 
 // release gives back the stores taken in Provision.
 func (h *Handler) release() error {
-	keys := []string{h.storeKey, h.localKey}
-	h.storeKey, h.localKey = "", ""
+	keys := []string{h.rt.storeKey, h.rt.localKey}
+	h.rt.storeKey, h.rt.localKey = "", ""
 	return releaseStores(keys)
 }
 
@@ -557,83 +541,116 @@ func (h *Handler) policy() (limiter.Policy, error) {
 			return p, &configError{field: e.name, err: err}
 		}
 	}
+	if err := h.policyWindows(&p); err != nil {
+		return p, err
+	}
+	if err := h.policyRequests(&p); err != nil {
+		return p, err
+	}
+	if err := h.policyStore(&p); err != nil {
+		return p, err
+	}
+	p.DryRun = h.DryRun
+	p.AppClock = h.Clock == "app"
+	if h.rt != nil {
+		p.Now = h.rt.now
+	}
+	return p, nil
+}
+
+// policyWindows sets the policy's algorithm, windows, burst, regions and
+// time zone.
+func (h *Handler) policyWindows(p *limiter.Policy) error {
 	var err error
 	if h.Algorithm != "" {
 		if p.Algorithm, err = limiter.ParseAlgorithm(h.Algorithm); err != nil {
-			return p, &configError{field: "algorithm", err: err}
+			return &configError{field: "algorithm", err: err}
 		}
 	}
 	if h.Limit == "" && len(h.Limits) == 0 {
-		return p, cfgErr("limit", "limit is required")
+		return cfgErr("limit", "limit is required")
 	}
 	if p.Windows, _, err = h.windows(false); err != nil {
-		return p, err
+		return err
 	}
 	if p.GlobalWindows, _, err = h.windows(true); err != nil {
-		return p, err
+		return err
 	}
 	if h.Window != 0 && h.Limit == "" && h.GlobalLimit == "" {
-		return p, cfgErr("window", "window is the window of limit <n> (and global_limit <n>), and every limit here has a window of its own: drop window")
+		return cfgErr("window", "window is the window of limit <n> (and global_limit <n>), and every limit here has a window of its own: drop window")
 	}
 	if h.Algorithm != "" && p.Algorithm != limiter.FixedWindow && !hasDuration(p.Windows) {
-		return p, cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
+		return cfgErr("algorithm", "algorithm %s applies to duration windows, and this limiter has only calendar periods (counted per period, as fixed windows): drop algorithm", h.Algorithm)
 	}
 	p.Burst = h.Burst
 	p.Regions = h.Region != ""
 	if h.Timezone != "" {
 		if p.Location, err = time.LoadLocation(h.Timezone); err != nil {
-			return p, cfgErr("timezone", "unknown time zone '%s': %v", h.Timezone, err)
+			return cfgErr("timezone", "unknown time zone '%s': %v", h.Timezone, err)
 		}
 	} else if hasPeriod(p.Windows) || hasPeriod(p.GlobalWindows) {
 		p.Location = time.UTC
 	}
 	if h.Timezone != "" && !hasPeriod(p.Windows) && !hasPeriod(p.GlobalWindows) {
-		return p, cfgErr("timezone", "timezone applies to calendar periods (limit <n> day), and this limiter has none")
+		return cfgErr("timezone", "timezone applies to calendar periods (limit <n> day), and this limiter has none")
 	}
+	return nil
+}
+
+// policyRequests sets what the policy does with a request beyond counting
+// it: ban, concurrency, count_only, queue, jitter; and checks the cost.
+func (h *Handler) policyRequests(p *limiter.Policy) error {
+	var err error
 	if h.Ban != nil {
 		p.Ban = &limiter.Ban{After: h.Ban.After, Within: time.Duration(h.Ban.Within), For: time.Duration(h.Ban.For)}
 	}
 	p.Concurrency = h.MaxConcurrent != ""
 	if err := h.MaxConcurrent.checkStatic("max_concurrent"); err != nil {
-		return p, &configError{field: "max_concurrent", err: err}
+		return &configError{field: "max_concurrent", err: err}
 	}
 	if h.LeaseTimeout != 0 && !p.Concurrency {
-		return p, cfgErr("lease_timeout", "lease_timeout applies to max_concurrent, and this limiter has none")
+		return cfgErr("lease_timeout", "lease_timeout applies to max_concurrent, and this limiter has none")
 	}
 	p.LeaseTimeout = time.Duration(h.LeaseTimeout)
 	if len(h.CountOnly) > 0 {
 		match, err := statusMatcher(h.CountOnly)
 		if err != nil {
-			return p, &configError{field: "count_only", err: err}
+			return &configError{field: "count_only", err: err}
 		}
 		p.CountOnly = match
 	}
 	if q := h.Queue; q != nil {
 		if q.MaxWait <= 0 || q.MaxWaiters < 0 {
-			return p, cfgErr("queue", "queue needs a positive max wait and a positive number of waiters, got %s and %d", time.Duration(q.MaxWait), q.MaxWaiters)
+			return cfgErr("queue", "queue needs a positive max wait and a positive number of waiters, got %s and %d", time.Duration(q.MaxWait), q.MaxWaiters)
 		}
 		p.Queue = limiter.Queue{MaxWait: time.Duration(q.MaxWait), MaxWaiters: q.MaxWaiters}
 	}
 	if h.Jitter != "" {
 		if p.Jitter, err = parseJitter(h.Jitter); err != nil {
-			return p, &configError{field: "jitter", err: err}
+			return &configError{field: "jitter", err: err}
 		}
 	}
 	if err := h.Cost.checkStatic("cost"); err != nil {
-		return p, &configError{field: "cost", err: err}
+		return &configError{field: "cost", err: err}
 	}
+	return nil
+}
+
+// policyStore sets the policy's store settings (key prefix, timeout, fail
+// mode) and checks the options that apply to one kind of store.
+func (h *Handler) policyStore(p *limiter.Policy) error {
 	if h.WarnAt > 1 {
-		return p, cfgErr("warn_at", "warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
+		return cfgErr("warn_at", "warn_at must be a share of the limit, at most 1, got %g", h.WarnAt)
 	}
 	if h.DenyCacheSize < -1 {
-		return p, cfgErr("deny_cache", "deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
+		return cfgErr("deny_cache", "deny_cache_size must be -1 (off), 0 (default) or a size, got %d", h.DenyCacheSize)
 	}
 	if h.DenyCacheSize != 0 && h.Redis == nil {
-		return p, cfgErr("deny_cache", "deny_cache applies to a Redis store (the in-process store needs no cache)")
+		return cfgErr("deny_cache", "deny_cache applies to a Redis store (the in-process store needs no cache)")
 	}
 	if h.Redis != nil {
 		if err := h.Redis.validate(); err != nil {
-			return p, err
+			return err
 		}
 		p.KeyPrefix = h.Redis.KeyPrefix
 		p.Timeout = h.Redis.timeout()
@@ -642,15 +659,12 @@ func (h *Handler) policy() (limiter.Policy, error) {
 		p.Fail = fail
 	}
 	if (h.Fail == "closed" || h.Fail == "local") && h.Redis == nil {
-		return p, cfgErr("fail", "fail %s applies to a Redis store (the in-process store does not fail)", h.Fail)
+		return cfgErr("fail", "fail %s applies to a Redis store (the in-process store does not fail)", h.Fail)
 	}
 	if h.Clock == "app" && h.Redis == nil {
-		return p, cfgErr("clock", "clock app applies to a Redis store (the in-process store always uses Caddy's clock)")
+		return cfgErr("clock", "clock app applies to a Redis store (the in-process store always uses Caddy's clock)")
 	}
-	p.DryRun = h.DryRun
-	p.AppClock = h.Clock == "app"
-	p.Now = h.nowFn
-	return p, nil
+	return nil
 }
 
 func hasPeriod(ws []limiter.Window) bool {
@@ -710,17 +724,17 @@ func (h *Handler) checkStatic(p *limiter.Policy) error {
 func (h *Handler) compile() {
 	_, as, _ := h.windows(false)
 	_, gs, _ := h.windows(true)
-	h.limits, h.globals = nil, nil
+	h.rt.limits, h.rt.globals = nil, nil
 	for _, a := range as {
-		h.limits = append(h.limits, compileAmount(a, 0))
+		h.rt.limits = append(h.rt.limits, compileAmount(a, 0))
 	}
 	for _, a := range gs {
-		h.globals = append(h.globals, compileAmount(a, 0))
+		h.rt.globals = append(h.rt.globals, compileAmount(a, 0))
 	}
-	h.cost = compileAmount(h.Cost, 1)
-	h.concurrent = compileAmount(h.MaxConcurrent, 0)
-	h.keyTmpl = compileTemplate(h.Key)
-	h.regionTmpl = compileTemplate(h.Region)
+	h.rt.cost = compileAmount(h.Cost, 1)
+	h.rt.concurrent = compileAmount(h.MaxConcurrent, 0)
+	h.rt.keyTmpl = compileTemplate(h.Key)
+	h.rt.regionTmpl = compileTemplate(h.Region)
 }
 
 // warnRestart logs, at a reload, what makes every budget of the limiter
@@ -732,12 +746,12 @@ func (h *Handler) warnRestart(p *limiter.Policy) {
 	if prev == nil {
 		return
 	}
-	old := prev.lim.Policy()
+	old := prev.rt.lim.Policy()
 	var changed []string
 	if old.Algorithm != p.Algorithm {
 		changed = append(changed, "algorithm "+old.Algorithm.String()+" -> "+p.Algorithm.String())
 	}
-	if prev.lim.Keys().Namespace() != h.lim.Keys().Namespace() {
+	if prev.rt.lim.Keys().Namespace() != h.rt.lim.Keys().Namespace() {
 		changed = append(changed, "key_prefix")
 	}
 	if prev.Key != h.Key {
@@ -747,7 +761,7 @@ func (h *Handler) warnRestart(p *limiter.Policy) {
 		changed = append(changed, "region")
 	}
 	if len(changed) > 0 {
-		h.logger.Warn("limiter's keys changed at this reload: every client's budget starts again",
+		h.rt.logger.Warn("limiter's keys changed at this reload: every client's budget starts again",
 			zap.String("limiter", h.Name), zap.Strings("changed", changed))
 	}
 }

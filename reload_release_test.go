@@ -50,7 +50,7 @@ func TestReleaseAcrossRedisReload(t *testing.T) {
 	// The reload: the new config runs, then the old one is cleaned up.
 	nw := mk(2 * time.Second)
 	provision(t, nw, nil)
-	if nw.storeKey == old.storeKey {
+	if nw.rt.storeKey == old.rt.storeKey {
 		t.Fatal("the new redis block shares the old client; the test needs another")
 	}
 	if err := old.Cleanup(); err != nil {
@@ -61,12 +61,12 @@ func TestReleaseAcrossRedisReload(t *testing.T) {
 		t.Fatalf("the request in flight across the reload: %d", code)
 	}
 
-	leaseKey := nw.lim.Keys().Key("lease", "k", false, "")
+	leaseKey := nw.rt.lim.Keys().Key("lease", "k", false, "")
 	if n := srv.CLI(t, "ZCARD", leaseKey); n != "0" {
 		t.Errorf("%s leases left in Redis after the request in flight across the reload ended", n)
 	}
 	in := &limiter.Input{Identity: "k", Limits: []int64{10}, Cost: 1, MaxConcurrent: 1}
-	if d, err := nw.lim.Peek(context.Background(), in); err != nil || d.Windows[0].Count != 1 {
+	if d, err := nw.rt.lim.Peek(context.Background(), in); err != nil || d.Windows[0].Count != 1 {
 		t.Errorf("the key's window after the failed login that ended after the reload: %+v %v, want a count of 1", d.Windows, err)
 	}
 	if w := serve(t, nw, hdr); w.Code != http.StatusOK {

@@ -211,42 +211,103 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		}
 		return Reply{Status: StatusAllowed, Now: now, InFlight: -1}, nil
 	}
-	peek, record := op.Mode == ModePeek, op.Mode == ModeRecord
-	reply := Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
-	var ovEnd int64 // when the override that changed a limit ends
-	if op.Override != nil {
-		if k := sh.get(op.Override.Key, wall); k != nil && len(k.ov) > 0 {
-			c := overriddenCopy(op)
-			if changed, ends := applyOverride(k.ov, c, now); changed {
-				ovEnd = ends
-				op = c
-				reply.Limits, reply.Bursts = limitsOf(op)
-				if op.Mode != ModeRecord && tooLarge(op) {
-					reply.Status = StatusTooLarge
-					reply.Usage = reply.Usage[:op.windows()]
-					return reply, nil
-				}
-			}
-		}
+	m := memDo{s: s, sh: sh, op: op, now: now, wall: wall,
+		peek: op.Mode == ModePeek, record: op.Mode == ModeRecord}
+	m.reply = Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+	if m.override() {
+		return m.reply, nil
 	}
-
-	var ban *memKey
-	if op.Ban != nil && !record {
-		ban = sh.get(op.Ban.Key, wall)
-		if ban != nil && ban.banU > now {
-			reply.BanLeft = ban.banU - now
-		}
-	}
-
+	ban := m.checkBan()
 	var evbuf [2 * MaxWindows]winEval
-	evs := evbuf[:0]
-	keys := make([]*memKey, len(op.Parts))
-	restate := make([]bool, len(op.Parts)) // a token state under another interval or burst
+	keys := make([]*memKey, len(m.op.Parts))
+	restate := make([]bool, len(m.op.Parts)) // a token state under another interval or burst
+	evs, fits := m.checkParts(evbuf[:0], keys, restate)
+	lease := m.checkLease()
+
+	allowed := m.record || (m.reply.BanLeft == 0 && fits && !m.reply.LeaseDenied)
+	recording := allowed && !m.peek && m.op.Mode != ModeCheckOnly
+	m.recordParts(evs, keys, restate, recording)
+	if allowed && !m.peek && m.op.Lease != nil && !m.record {
+		m.grantLease(lease)
+	}
+	m.counterResets(evs)
+	if m.ovEnd > 0 {
+		// The limits come back when the override ends: no retry goes past it.
+		for j := range evs {
+			evs[j].retry = min(evs[j].retry, m.ovEnd-m.now)
+		}
+	}
+	m.status(allowed)
+	m.countBan(ban, fits, evs)
+	for _, ev := range evs {
+		m.reply.Usage = append(m.reply.Usage, Usage{Count: ev.count, Retry: ev.retry, Reset: ev.reset})
+	}
+	return m.reply, nil
+}
+
+// memDo is one Op being decided by Do, under its shard's lock.
+type memDo struct {
+	s            *MemoryStore
+	sh           *memShard
+	op           *Op   // the Op, or its copy under the identity's overrides
+	now          int64 // µs, the Op's clock
+	wall         int64 // ns, the wall clock keys expire on
+	peek, record bool
+	reply        Reply
+	ovEnd        int64 // µs: when the override that changed a limit ends
+}
+
+// override applies the identity's overrides to the Op. It reports whether
+// the reply is final: the cost is above an overridden window's capacity.
+func (m *memDo) override() bool {
+	op := m.op
+	if op.Override == nil {
+		return false
+	}
+	k := m.sh.get(op.Override.Key, m.wall)
+	if k == nil || len(k.ov) == 0 {
+		return false
+	}
+	c := overriddenCopy(op)
+	changed, ends := applyOverride(k.ov, c, m.now)
+	if !changed {
+		return false
+	}
+	m.op, m.ovEnd = c, ends
+	m.reply.Limits, m.reply.Bursts = limitsOf(c)
+	if c.Mode != ModeRecord && tooLarge(c) {
+		m.reply.Status = StatusTooLarge
+		m.reply.Usage = m.reply.Usage[:c.windows()]
+		return true
+	}
+	return false
+}
+
+// checkBan returns the ban key (nil when it has none) and sets the ban's
+// time left.
+func (m *memDo) checkBan() *memKey {
+	op := m.op
+	if op.Ban == nil || m.record {
+		return nil
+	}
+	ban := m.sh.get(op.Ban.Key, m.wall)
+	if ban != nil && ban.banU > m.now {
+		m.reply.BanLeft = ban.banU - m.now
+	}
+	return ban
+}
+
+// checkParts evaluates every window of every part, appending the windows'
+// evaluations to evs, and sets each part's key (nil when it has no state)
+// and whether its token state is under another interval or burst. It
+// returns the evaluations and whether the cost fits every window.
+func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]winEval, bool) {
+	op := m.op
 	fits := true
-	fnow, fcost := float64(now), float64(op.Cost)
+	fnow, fcost := float64(m.now), float64(op.Cost)
 	for i := range op.Parts {
 		p := &op.Parts[i]
-		k := sh.get(p.Key, wall)
+		k := m.sh.get(p.Key, m.wall)
 		keys[i] = k
 		pe := evs[len(evs) : len(evs)+len(p.Windows)]
 		evs = evs[:len(evs)+len(p.Windows)]
@@ -261,7 +322,7 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 			if k != nil {
 				l = &k.log
 			}
-			ok = logCheck(l, p.Windows, pe, now, op.Cost, peek)
+			ok = logCheck(l, p.Windows, pe, m.now, op.Cost, m.peek)
 		case KindCounter:
 			ok = ctrCheck(states, p.Windows, pe, fnow, fcost)
 		case KindFixed:
@@ -275,28 +336,39 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 			fits = false
 		}
 	}
+	return evs, fits
+}
 
-	var lease *memKey
-	if op.Lease != nil && !record {
-		lease = sh.get(op.Lease.Key, wall)
-		var n int64
-		if lease != nil {
-			for id, exp := range lease.leases {
-				if exp <= now {
-					if !peek {
-						delete(lease.leases, id)
-					}
-					continue
-				}
-				n++
-			}
-		}
-		reply.InFlight = n
-		reply.LeaseDenied = n >= op.Lease.Max
+// checkLease returns the lease key (nil when it has none) and sets the
+// leases in flight and whether one more is denied; a check drops the
+// expired leases.
+func (m *memDo) checkLease() *memKey {
+	op := m.op
+	if op.Lease == nil || m.record {
+		return nil
 	}
+	lease := m.sh.get(op.Lease.Key, m.wall)
+	var n int64
+	if lease != nil {
+		for id, exp := range lease.leases {
+			if exp <= m.now {
+				if !m.peek {
+					delete(lease.leases, id)
+				}
+				continue
+			}
+			n++
+		}
+	}
+	m.reply.InFlight = n
+	m.reply.LeaseDenied = n >= op.Lease.Max
+	return lease
+}
 
-	allowed := record || (reply.BanLeft == 0 && fits && !reply.LeaseDenied)
-	recording := allowed && !peek && op.Mode != ModeCheckOnly
+// recordParts records the cost in every part when recording, and rewrites
+// a part's stale hash even when not.
+func (m *memDo) recordParts(evs []winEval, keys []*memKey, restate []bool, recording bool) {
+	op := m.op
 	off := 0
 	for i := range op.Parts {
 		p := &op.Parts[i]
@@ -308,8 +380,8 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 				if k == nil {
 					k = &memKey{}
 				}
-				expire(k, logRecord(&k.log, p.Windows, pe, now, op.Cost), wall)
-				s.put(sh, p.Key, k)
+				expire(k, logRecord(&k.log, p.Windows, pe, m.now, op.Cost), m.wall)
+				m.s.put(m.sh, p.Key, k)
 			}
 			continue
 		}
@@ -317,110 +389,126 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		// its windows has none (and a token bucket's under another interval
 		// or burst); then it is rewritten from scratch, else updated.
 		stale := k != nil && (restate[i] || !complete(k.wins, p.Windows) && hasStale(k.wins, p.Windows))
-		if !recording && (!stale || peek) {
+		if !recording && (!stale || m.peek) {
 			continue
 		}
-		// A hash holding windows a reload replaced is rewritten in the new
-		// windows even when nothing is recorded (cost 0), as the script does.
-		c := fcost
-		var resets [2 * MaxWindows]int64
-		if !recording {
-			c = 0
-			for j := range pe {
-				resets[j] = pe[j].reset
-			}
-		}
-		if k == nil {
-			k = &memKey{}
-		}
-		var fresh []winState
-		var ttl int64
-		switch p.Kind {
-		case KindCounter:
-			fresh, ttl = ctrRecord(p.Windows, pe, c, nil)
-		case KindFixed:
-			fresh, ttl = fixRecord(p.Windows, pe, fnow, c, nil)
-		case KindToken:
-			fresh, ttl = tbRecord(p.Windows, pe, fnow, c, nil)
-		default:
-			fresh, ttl = calRecord(p.Windows, pe, fnow, c, nil)
-		}
-		if !stale {
-			for _, old := range k.wins {
-				if !isWindow(old.name, p.Windows) {
-					fresh = append(fresh, old)
-				}
-			}
-		}
-		k.wins = fresh
-		if !recording {
-			for j := range pe {
-				pe[j].reset = resets[j]
-			}
-		}
-		expire(k, ttl, wall)
-		s.put(sh, p.Key, k)
+		m.recordHash(p, k, pe, stale, recording)
 	}
-	if allowed && !peek && op.Lease != nil && !record {
-		if lease == nil {
-			lease = &memKey{}
+}
+
+// recordHash writes one hash part's window states: the cost when
+// recording, else (a stale hash) the same states in the new windows.
+func (m *memDo) recordHash(p *Part, k *memKey, pe []winEval, stale, recording bool) {
+	fnow := float64(m.now)
+	// A hash holding windows a reload replaced is rewritten in the new
+	// windows even when nothing is recorded (cost 0), as the script does.
+	c := float64(m.op.Cost)
+	var resets [2 * MaxWindows]int64
+	if !recording {
+		c = 0
+		for j := range pe {
+			resets[j] = pe[j].reset
 		}
-		if lease.leases == nil {
-			lease.leases = make(map[string]int64)
-		}
-		lease.leases[op.Lease.ID] = now + op.Lease.Timeout
-		expire(lease, (op.Lease.Timeout+999)/1000+1000, wall)
-		s.put(sh, op.Lease.Key, lease)
-		reply.InFlight++
 	}
-	off = 0
-	for i := range op.Parts {
-		p := &op.Parts[i]
+	if k == nil {
+		k = &memKey{}
+	}
+	var fresh []winState
+	var ttl int64
+	switch p.Kind {
+	case KindCounter:
+		fresh, ttl = ctrRecord(p.Windows, pe, c, nil)
+	case KindFixed:
+		fresh, ttl = fixRecord(p.Windows, pe, fnow, c, nil)
+	case KindToken:
+		fresh, ttl = tbRecord(p.Windows, pe, fnow, c, nil)
+	default:
+		fresh, ttl = calRecord(p.Windows, pe, fnow, c, nil)
+	}
+	if !stale {
+		for _, old := range k.wins {
+			if !isWindow(old.name, p.Windows) {
+				fresh = append(fresh, old)
+			}
+		}
+	}
+	k.wins = fresh
+	if !recording {
+		for j := range pe {
+			pe[j].reset = resets[j]
+		}
+	}
+	expire(k, ttl, m.wall)
+	m.s.put(m.sh, p.Key, k)
+}
+
+// grantLease adds the Op's lease to the lease key.
+func (m *memDo) grantLease(lease *memKey) {
+	l := m.op.Lease
+	if lease == nil {
+		lease = &memKey{}
+	}
+	if lease.leases == nil {
+		lease.leases = make(map[string]int64)
+	}
+	lease.leases[l.ID] = m.now + l.Timeout
+	expire(lease, (l.Timeout+999)/1000+1000, m.wall)
+	m.s.put(m.sh, l.Key, lease)
+	m.reply.InFlight++
+}
+
+// counterResets sets the sliding counters' resets, after recording.
+func (m *memDo) counterResets(evs []winEval) {
+	off := 0
+	for i := range m.op.Parts {
+		p := &m.op.Parts[i]
 		if p.Kind == KindCounter {
-			ctrReset(p.Windows, evs[off:off+len(p.Windows)], fnow)
+			ctrReset(p.Windows, evs[off:off+len(p.Windows)], float64(m.now))
 		}
 		off += len(p.Windows)
 	}
-	if ovEnd > 0 {
-		// The limits come back when the override ends: no retry goes past it.
-		for j := range evs {
-			evs[j].retry = min(evs[j].retry, ovEnd-now)
-		}
-	}
+}
 
+// status sets the reply's status.
+func (m *memDo) status(allowed bool) {
 	switch {
-	case reply.BanLeft > 0:
-		reply.Status = StatusBanned
+	case m.reply.BanLeft > 0:
+		m.reply.Status = StatusBanned
 	case allowed:
-		reply.Status = StatusAllowed
+		m.reply.Status = StatusAllowed
 	default:
-		reply.Status = StatusDenied
+		m.reply.Status = StatusDenied
 	}
-	if b := op.Ban; b != nil && reply.BanLeft == 0 && (op.Mode == ModeCheck || op.Mode == ModeCheckOnly) && !fits {
-		var retry int64
-		for _, ev := range evs {
-			retry = max(retry, ev.retry)
-		}
-		if retry > b.Wait {
-			if ban == nil {
-				ban = &memKey{}
-			}
-			if banCount(ban, 1, now, b) {
-				reply.Status, reply.BanLeft, reply.BanStarted = StatusBanned, b.For, true
-			}
-			span := int64(math.Ceil(2*float64(b.Within)/1000)) + 1000
-			ttl := span
-			if reply.BanStarted {
-				ttl = max(int64(math.Ceil(float64(b.For)/1000))+1000, span)
-			}
-			expire(ban, ttl, wall)
-			s.put(sh, b.Key, ban)
-		}
+}
+
+// countBan counts the Op's refusal by a window towards a ban, starting the
+// ban at its threshold. A refusal whose windows all have room within the
+// time the request may still wait in the queue (b.Wait) is not counted.
+func (m *memDo) countBan(ban *memKey, fits bool, evs []winEval) {
+	b := m.op.Ban
+	if b == nil || m.reply.BanLeft != 0 || (m.op.Mode != ModeCheck && m.op.Mode != ModeCheckOnly) || fits {
+		return
 	}
+	var retry int64
 	for _, ev := range evs {
-		reply.Usage = append(reply.Usage, Usage{Count: ev.count, Retry: ev.retry, Reset: ev.reset})
+		retry = max(retry, ev.retry)
 	}
-	return reply, nil
+	if retry <= b.Wait {
+		return
+	}
+	if ban == nil {
+		ban = &memKey{}
+	}
+	if banCount(ban, 1, m.now, b) {
+		m.reply.Status, m.reply.BanLeft, m.reply.BanStarted = StatusBanned, b.For, true
+	}
+	span := int64(math.Ceil(2*float64(b.Within)/1000)) + 1000
+	ttl := span
+	if m.reply.BanStarted {
+		ttl = max(int64(math.Ceil(float64(b.For)/1000))+1000, span)
+	}
+	expire(ban, ttl, m.wall)
+	m.s.put(m.sh, b.Key, ban)
 }
 
 // complete reports whether every window of wins has a state.

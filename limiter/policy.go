@@ -189,39 +189,55 @@ func (p *Policy) Check() error {
 	if len(p.GlobalWindows) > 0 && !p.Regions {
 		return policyErr("global_limit", "global_limit needs region (it is the ceiling across regions)")
 	}
-	for _, ws := range []struct {
-		field string
-		w     []Window
-	}{{"limit", p.Windows}, {"global_limit", p.GlobalWindows}} {
-		if len(ws.w) > MaxWindows {
-			return &PolicyError{Field: ws.field, Window: MaxWindows + 1, Global: ws.field == "global_limit",
-				Err: fmt.Errorf("at most %d windows per %s, got %d", MaxWindows, ws.field, len(ws.w))}
+	if err := checkWindows("limit", p.Windows); err != nil {
+		return err
+	}
+	if err := checkWindows("global_limit", p.GlobalWindows); err != nil {
+		return err
+	}
+	if err := p.checkBurst(); err != nil {
+		return err
+	}
+	return p.checkOptions()
+}
+
+// checkWindows checks the windows of one field (limit or global_limit).
+func checkWindows(field string, ws []Window) error {
+	global := field == "global_limit"
+	if len(ws) > MaxWindows {
+		return &PolicyError{Field: field, Window: MaxWindows + 1, Global: global,
+			Err: fmt.Errorf("at most %d windows per %s, got %d", MaxWindows, field, len(ws))}
+	}
+	seen := map[string]bool{}
+	for i, w := range ws {
+		at := func(f, format string, args ...any) error {
+			return &PolicyError{Field: f, Window: i + 1, Global: global, Err: fmt.Errorf(format, args...)}
 		}
-		seen := map[string]bool{}
-		for i, w := range ws.w {
-			at := func(field, format string, args ...any) error {
-				return &PolicyError{Field: field, Window: i + 1, Global: ws.field == "global_limit", Err: fmt.Errorf(format, args...)}
+		if w.Period == PeriodNone {
+			if w.Duration < time.Millisecond {
+				return at("window", "window must be at least 1ms, got %s", w.Duration)
 			}
-			if w.Period == PeriodNone {
-				if w.Duration < time.Millisecond {
-					return at("window", "window must be at least 1ms, got %s", w.Duration)
-				}
-				if w.Duration.Microseconds() > maxWindowMicros {
-					return at("window", "window must be at most 10 years (use a calendar period or a higher limit), got %s", w.Duration)
-				}
-				if w.Duration%time.Microsecond != 0 {
-					return at("window", "window must be a whole number of microseconds, got %s", w.Duration)
-				}
-			} else if w.Period > PeriodMonth {
-				return at(ws.field, "unknown calendar period %d", w.Period)
+			if w.Duration.Microseconds() > maxWindowMicros {
+				return at("window", "window must be at most 10 years (use a calendar period or a higher limit), got %s", w.Duration)
 			}
-			if l := w.Label(); seen[l] {
-				return at(ws.field, "two %s lines with the window %s: give each window once", ws.field, l)
-			} else {
-				seen[l] = true
+			if w.Duration%time.Microsecond != 0 {
+				return at("window", "window must be a whole number of microseconds, got %s", w.Duration)
 			}
+		} else if w.Period > PeriodMonth {
+			return at(field, "unknown calendar period %d", w.Period)
+		}
+		if l := w.Label(); seen[l] {
+			return at(field, "two %s lines with the window %s: give each window once", field, l)
+		} else {
+			seen[l] = true
 		}
 	}
+	return nil
+}
+
+// checkBurst checks the token bucket's burst against the algorithm and the
+// windows.
+func (p *Policy) checkBurst() error {
 	durations := 0
 	for _, w := range p.Windows {
 		if w.Period == PeriodNone {
@@ -248,6 +264,12 @@ func (p *Policy) Check() error {
 			}
 		}
 	}
+	return nil
+}
+
+// checkOptions checks the ban, the lease, the queue, the jitter and the
+// timeout.
+func (p *Policy) checkOptions() error {
 	if b := p.Ban; b != nil {
 		if b.After <= 0 || b.After > MaxValue {
 			return policyErr("ban", "ban needs a positive number of denials, got %d", b.After)
