@@ -676,7 +676,9 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		}
 		if r != nil {
 			u := r.Usage[l.layout[i]]
-			w.Known = !u.Unknown
+			// A cost above a capacity an override lowered is decided
+			// before any window is read: their usage is not known.
+			w.Known = !u.Unknown && r.Status != StatusTooLarge
 			w.Count = u.Count
 			w.Denied = u.Retry > 0 && r.Status != StatusAllowed
 			w.Retry = time.Duration(u.Retry) * time.Microsecond
