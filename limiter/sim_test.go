@@ -188,7 +188,7 @@ type simRun struct {
 	keys   map[string]oReq // every identity and region asked, for the invariants
 	mem    *limiter.MemoryStore
 	step   int
-	trace  []string
+	probes int
 }
 
 func (r *simRun) now() time.Time { return r.clock.Now() }
@@ -290,6 +290,12 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int) (oDe
 	if n.rule.tooLarge(q) {
 		// Decided before any store: no source.
 		return n.rule.Finish(oDecision{outcome: limiter.OutcomeTooLarge, wins: r.staticWins(n, q)}), false
+	}
+	if got.Source != limiter.SourceDenyCache && got.Err == nil {
+		// A node may forget a cached denial whenever the store answers (a
+		// notice, a subscription that starts again): the store then
+		// decides. It never remembers one it was not given.
+		delete(n.cache, q.bucket(&n.rule))
 	}
 	if d, ok := r.cached(n, q, now); ok {
 		return n.rule.Finish(d), false
@@ -466,10 +472,30 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	r.nodes[ni] = nn
 	old.Close()
 	r.event("reload")
+	if r.c.Stack == "redis" && r.down == "" {
+		// A new limiter reads the overrides' index at start.
+		if err := r.settle(func(m *simNode) bool { return m != nn || r.knowsLiveOverrides(m) }); err != nil {
+			return fmt.Errorf("after a reload: %w", err)
+		}
+	}
 	if s.Client {
 		r.event("reload_client")
 	}
 	return nil
+}
+
+// knowsLiveOverrides reports whether n knows every identity with a live
+// override.
+func (r *simRun) knowsLiveOverrides(n *simNode) bool {
+	t := r.now().UnixMicro()
+	for id, m := range r.store.ovs {
+		for _, o := range m {
+			if o.end > t && !n.l.KnowsOverride(id) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // fault breaks or heals the Redis stack.
