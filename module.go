@@ -369,27 +369,22 @@ func (h *Handler) named(err error) error {
 	return &c
 }
 
-// Cleanup releases this handler's use of its stores.
+// Cleanup releases this handler's use of its stores, once its requests
+// in flight are done (releaseAfterDone).
 func (h *Handler) Cleanup() error {
 	unregister(h)
-	if h.lim != nil {
-		h.lim.Close()
+	if h.lim == nil {
+		return h.release()
 	}
-	return h.release()
+	h.lim.Close()
+	return h.releaseAfterDone()
 }
 
 // release gives back the stores taken in Provision.
 func (h *Handler) release() error {
-	var errs []error
-	for _, k := range []*string{&h.storeKey, &h.localKey} {
-		if *k != "" {
-			if _, err := stores.Delete(*k); err != nil {
-				errs = append(errs, err)
-			}
-			*k = ""
-		}
-	}
-	return errors.Join(errs...)
+	keys := []string{h.storeKey, h.localKey}
+	h.storeKey, h.localKey = "", ""
+	return releaseStores(keys)
 }
 
 // The values of the enumerated subdirectives.

@@ -394,6 +394,41 @@ func logBreakerChange(log *zap.Logger, target string) func(from, to limiter.Brea
 	}
 }
 
+// releaseAfterDone gives back the handler's stores once its last request
+// in flight is done: a reload cleans up the old config's handlers while
+// their requests still run, and a request's lease must be released, and its
+// count_only units recorded, by the client that holds them (a redis block
+// that changed makes a new client and closes the old one when its last
+// handler lets go). Nothing in flight: at once.
+func (h *Handler) releaseAfterDone() error {
+	keys := []string{h.storeKey, h.localKey}
+	h.storeKey, h.localKey = "", ""
+	var err error
+	log := h.logger
+	h.lim.AfterDone(func(deferred bool) {
+		e := releaseStores(keys)
+		if !deferred {
+			err = e
+		} else if e != nil {
+			log.Error("releasing the stores of a config that ended", zap.Error(e))
+		}
+	})
+	return err
+}
+
+// releaseStores gives back the stores of keys (empty ones skipped).
+func releaseStores(keys []string) error {
+	var errs []error
+	for _, k := range keys {
+		if k != "" {
+			if _, err := stores.Delete(k); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // backend opens (or shares) the handler's store stack.
 func (h *Handler) backend() (limiter.Backend, error) {
 	if h.Redis == nil {

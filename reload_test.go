@@ -328,3 +328,31 @@ func TestReloadWarnsWhenBudgetsRestart(t *testing.T) {
 		cancel()
 	}
 }
+
+// TestReloadKeepsInProcessOverrides: an operator gives K a limit of 2 for 10
+// minutes through the admin API on a limiter of the in-process store, then
+// a config reload provisions the limiter again (Caddy keeps the in-process
+// store and its budgets). The new handler applies the override: K is
+// admitted twice, with X-RateLimit-Limit 2, as it would be on Redis.
+func TestReloadKeepsInProcessOverrides(t *testing.T) {
+	t.Parallel()
+	clock := newTestClock()
+	name := uniqueName()
+	mk := func() *Handler {
+		return &Handler{Name: name, Key: "{http.request.header.X-API-Key}", Limit: "100", Window: caddy.Duration(time.Hour)}
+	}
+	old := mk()
+	provision(t, old, clock)
+	if code, body := adminOverride(t, http.MethodPut, name, "key=K&limit=2&ttl=10m"); code != http.StatusOK {
+		t.Fatalf("PUT override: %d %s", code, body)
+	}
+	reloaded := mk()
+	provision(t, reloaded, clock)
+	k := map[string]string{"X-API-Key": "K"}
+	if n := admitted(t, reloaded, k, 5); n != 2 {
+		t.Errorf("after the reload K was admitted %d times of 5, want 2 (its override of 2 lasts 10 minutes)", n)
+	}
+	if got := serve(t, reloaded, k).Header().Get("X-RateLimit-Limit"); got != "2" {
+		t.Errorf("after the reload: X-RateLimit-Limit %q, want 2 (the override)", got)
+	}
+}

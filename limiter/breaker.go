@@ -75,6 +75,8 @@ type Breaker struct {
 	openUntil time.Time
 	cooldown  time.Duration
 	probing   bool
+
+	held held // releases and records the store did not get
 }
 
 // NewBreaker wraps store.
@@ -109,12 +111,18 @@ func (b *Breaker) Do(ctx context.Context, op *Op) (Reply, error) {
 			b.notify(Open, HalfOpen, nil)
 		}
 		if !ok {
+			b.hold(op, true, nil, time.Time{})
 			return Reply{}, ErrCircuitOpen
 		}
 		probe = p
 	}
 	res, err := b.store.Do(ctx, op)
 	b.done(ctx, probe, err)
+	if err != nil {
+		b.hold(op, false, err, time.Time{})
+	} else if b.held.n.Load() > 0 {
+		b.deliver()
+	}
 	return res, err
 }
 
@@ -217,4 +225,97 @@ func (b *Breaker) notify(from, to BreakerState, cause error) {
 	if b.cfg.OnChange != nil {
 		b.cfg.OnChange(from, to, cause)
 	}
+}
+
+// maxHeld bounds the releases and records a Breaker holds for its store.
+const maxHeld = 4096
+
+// held is what the store has still to get: the releases of leases and the
+// count_only records of requests it decided, whose call after the response
+// did not reach it (the circuit was open, or the store failed). They are
+// sent once a call succeeds again (the probe that closes the circuit), in
+// the background, each while it still means something: a release until its
+// lease would have expired anyway (lease_timeout), a record within its
+// shortest window. A release is sent again whatever the failure (releasing
+// twice is harmless); a record only when it was never sent (a record that
+// failed may have been counted).
+type held struct {
+	mu      sync.Mutex
+	ops     []heldOp
+	n       atomic.Int32
+	sending atomic.Bool
+}
+
+type heldOp struct {
+	op    Op
+	until time.Time
+}
+
+// hold keeps op for later when it is a release, or a record never sent
+// (unsent; otherwise err is the store's, and an error about the op itself
+// is no reason to send it again), until then (zero: as long as it is worth
+// sending from now).
+func (b *Breaker) hold(op *Op, unsent bool, err error, until time.Time) {
+	if op.Mode != ModeRelease && (op.Mode != ModeRecord || !unsent) ||
+		op.Mode == ModeRelease && op.Lease == nil ||
+		!unsent && b.cfg.IsFailure != nil && !b.cfg.IsFailure(err) {
+		return
+	}
+	if until.IsZero() {
+		until = b.cfg.Now().Add(heldFor(op))
+	}
+	b.held.mu.Lock()
+	defer b.held.mu.Unlock()
+	if len(b.held.ops) >= maxHeld {
+		return // the lease expires by itself; the units are lost
+	}
+	b.held.ops = append(b.held.ops, heldOp{op: *op, until: until})
+	b.held.n.Store(int32(len(b.held.ops)))
+}
+
+// heldFor is how long a held op is worth sending.
+func heldFor(op *Op) time.Duration {
+	if op.Mode == ModeRelease {
+		return time.Duration(op.Lease.Timeout) * time.Microsecond
+	}
+	var d time.Duration
+	for _, p := range op.Parts {
+		for _, w := range p.Windows {
+			l := time.Duration(w.Len) * time.Microsecond
+			if p.Kind == KindCalendar {
+				l = time.Duration(w.Bounds[2]-w.Bounds[1]) * time.Microsecond
+			}
+			if d == 0 || l < d {
+				d = l
+			}
+		}
+	}
+	return d
+}
+
+// deliver sends the held ops in the background, one sender at a time.
+func (b *Breaker) deliver() {
+	if !b.held.sending.CompareAndSwap(false, true) {
+		return
+	}
+	b.held.mu.Lock()
+	ops := b.held.ops
+	b.held.ops = nil
+	b.held.n.Store(0)
+	b.held.mu.Unlock()
+	go func() {
+		defer b.held.sending.Store(false)
+		for i := range ops {
+			h := &ops[i]
+			if !b.cfg.Now().Before(h.until) {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			_, err := b.store.Do(ctx, &h.op)
+			cancel()
+			if err != nil {
+				b.hold(&h.op, false, err, h.until)
+			}
+		}
+	}()
 }

@@ -159,6 +159,7 @@ type pending struct {
 	store  Store // the store that decided (a lease is released there)
 	lease  bool  // a lease was taken
 	record bool  // count_only: units to record when the status matches
+	ended  atomic.Bool
 }
 
 // Tightest is the window with the least left (the one X-RateLimit headers
@@ -212,6 +213,7 @@ type Limiter struct {
 	ovStop  chan struct{}
 	ovDone  chan struct{}
 	ovView  atomic.Pointer[indexView]
+	flight  flight // requests between Decide and Done
 
 	closeOnce sync.Once
 }
@@ -294,6 +296,12 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	}
 	if b.Remote {
 		go l.watchOverrides()
+	} else if list, err := l.ActiveOverrides(context.Background()); err == nil {
+		// An in-process store outlives a config reload, and so do the
+		// overrides set in it: the new limiter's requests read them.
+		for _, e := range list {
+			l.ov.add(e.Identity)
+		}
 	}
 	return l, nil
 }
@@ -501,6 +509,15 @@ func (l *Limiter) window(i int) Window {
 // mode. With a concurrency bound or count_only, call Done after the
 // response.
 func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
+	l.flight.enter()
+	d, err := l.decide(ctx, in)
+	if d.done == nil {
+		l.flight.leave()
+	}
+	return d, err
+}
+
+func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 	if err := l.checkInput(in); err != nil {
 		return Decision{}, err
 	}
@@ -511,6 +528,7 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 	}
 	op := l.op(in, mode, now)
 	d := Decision{Identity: in.Identity, Cost: op.Cost, InFlight: -1}
+	l.queueBudget(op, &d)
 	if l.p.Regions {
 		d.Region = in.Region
 	}
@@ -521,6 +539,12 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 		return l.finish(d), nil
 	}
 
+	// A waiter's place, once taken, is given back on every way out.
+	defer func() {
+		if d.Queued {
+			l.waiters.Add(-1)
+		}
+	}()
 	for {
 		reply, store, err := l.ask(ctx, op)
 		d.Took += l.p.Now().Sub(now)
@@ -553,10 +577,8 @@ func (l *Limiter) Decide(ctx context.Context, in *Input) (Decision, error) {
 		if d.Outcome == OutcomeLimited && l.wait(ctx, &d) {
 			now = l.p.Now()
 			op = l.op(in, mode, now)
+			l.queueBudget(op, &d)
 			continue
-		}
-		if d.Queued {
-			l.waiters.Add(-1)
 		}
 		return l.finish(d), nil
 	}
@@ -607,6 +629,18 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 		}
 	}
 	return Reply{}, nil, err
+}
+
+// queueBudget tells the store how long the request would wait in the
+// queue (what is left of MaxWait, when a waiter's place is free): a
+// refusal within it is not counted toward the ban, as the request waits
+// and is checked again; only its last refusal counts.
+func (l *Limiter) queueBudget(op *Op, d *Decision) {
+	q := l.p.Queue
+	if op.Ban == nil || q.MaxWait <= 0 || l.p.DryRun || !d.Queued && l.waiters.Load() >= int64(q.MaxWaiters) {
+		return
+	}
+	op.Ban.Wait = max(q.MaxWait-d.Waited, 0).Microseconds()
 }
 
 // wait lets a limited request wait for its turn when the queue allows it:
@@ -760,9 +794,10 @@ func (l *Limiter) jitter(retry time.Duration) time.Duration {
 func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 	p := d.done
 	d.done = nil
-	if p == nil {
-		return
+	if p == nil || p.ended.Swap(true) {
+		return // a copy of the decision was done already
 	}
+	defer l.flight.leave()
 	ctx = context.WithoutCancel(ctx)
 	if p.record && l.p.CountOnly(status) {
 		rec := *p.op

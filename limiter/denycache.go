@@ -10,11 +10,6 @@ import (
 // DefaultDenyCacheSize is the default bound on cached denials.
 const DefaultDenyCacheSize = 65536
 
-// banForwardEvery is how often a key under a ban rule, while its denials
-// are served from the cache, sends one request on to the store carrying the
-// denials served meanwhile, so the ban counts them.
-const banForwardEvery = 100 * time.Millisecond
-
 // DenyCache is a Store in front of another: once the store denies a request
 // until R, later requests of the same key and shape (limits, cost, windows,
 // ban rule) are denied locally until R has passed, without a store call.
@@ -27,6 +22,16 @@ const banForwardEvery = 100 * time.Millisecond
 // An admission of another shape (a smaller cost) drops the key's cached
 // denial. A cached answer says only what it knows: the windows that denied,
 // with their retry time counted down; the others are Unknown.
+//
+// Under a ban rule every refusal by a window counts toward the ban, in the
+// store, at its time, whichever node made it: so while the store answers,
+// such a request goes on to it (the store refuses it again, and counts it);
+// only a ban is served from the cache (a banned key's requests count for
+// nothing). When the store cannot answer, a cached denial that still holds
+// is served, ban rule or not: the store would deny it too. (Those refusals
+// are not counted toward the ban: no store saw them.) The cost to the store
+// is bounded by the ban itself: a key is refused about After times per
+// Within before it is banned, and its ban is then served locally.
 //
 // Forget drops the denials of one identity (an operator's reset, a lifted
 // ban, on this process or, through a Notifier, on another); a denial
@@ -48,10 +53,6 @@ type denial struct {
 	start, until int64 // ns, local clock
 	shape        uint64
 	reply        Reply
-	// pending counts denials served since the last store call, for a ban
-	// rule; forwarded is when one last went to the store (ns).
-	pending   atomic.Int64
-	forwarded atomic.Int64
 }
 
 // NewDenyCache puts a cache of at most size denials in front of store.
@@ -87,7 +88,7 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 	start := c.now().UnixNano()
 	key := op.Parts[0].Key
 	shape := opShape(op)
-	var carried int64
+	var held *denial // a denial of this shape that holds, not served
 	v, cached := c.m.Load(key)
 	if cached {
 		d := v.(*denial)
@@ -96,28 +97,19 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 			c.drop(key, d)
 			cached = false
 		case d.shape == shape:
-			if op.Ban == nil {
+			if op.Ban == nil || d.reply.Status == StatusBanned {
 				return d.at(start), nil
 			}
-			last := d.forwarded.Load()
-			if start-last < int64(banForwardEvery) || !d.forwarded.CompareAndSwap(last, start) {
-				d.pending.Add(1)
-				return d.at(start), nil
-			}
-			// This request goes to the store, carrying the denials served
-			// meanwhile (the store counts its own).
-			carried = d.pending.Swap(0)
-			op.Ban.Carried += carried
+			held = d // the ban counts this refusal: the store decides it
 		}
 	}
 
 	gen := c.gen.Load()
 	res, err := c.store.Do(ctx, op)
 	if err != nil {
-		if carried > 0 {
-			if v, ok := c.m.Load(key); ok {
-				v.(*denial).pending.Add(carried)
-			}
+		if held != nil && c.gen.Load() == gen {
+			// The store is down, and it would deny this request still.
+			return held.at(start), nil
 		}
 		return res, err
 	}
@@ -134,7 +126,6 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 		return res, nil // a lease denial: no retry time to cache
 	}
 	d := &denial{start: start, until: until, shape: shape, reply: res}
-	d.forwarded.Store(start)
 	if _, loaded := c.m.Swap(key, d); !loaded {
 		if c.size.Add(1) > c.max {
 			c.shrink(start, key)

@@ -187,7 +187,7 @@ func (g *diffGen) op() (*limiter.Op, string) {
 		op.Parts = append(op.Parts, limiter.Part{Key: key(g.kind.String(), true), Kind: g.kind, Global: true, Windows: wins()})
 	}
 	if r.IntN(3) == 0 {
-		op.Ban = &limiter.BanOp{Key: key("ban", false), After: 4, Within: 15_000_000, For: 12_000_000, Carried: r.Int64N(2)}
+		op.Ban = &limiter.BanOp{Key: key("ban", false), After: 3, Within: 15_000_000, For: 12_000_000, Wait: []int64{0, 0, 0, 0, 0, 1_000_000, 1e12}[r.IntN(7)]}
 	}
 	if r.IntN(3) == 0 {
 		g.nlease++

@@ -213,10 +213,12 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	peek, record := op.Mode == ModePeek, op.Mode == ModeRecord
 	reply := Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+	var ovEnd int64 // when the override that changed a limit ends
 	if op.Override != nil {
 		if k := sh.get(op.Override.Key, wall); k != nil && len(k.ov) > 0 {
 			c := overriddenCopy(op)
-			if applyOverride(k.ov, c, now) {
+			if changed, ends := applyOverride(k.ov, c, now); changed {
+				ovEnd = ends
 				op = c
 				reply.Limits, reply.Bursts = limitsOf(op)
 				if op.Mode != ModeRecord && tooLarge(op) {
@@ -379,6 +381,12 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		}
 		off += len(p.Windows)
 	}
+	if ovEnd > 0 {
+		// The limits come back when the override ends: no retry goes past it.
+		for j := range evs {
+			evs[j].retry = min(evs[j].retry, ovEnd-now)
+		}
+	}
 
 	switch {
 	case reply.BanLeft > 0:
@@ -388,16 +396,16 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	default:
 		reply.Status = StatusDenied
 	}
-	if b := op.Ban; b != nil && reply.BanLeft == 0 && (op.Mode == ModeCheck || op.Mode == ModeCheckOnly) {
-		n := b.Carried
-		if !allowed {
-			n++
+	if b := op.Ban; b != nil && reply.BanLeft == 0 && (op.Mode == ModeCheck || op.Mode == ModeCheckOnly) && !fits {
+		var retry int64
+		for _, ev := range evs {
+			retry = max(retry, ev.retry)
 		}
-		if n > 0 {
+		if retry > b.Wait {
 			if ban == nil {
 				ban = &memKey{}
 			}
-			if banCount(ban, n, now, b) {
+			if banCount(ban, 1, now, b) {
 				reply.Status, reply.BanLeft, reply.BanStarted = StatusBanned, b.For, true
 			}
 			span := int64(math.Ceil(2*float64(b.Within)/1000)) + 1000

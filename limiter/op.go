@@ -118,9 +118,11 @@ type BanOp struct {
 	// After denials weighted over a sliding span of Within µs ban the key
 	// for For µs.
 	After, Within, For int64
-	// Carried are denials served by a deny cache since the last store call,
-	// added to the count.
-	Carried int64
+	// Wait is how long the caller would queue the request (µs): a refusal
+	// whose every refusing window has room within Wait is not counted, as
+	// the request waits and is checked again (only its last refusal
+	// counts). A refusal by the concurrency bound alone never counts.
+	Wait int64
 }
 
 // LeaseOp bounds the requests of a key in flight.
@@ -235,7 +237,7 @@ func (op *Op) validate() error {
 			}
 		}
 	}
-	if b := op.Ban; b != nil && (b.Key == "" || b.After <= 0 || b.Within <= 0 || b.For <= 0 || b.Carried < 0) {
+	if b := op.Ban; b != nil && (b.Key == "" || b.After <= 0 || b.Within <= 0 || b.For <= 0 || b.Wait < 0) {
 		return fmt.Errorf("%w: ban %+v", ErrInvalidOp, *b)
 	}
 	if l := op.Lease; l != nil && (l.Key == "" || l.Max <= 0 || l.Timeout <= 0 || l.ID == "") {

@@ -243,10 +243,11 @@ func luaNumber(s string) (float64, bool) {
 
 // applyOverride is decide.lua's override: it changes op's limits and
 // bursts as the live override in f says, and reports whether a limit
-// changed. op's parts and windows must be the caller's own copy.
-func applyOverride(f map[string]string, op *Op, now int64) bool {
+// changed, and when the first override that changed one ends (µs). op's
+// parts and windows must be the caller's own copy.
+func applyOverride(f map[string]string, op *Op, now int64) (changed bool, ends int64) {
 	if len(f) == 0 {
-		return false
+		return false, 0
 	}
 	active := func(sc string) bool {
 		u, ok := luaNumber(f[sc+"|u"])
@@ -254,7 +255,6 @@ func applyOverride(f map[string]string, op *Op, now int64) bool {
 	}
 	all := active("")
 	scope := op.Override.Scope
-	changed := false
 	for pi := range op.Parts {
 		p := &op.Parts[pi]
 		var sc string
@@ -290,9 +290,12 @@ func applyOverride(f map[string]string, op *Op, now int64) bool {
 			}
 			w.Limit = int64(lim)
 			changed = true
+			if u, _ := luaNumber(f[sc+"|u"]); ends == 0 || int64(u) < ends {
+				ends = int64(u)
+			}
 		}
 	}
-	return changed
+	return changed, ends
 }
 
 // overriddenCopy returns a copy of op whose windows may be changed.

@@ -299,7 +299,7 @@ func (c *check) encode(op *Op, deadline int64) {
 	}
 	if b := op.Ban; b != nil {
 		c.keys = append(c.keys, b.Key)
-		c.args = append(c.args, c.int(b.After), c.int(b.Within), c.int(b.For), c.int(b.Carried))
+		c.args = append(c.args, c.int(b.After), c.int(b.Within), c.int(b.For), c.int(b.Wait))
 	}
 	if l := op.Lease; l != nil {
 		c.keys = append(c.keys, l.Key)

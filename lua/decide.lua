@@ -24,7 +24,7 @@
 --                duration kinds: len limit burst   (len, in µs, also names
 --                                                   the window's fields)
 --                calendar:       period limit b0 b1 b2 b3
---   ban:       after within for carried           (when hasban is 1)
+--   ban:       after within for wait              (when hasban is 1)
 --   lease:     max timeout id                     (when haslease is 1)
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
@@ -36,10 +36,12 @@
 --        gave up and applied its fail mode, so a check delivered late (a
 --        stalled network) is never charged; 0 for none, -1 for none but
 --        read TIME (the caller learns Redis's clock from the reply).
--- ban:   after n denials (weighted over a sliding span of within µs,
---        counting carried denials served meanwhile by a deny cache) the key
---        is banned for `for` µs. A banned key is denied; its requests neither
---        record nor lengthen the ban.
+-- ban:   after n refusals by a window (weighted over a sliding span of
+--        within µs) the key is banned for `for` µs. A refusal by the
+--        concurrency bound alone does not count, nor one whose every
+--        refusing window has room within wait µs (the caller queues the
+--        request and checks it again: only its last refusal counts). A banned
+--        key is denied; its requests neither record nor lengthen the ban.
 -- lease: at most max leases in flight, each expiring timeout µs after it
 --        was taken (a node that died never releases its own).
 -- override (hasov 1): the identity's temporary overrides, a hash of fields
@@ -50,7 +52,9 @@
 --        scope argument) its bucket in that region alone, and it wins over
 --        "" there. An override whose until has passed is ignored. A token
 --        bucket's burst follows its limit in proportion. A cost above a
---        capacity the override lowered is status 4 (it can never fit).
+--        capacity the override lowered is status 4 (it can never fit). A
+--        window's retry is at most the time until the first override that
+--        changed a limit ends (the limits change again then).
 --
 -- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
 -- lease_denied, then count, retry, reset per window, in order}.
@@ -223,12 +227,13 @@ local pkey, pkind, pj0, pj1, pstale = {}, {}, {}, {}, {}
 local ptot, pnew, pmax = {}, {}, {}
 
 -- override applies the identity's active override, if any, to the limits
--- and bursts of the check's windows; it reports whether a limit changed.
+-- and bursts of the check's windows; it reports whether a limit changed,
+-- and when the first override that changed one ends.
 local pglobal = {}
 local function override(key, scope, nparts, now)
   local raw = redis.call("HGETALL", key)
   if #raw == 0 then
-    return false
+    return false, 0
   end
   local f = {}
   for i = 1, #raw, 2 do
@@ -239,7 +244,7 @@ local function override(key, scope, nparts, now)
     return u ~= nil and u > now
   end
   local all = active("")
-  local changed = false
+  local changed, ends = false, 0
   for p = 1, nparts do
     local sc = false
     if not pglobal[p] and scope ~= "" and active(scope) then
@@ -267,12 +272,16 @@ local function override(key, scope, nparts, now)
             end
             wlim[j] = lim
             changed = true
+            local u = tonumber(f[sc .. "|u"])
+            if ends == 0 or u < ends then
+              ends = u
+            end
           end
         end
       end
     end
   end
-  return changed
+  return changed, ends
 end
 
 -- with_limits appends the windows' limits and bursts to a reply.
@@ -323,9 +332,9 @@ local function decide(a, k)
     end
     pj1[p] = nw
   end
-  local bkey, after, within, bfor, carried
+  local bkey, after, within, bfor, wait
   if hasban then
-    bkey, after, within, bfor, carried = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+    bkey, after, within, bfor, wait = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
     k, a = k + 1, a + 4
   end
   local lkey, lmax, ltimeout, lid
@@ -337,7 +346,10 @@ local function decide(a, k)
     redis.call("ZREM", lkey, lid)
     return {1, now, now_redis or 0, 0, 0, -1, 0}
   end
-  local overridden = hasov and override(KEYS[k], scope, nparts, now)
+  local overridden, ovend = false, 0
+  if hasov then
+    overridden, ovend = override(KEYS[k], scope, nparts, now)
+  end
   if overridden and mode ~= 3 then
     for p = 1, nparts do
       for j = pj0[p], pj1[p] do
@@ -453,6 +465,14 @@ local function decide(a, k)
       ctr_reset(pj0[p], pj1[p], now)
     end
   end
+  if overridden then
+    -- The limits come back when the override ends: no retry goes past it.
+    for j = 1, nw do
+      if rty[j] > ovend - now then
+        rty[j] = ovend - now
+      end
+    end
+  end
 
   local status = 0
   if banleft > 0 then
@@ -461,12 +481,14 @@ local function decide(a, k)
     status = 1
   end
   local started = 0
-  if hasban and banleft == 0 and (mode == 0 or mode == 2) then
-    local n = carried
-    if not allowed then
-      n = n + 1
+  if hasban and banleft == 0 and (mode == 0 or mode == 2) and not fits then
+    local retry = 0
+    for j = 1, nw do
+      if rty[j] > retry then
+        retry = rty[j]
+      end
     end
-    if n > 0 and ban_count(bkey, ban, n, now, after, within, bfor) then
+    if retry > wait and ban_count(bkey, ban, 1, now, after, within, bfor) then
       status, banleft, started = 2, bfor, 1
     end
   end
