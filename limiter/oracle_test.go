@@ -37,8 +37,8 @@ type oRule struct {
 	queue        limiter.Queue
 	dryRun       bool
 	fail         limiter.FailMode
-	// banCountsConcurrency: a refusal by max_concurrent counts toward the
-	// ban (the README says "denied"; decide.lua counts every denial).
+	// banCountsConcurrency: a refusal by max_concurrent alone counts
+	// toward the ban (the README says it does not).
 	banCountsConcurrency bool
 }
 
@@ -351,15 +351,23 @@ func (r *oRule) capacity(w limiter.Window, limit int64, global bool) int64 {
 // region's override wins over the identity's in that region; the global
 // ceiling takes only the identity's. A factor multiplies (rounded down, at
 // least 1).
-func (s *oStore) effective(q *oReq, rule *oRule, now int64) (limits, glimits []int64, overridden bool) {
+//
+// until is when the first override that changed a limit of the request
+// ends (0: none did): nothing decided under it outlives it (docs/decision.md,
+// state and its invalidation).
+func (s *oStore) effective(q *oReq, rule *oRule, now int64) (limits, glimits []int64, overridden bool, until int64) {
 	limits, glimits = append([]int64(nil), q.limits...), append([]int64(nil), q.glimit...)
 	ov := s.ovs[q.id]
 	apply := func(o *oOverride, dst []int64, wins []limiter.Window, given map[limiter.Window]int64) {
 		for i := range dst {
+			was := dst[i]
 			if o.factor > 0 {
 				dst[i] = max(int64(float64(dst[i])*o.factor), 1)
 			} else if v, ok := given[wins[i]]; ok {
 				dst[i] = v
+			}
+			if dst[i] != was && (until == 0 || o.end < until) {
+				until = o.end
 			}
 		}
 	}
@@ -385,7 +393,7 @@ func (s *oStore) effective(q *oReq, rule *oRule, now int64) (limits, glimits []i
 		apply(all, glimits, rule.gwins, all.glimits)
 		overridden = true
 	}
-	return limits, glimits, overridden
+	return limits, glimits, overridden, until
 }
 
 // banCount adds a denial at now to b and reports whether it bans the key:
@@ -430,7 +438,7 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 	cost := max(q.cost, 1)
 	d := oDecision{}
 	bucket := q.bucket(rule)
-	limits, glimits, ov := s.effective(q, rule, n)
+	limits, glimits, ov, ovEnd := s.effective(q, rule, n)
 	d.overridden = ov
 	tooLarge := false
 	for i, w := range rule.wins {
@@ -458,8 +466,11 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], s.ledger.Log(q.id), now, cost))
 	}
 	fits := true
-	for _, w := range d.wins {
-		fits = fits && w.fits
+	for i := range d.wins {
+		fits = fits && d.wins[i].fits
+		if w := &d.wins[i]; ovEnd > 0 && w.retry > ovEnd-n {
+			w.retry = ovEnd - n
+		}
 	}
 	b := s.bans[bucket]
 	if rule.ban != nil && b != nil && b.until > n {

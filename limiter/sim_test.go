@@ -107,7 +107,7 @@ func (c *simCfg) rule() oRule {
 	alg, _ := limiter.ParseAlgorithm(c.Alg)
 	r := oRule{alg: alg, wins: parseWins(c.Windows), gwins: parseWins(c.GWindows), burst: c.Burst,
 		regions: len(c.GWindows) > 0, conc: c.Conc > 0, countOnly: c.CountOnly, dryRun: c.DryRun,
-		banCountsConcurrency: true}
+		banCountsConcurrency: false}
 	r.loc = time.UTC
 	if c.Zone != "" {
 		r.loc, _ = time.LoadLocation(c.Zone)
@@ -291,7 +291,7 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int) (oDe
 		// Decided before any store: no source.
 		return n.rule.Finish(oDecision{outcome: limiter.OutcomeTooLarge, wins: r.staticWins(n, q)}), false
 	}
-	if got.Source != limiter.SourceDenyCache && got.Err == nil {
+	if got.Source != limiter.SourceDenyCache && got.Err == nil && n.servable(q, now, r.down != "") != nil {
 		// A node may forget a cached denial whenever the store answers (a
 		// notice, a subscription that starts again): the store then
 		// decides. It never remembers one it was not given.

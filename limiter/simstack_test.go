@@ -103,11 +103,13 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			}
 			n.stack = &nodeStack{client: c, store: s, local: local,
 				breaker: limiter.NewBreaker(s, limiter.BreakerConfig{IsFailure: limiter.IsUnavailable, Now: r.clock.Now})}
-			if old != nil {
-				// The old client goes with the old config (Caddy closes a
-				// pool when the last limiter using it goes).
-				old.store.Close()
-				old.client.Close()
+			if old != nil && i < len(r.nodes) {
+				// The old client goes with the old config once its
+				// requests in flight are done (as Caddy's Cleanup does).
+				r.nodes[i].l.AfterDone(func(bool) {
+					old.store.Close()
+					old.client.Close()
+				})
 			}
 		}
 		b = limiter.Backend{Store: n.stack.breaker, Base: n.stack.store, Source: limiter.SourceRedis, Remote: true,
@@ -123,6 +125,11 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 
 // close ends a history: every limiter, client and store it made.
 func (r *simRun) close() {
+	for _, o := range r.open {
+		// The old configs' clients go once these are done.
+		o.l.Done(context.Background(), &o.d, 200)
+	}
+	r.open = nil
 	for _, n := range r.nodes {
 		n.l.Close()
 		if n.stack != nil {
@@ -330,15 +337,11 @@ func (r *simRun) remember(n *simNode, q *oReq, d *oDecision, now time.Time) {
 // A cached limited denial is a client's denial like any other: it counts
 // toward the ban in the store.
 func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
-	b := q.bucket(&n.rule)
-	c := n.cache[b]
-	t := now.UnixMicro()
-	if c == nil || t >= c.until || c.cost != max(q.cost, 1) {
-		if c != nil && t >= c.until {
-			delete(n.cache, b)
-		}
+	c := n.servable(q, now, r.down != "")
+	if c == nil {
 		return oDecision{}, false
 	}
+	t := now.UnixMicro()
 	e := t - c.start
 	d := c.d
 	d.source, d.banStarted, d.leaseTaken, d.record = limiter.SourceDenyCache, false, false, false
@@ -356,19 +359,30 @@ func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
 	d.banLeft = max(d.banLeft-e, 0)
 	d.banned = d.outcome == limiter.OutcomeBanned
 	d.retry = d.retryOf()
-	if d.outcome == limiter.OutcomeLimited && n.rule.ban != nil && !n.rule.dryRun && r.down == "" {
-		bk := r.store.bans[b]
-		if bk == nil {
-			bk = &oBan{}
-			r.store.bans[b] = bk
-		}
-		if banCount(bk, n.rule.ban, t) {
-			d.outcome, d.banned, d.banStarted, d.banLeft = limiter.OutcomeBanned, true, true, n.rule.ban.For.Microseconds()
-			d.retry = d.retryOf()
-			delete(n.cache, b)
-		}
-	}
 	return d, true
+}
+
+// servable is the cached denial node n answers q with at now, if any: a
+// live one of the same shape. Under a ban rule a refusal by a window is a
+// client's denial the store must count, so while the store answers only a
+// ban is served from the cache (README: the penalty box); through an
+// outage every denial it holds is, and is not counted.
+func (n *simNode) servable(q *oReq, now time.Time, down bool) *oCached {
+	b := q.bucket(&n.rule)
+	c := n.cache[b]
+	t := now.UnixMicro()
+	switch {
+	case c == nil:
+		return nil
+	case t >= c.until:
+		delete(n.cache, b)
+		return nil
+	case c.cost != max(q.cost, 1):
+		return nil
+	case n.rule.ban != nil && c.d.outcome == limiter.OutcomeLimited && !down:
+		return nil
+	}
+	return c
 }
 
 // cacheInvariant: what each node's deny cache holds is what the oracle says
