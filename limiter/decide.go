@@ -213,7 +213,8 @@ type Limiter struct {
 	ovStop  chan struct{}
 	ovDone  chan struct{}
 	ovView  atomic.Pointer[indexView]
-	flight  flight // requests between Decide and Done
+	flight  flight                                          // requests between Decide and Done
+	sleep   func(ctx context.Context, d time.Duration) bool // the queue's wait in a simulation (export_test.go); nil: a timer
 
 	closeOnce sync.Once
 }
@@ -658,6 +659,13 @@ func (l *Limiter) wait(ctx context.Context, d *Decision) bool {
 			return false
 		}
 		d.Queued = true
+	}
+	if l.sleep != nil {
+		ok := l.sleep(ctx, d.RetryAfter)
+		if ok {
+			d.Waited += d.RetryAfter
+		}
+		return ok
 	}
 	t := time.NewTimer(d.RetryAfter)
 	defer t.Stop()

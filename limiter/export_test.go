@@ -1,6 +1,9 @@
 package limiter
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SetOverrideFields and DeleteOverrideScope reach a store's overrides
 // directly, for the differential test.
@@ -29,4 +32,15 @@ func DenyCacheHolds(c *DenyCache, tag string) bool {
 		return !held
 	})
 	return held
+}
+
+// SetSleep makes l's queue wait through f instead of a timer: a
+// simulation moves its clock there (f reports false for a client that went
+// away). Set it before l decides anything.
+func SetSleep(l *Limiter, f func(ctx context.Context, d time.Duration) bool) { l.sleep = f }
+
+// BreakerHeld is the number of releases and records b holds for its store,
+// and whether it is sending them, for the simulation.
+func BreakerHeld(b *Breaker) (n int, sending bool) {
+	return int(b.held.n.Load()), b.held.sending.Load()
 }

@@ -432,8 +432,11 @@ func (s *oStore) liveLeases(bucket string, now int64) int64 {
 
 // Decide is the store's answer to a check (checkOnly: count_only's check
 // before the response, which records nothing), made and recorded at now.
-// reqNo names the request's lease.
-func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, reqNo int) oDecision {
+// reqNo names the request's lease. waitLeft (µs; -1: none) is how long the
+// request may still wait in the queue: a refusal it will wait out is not a
+// client's denial (the ban counts a queued request once, at its last
+// refusal).
+func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, reqNo int, waitLeft int64) oDecision {
 	n := now.UnixMicro()
 	cost := max(q.cost, 1)
 	d := oDecision{}
@@ -513,7 +516,8 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 		d.outcome = limiter.OutcomeLimited
 	}
 	if !allowed && !d.banned && rule.ban != nil && !rule.dryRun &&
-		(d.outcome != limiter.OutcomeConcurrency || rule.banCountsConcurrency) {
+		(d.outcome != limiter.OutcomeConcurrency || rule.banCountsConcurrency) &&
+		!(d.outcome == limiter.OutcomeLimited && d.retryOf() <= waitLeft) {
 		if b == nil {
 			b = &oBan{}
 			s.bans[bucket] = b
@@ -608,7 +612,7 @@ func (s *oStore) DeleteOverride(id, scope string) { delete(s.ovs[id], scope) }
 // fail_closed), fail local is the node's own in-process store's answer
 // (source local); a dry run passes every refusal; nothing is written to the
 // shared store.
-func FailRule(rule *oRule, local *oStore, q *oReq, now time.Time, checkOnly bool, reqNo int) oDecision {
+func FailRule(rule *oRule, local *oStore, q *oReq, now time.Time, checkOnly bool, reqNo int, waitLeft int64) oDecision {
 	var d oDecision
 	switch rule.fail {
 	case limiter.FailOpen:
@@ -618,7 +622,7 @@ func FailRule(rule *oRule, local *oStore, q *oReq, now time.Time, checkOnly bool
 	default:
 		// The in-process fallback applies the configured limits: it knows
 		// no override.
-		d = local.Decide(rule, q, now, checkOnly, reqNo)
+		d = local.Decide(rule, q, now, checkOnly, reqNo, waitLeft)
 		d.source = limiter.SourceLocal
 	}
 	return d

@@ -171,6 +171,15 @@ type simOpen struct {
 	rule   oRule
 	reqNo  int
 	shared bool // decided by the shared store (else the node's fail local store)
+	br     *limiter.Breaker
+}
+
+// simHeld is a release or a record a node's breaker holds for the store.
+type simHeld struct {
+	o      *simOpen
+	record bool
+	at     time.Time // the response's end
+	until  int64     // µs: worth sending until then
 }
 
 // simRun is one history being run.
@@ -189,6 +198,10 @@ type simRun struct {
 	mem    *limiter.MemoryStore
 	step   int
 	probes int
+	held   map[*limiter.Breaker][]simHeld
+	// The queue's waits of the request being decided.
+	sleeps                 []time.Duration
+	cancelQueue, cancelled bool
 }
 
 func (r *simRun) now() time.Time { return r.clock.Now() }
@@ -258,12 +271,16 @@ func (r *simRun) request(ni int, s *simStep) error {
 	r.keys[q.id+"\x00"+q.region] = q
 	r.reqNo++
 	no := r.reqNo
-	ctx := context.Background()
-	got, err := n.l.Decide(ctx, in)
+	r.sleeps, r.cancelQueue, r.cancelled = nil, s.Cancel, false
+	start := r.now()
+	got, err := n.l.Decide(context.Background(), in)
 	if err != nil {
 		return fmt.Errorf("Decide: %v", err)
 	}
-	want, shared := r.expect(n, &q, &got, no)
+	want, shared, queued, err := r.expectQueued(n, &q, &got, no, start)
+	if err != nil {
+		return err
+	}
 	r.event("req:" + string(got.Source))
 	r.event("outcome:" + got.Outcome.String())
 	if got.DryRun {
@@ -275,23 +292,115 @@ func (r *simRun) request(ni int, s *simStep) error {
 	if err := compareDecision(&got, &want); err != nil {
 		return err
 	}
+	if got.Queued != queued {
+		return fmt.Errorf("queued: got %v, the oracle says %v", got.Queued, queued)
+	}
 	if want.leaseTaken || want.record {
-		r.open = append(r.open, &simOpen{node: ni, l: n.l, d: got, od: want, q: q, rule: n.rule, reqNo: no, shared: shared})
+		o := &simOpen{node: ni, l: n.l, d: got, od: want, q: q, rule: n.rule, reqNo: no, shared: shared}
+		if n.stack != nil {
+			o.br = n.stack.breaker
+		}
+		r.open = append(r.open, o)
+	}
+	if n.stack != nil && got.Err == nil && got.Source == limiter.SourceRedis {
+		return r.deliverHeld(n.stack.breaker)
 	}
 	return nil
 }
 
-// expect is the oracle's answer to a request the stack answered with got:
-// the store's, unless the store could not decide (got carries the error),
-// then the fail mode's rule; a deny cache's answer on the Redis stack.
-func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int) (oDecision, bool) {
-	now := r.now()
+// deliverHeld: once a call through a breaker succeeds, it sends what it
+// holds in the background, each release and record while it still means
+// something; the oracle applies them once sent.
+func (r *simRun) deliverHeld(b *limiter.Breaker) error {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if n, sending := limiter.BreakerHeld(b); n == 0 && !sending {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the breaker still holds releases or records 3 s after a call succeeded")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t := r.now().UnixMicro()
+	for _, h := range r.held[b] {
+		if t >= h.until {
+			continue
+		}
+		if h.record {
+			r.store.Record(&h.o.rule, &h.o.q, h.at)
+			r.event("held_record_delivered")
+		} else {
+			r.store.Release(h.o.q.bucket(&h.o.rule), h.o.reqNo)
+			r.event("held_release_delivered")
+		}
+	}
+	delete(r.held, b)
+	return nil
+}
+
+// expectQueued is the oracle's answer to a request decided from start,
+// with the queue: a refusal whose retry fits in what is left of max_wait
+// waits until then (the stack's sleeps moved the clock) and is decided
+// again; a client that goes away stops waiting.
+func (r *simRun) expectQueued(n *simNode, q *oReq, got *limiter.Decision, no int, start time.Time) (oDecision, bool, bool, error) {
+	t, waited := start, time.Duration(0)
+	queued := false
+	for i := 0; ; i++ {
+		waitLeft := int64(-1)
+		mw := n.rule.queue.MaxWait
+		if mw > 0 && !n.rule.dryRun {
+			waitLeft = (mw - waited).Microseconds()
+		}
+		last := i == len(r.sleeps)
+		want, shared := r.expect(n, q, got, no, t, waitLeft, last)
+		waits := want.outcome == limiter.OutcomeLimited && waitLeft >= 0 && want.retry <= waitLeft
+		switch {
+		case waits && !last:
+			if ceilSec(r.sleeps[i]) != want.RetrySeconds() {
+				return want, shared, queued, fmt.Errorf("the queue waited %s, the oracle says %s", r.sleeps[i], time.Duration(want.retry)*time.Microsecond)
+			}
+			queued = true
+			t = t.Add(r.sleeps[i])
+			waited += r.sleeps[i]
+			r.event("queue_wait")
+			continue
+		case waits && r.cancelled:
+			// The client went away while queued.
+			r.event("queue_cancel")
+			return want, shared, true, nil
+		case waits:
+			return want, shared, queued, fmt.Errorf("the oracle says the request waits %s in the queue; it did not (%s)", time.Duration(want.retry)*time.Microsecond, describe(got))
+		case !last:
+			return want, shared, queued, fmt.Errorf("the request waited %s in the queue; the oracle says %s", r.sleeps[i], want)
+		}
+		return want, shared, queued, nil
+	}
+}
+
+// sleep is the queue's wait: the clock moves on by d, unless the client
+// goes away.
+func (r *simRun) sleep(_ context.Context, d time.Duration) bool {
+	if r.cancelQueue {
+		r.cancelQueue, r.cancelled = false, true
+		return false
+	}
+	r.sleeps = append(r.sleeps, d)
+	r.clock.Set(r.now().Add(d))
+	return true
+}
+
+// expect is the oracle's answer to a request at now, which the stack
+// answered with got (when last: the final check of a queued request): the
+// store's, unless the store could not decide (got carries the error), then
+// the fail mode's rule; a deny cache's answer on the Redis stack.
+func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int, now time.Time, waitLeft int64, last bool) (oDecision, bool) {
 	checkOnly := n.rule.countOnly
 	if n.rule.tooLarge(q) {
 		// Decided before any store: no source.
 		return n.rule.Finish(oDecision{outcome: limiter.OutcomeTooLarge, wins: r.staticWins(n, q)}), false
 	}
-	if got.Source != limiter.SourceDenyCache && got.Err == nil && n.servable(q, now, r.down != "") != nil {
+	if last && got.Source != limiter.SourceDenyCache && got.Err == nil && n.servable(q, now, r.down != "") != nil {
 		// A node may forget a cached denial whenever the store answers (a
 		// notice, a subscription that starts again): the store then
 		// decides. It never remembers one it was not given.
@@ -300,11 +409,11 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int) (oDe
 	if d, ok := r.cached(n, q, now); ok {
 		return n.rule.Finish(d), false
 	}
-	if got.Err != nil && r.c.Stack == "redis" {
+	if last && got.Err != nil && r.c.Stack == "redis" {
 		r.event("fail:" + n.rule.fail.String())
-		return n.rule.Finish(FailRule(&n.rule, n.local, q, now, checkOnly, no)), false
+		return n.rule.Finish(FailRule(&n.rule, n.local, q, now, checkOnly, no, waitLeft)), false
 	}
-	d := r.store.Decide(&n.rule, q, now, checkOnly, no)
+	d := r.store.Decide(&n.rule, q, now, checkOnly, no, waitLeft)
 	d.source = r.source()
 	r.remember(n, q, &d, now)
 	return n.rule.Finish(d), true
@@ -348,6 +457,16 @@ func (r *simRun) done(s *simStep) error {
 		status = 500
 		r.event("panic")
 	}
+	if o.shared && r.down == "stall" {
+		// A call after the response that reaches a stalled Redis may run
+		// when it resumes, or not: the response ends later.
+		r.open = append(r.open, o)
+		return nil
+	}
+	var before int
+	if o.br != nil {
+		before, _ = limiter.BreakerHeld(o.br)
+	}
 	func() {
 		defer func() { _ = recover() }()
 		defer o.l.Done(context.Background(), &o.d, status)
@@ -359,12 +478,25 @@ func (r *simRun) done(s *simStep) error {
 	if !o.shared {
 		st = r.nodes[o.node].local
 	}
-	deliverable := !o.shared || r.down == ""
-	if !deliverable {
-		r.event("release_undeliverable")
-		return nil
+	record := o.od.record && status == 401
+	if o.br != nil && o.shared {
+		if after, _ := limiter.BreakerHeld(o.br); after > before {
+			// The breaker holds them (the circuit is open, or the store
+			// failed): they reach the store after its next success.
+			r.event("release_undeliverable")
+			leases := 0
+			if o.od.leaseTaken {
+				leases = 1
+			}
+			r.hold(o, record, after-before > leases)
+			return nil
+		}
+		if r.down != "" {
+			r.event("record_lost")
+			return nil // a record sent to a Redis that refused it is lost
+		}
 	}
-	if o.od.record && status == 401 {
+	if record {
 		st.Record(&o.rule, &o.q, r.now())
 		r.event("count_only_record")
 	}
@@ -373,6 +505,37 @@ func (r *simRun) done(s *simStep) error {
 		r.event("release")
 	}
 	return nil
+}
+
+// hold keeps a request's release (and its record, when heldRecord: one
+// the breaker never sent) as its breaker does.
+func (r *simRun) hold(o *simOpen, record, heldRecord bool) {
+	t := r.now()
+	if o.od.leaseTaken {
+		r.held[o.br] = append(r.held[o.br], simHeld{o: o, at: t, until: t.UnixMicro() + o.rule.leaseTimeout})
+	}
+	if record && heldRecord {
+		shortest := int64(0)
+		for _, w := range o.rule.wins {
+			l := w.Duration.Microseconds()
+			if w.Period != limiter.PeriodNone {
+				s, e := periodBounds(w.Period, t, o.rule.loc)
+				l = e - s
+			}
+			if shortest == 0 || l < shortest {
+				shortest = l
+			}
+		}
+		for _, w := range o.rule.gwins {
+			l := w.Duration.Microseconds()
+			if w.Period != limiter.PeriodNone {
+				s, e := periodBounds(w.Period, t, o.rule.loc)
+				l = e - s
+			}
+			shortest = min(shortest, l)
+		}
+		r.held[o.br] = append(r.held[o.br], simHeld{o: o, record: true, at: t, until: t.UnixMicro() + shortest})
+	}
 }
 
 // reset is the admin DELETE of a key (lifting its ban): the store forgets

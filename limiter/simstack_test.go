@@ -52,7 +52,7 @@ func (s *nodeStack) close() {
 func (e *simEnv) start(c *simCase) (*simRun, error) {
 	e.run++
 	r := &simRun{c: c, clock: &testClock{t: c.Start}, env: e, store: newOStore(), seen: map[string]int{},
-		keys: map[string]oReq{}, prefix: "sim" + strconv.Itoa(e.run) + ":"}
+		keys: map[string]oReq{}, held: map[*limiter.Breaker][]simHeld{}, prefix: "sim" + strconv.Itoa(e.run) + ":"}
 	if c.Stack == "memory" {
 		r.mem = limiter.NewMemoryStore()
 	} else {
@@ -119,6 +119,7 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 	if err != nil {
 		return nil, err
 	}
+	limiter.SetSleep(l, r.sleep)
 	n.l = l
 	return n, nil
 }
@@ -409,7 +410,7 @@ func (r *simRun) cacheInvariant() error {
 				continue
 			}
 			q := oReq{id: id, region: region, limits: n.cfg.Limits, glimit: n.cfg.GLimits, cost: c.cost, maxConc: n.cfg.Conc}
-			peek := r.store.clone().Decide(&n.rule, &q, r.now(), true, -1)
+			peek := r.store.clone().Decide(&n.rule, &q, r.now(), true, -1, -1)
 			if peek.outcome == limiter.OutcomeAllowed {
 				return fmt.Errorf("node %d: a cached denial of %q (until %s) outlasts what the store would answer (allowed)", i, b,
 					time.Duration(c.until-t)*time.Microsecond)
