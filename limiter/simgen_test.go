@@ -258,8 +258,8 @@ func (e *simEnv) shrink(c simCase, budget time.Duration) simCase {
 // default, SIM_SEEDS / SIM_STEPS, one seed with SIM_SEED, or as many as fit
 // in SIM_TIME.
 func simBudget(stack string) (seeds []uint64, steps int, until time.Time) {
-	steps = envInt("SIM_STEPS", map[string]int{"memory": 200, "redis": 100}[stack])
-	n := envInt("SIM_SEEDS", map[string]int{"memory": 60, "redis": 6}[stack])
+	steps = envInt("SIM_STEPS", map[string]int{"memory": 300, "redis": 100}[stack])
+	n := envInt("SIM_SEEDS", map[string]int{"memory": 150, "redis": 6}[stack])
 	if v := os.Getenv("SIM_SEED"); v != "" {
 		var s uint64
 		fmt.Sscan(v, &s)
