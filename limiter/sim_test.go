@@ -258,6 +258,8 @@ func (r *simRun) do(s *simStep) error {
 		return r.reload(s.Node%len(r.nodes), s)
 	case "fault":
 		return r.fault(s)
+	case "die":
+		return r.die(s.Node % len(r.nodes))
 	default:
 		return fmt.Errorf("unknown step %q", s.Op)
 	}
@@ -659,6 +661,35 @@ func (r *simRun) knowsLiveOverrides(n *simNode) bool {
 		}
 	}
 	return true
+}
+
+// die is a node that dies and starts again: its requests in flight never
+// end (their leases expire after lease_timeout, their count_only units are
+// never recorded), its deny cache, queue, breaker and fail local store are
+// gone.
+func (r *simRun) die(ni int) error {
+	old := r.nodes[ni]
+	keep := r.open[:0]
+	for _, o := range r.open {
+		if o.node != ni {
+			keep = append(keep, o)
+		}
+	}
+	r.open = keep
+	old.l.Close()
+	if old.stack != nil {
+		old.stack.close()
+	}
+	nn, err := r.env.node(r, len(r.nodes), old.cfg, true) // as a node of its own: nothing kept
+	if err != nil {
+		return err
+	}
+	r.nodes[ni] = nn
+	r.event("node_death")
+	if r.c.Stack == "redis" && r.down == "" {
+		return r.settle(func(m *simNode) bool { return m != nn || r.knowsLiveOverrides(m) })
+	}
+	return nil
 }
 
 // fault breaks or heals the Redis stack.

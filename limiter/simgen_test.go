@@ -129,6 +129,8 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 			if rng.IntN(2) == 0 {
 				s.Region = regions[rng.IntN(2)]
 			}
+		case x < 91:
+			s.Op = "die"
 		case x < 94:
 			if c.Stack == "memory" && simAvoid["memory:reload-after-override"] && hasOp(steps, "ovset") {
 				continue
@@ -326,7 +328,7 @@ func TestSimMemory(t *testing.T) {
 	seen := simulate(t, e, "memory")
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "ban_lift", "ban_started", "override_set", "override_delete",
-			"reload", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel",
+			"reload", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel", "node_death",
 			"outcome:allowed", "outcome:limited", "outcome:banned", "outcome:concurrency", "outcome:too_large"})
 	}
 }
@@ -341,7 +343,7 @@ func TestSimRedis(t *testing.T) {
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client",
 			"release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
-			"fault:script_flush", "fail:open", "fail:closed", "fail:local", "release_undeliverable",
+			"fault:script_flush", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
 	}
 }
