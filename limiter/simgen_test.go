@@ -343,7 +343,7 @@ func TestSimRedis(t *testing.T) {
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client",
 			"release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
-			"fault:script_flush", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable",
+			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
 	}
 }
