@@ -335,7 +335,13 @@ func (l *Limiter) plan() {
 		}
 	}
 	if l.p.Ban != nil {
-		l.specs = append(l.specs, KeySpec{Segment: "ban"})
+		// A dry run's would-be refusals ban no one: they count in a ban key
+		// of their own, which only dry runs read.
+		seg := "ban"
+		if l.p.DryRun {
+			seg = "dryban"
+		}
+		l.specs = append(l.specs, KeySpec{Segment: seg})
 	}
 	if l.p.Concurrency {
 		l.specs = append(l.specs, KeySpec{Segment: "lease"})

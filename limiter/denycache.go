@@ -226,6 +226,17 @@ func (c *DenyCache) Forget(tag string) {
 	})
 }
 
+// forgetTags is Forget for several identities at once (one pass).
+func (c *DenyCache) forgetTags(tags map[string]bool) {
+	c.gen.Add(1)
+	c.m.Range(func(k, v any) bool {
+		if tags[HashTag(k.(string))] {
+			c.drop(k.(string), v.(*denial))
+		}
+		return true
+	})
+}
+
 // opShape hashes everything of an Op that changes its answer, except the
 // time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
 // the concurrency bound (FNV-1a, no allocation).

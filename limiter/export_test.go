@@ -44,3 +44,7 @@ func SetSleep(l *Limiter, f func(ctx context.Context, d time.Duration) bool) { l
 func BreakerHeld(b *Breaker) (n int, sending bool) {
 	return int(b.held.n.Load()), b.held.sending.Load()
 }
+
+// ReadOverrideIndex makes l read its index of live overrides now, as its
+// watcher does every OverrideRefresh.
+func ReadOverrideIndex(l *Limiter) { l.readIndex() }

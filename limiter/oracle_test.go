@@ -149,12 +149,13 @@ type oStore struct {
 	buckets map[string][]oEntry
 	ledger  *oLedger
 	bans    map[string]*oBan
+	drybans map[string]*oBan         // a dry run's would-be bans: only dry runs read them
 	leases  map[string]map[int]int64 // bucket → request number → expiry (µs)
 	ovs     map[string]map[string]*oOverride
 }
 
 func newOStore() *oStore {
-	return &oStore{buckets: map[string][]oEntry{}, ledger: newLedger(), bans: map[string]*oBan{},
+	return &oStore{buckets: map[string][]oEntry{}, ledger: newLedger(), bans: map[string]*oBan{}, drybans: map[string]*oBan{},
 		leases: map[string]map[int]int64{}, ovs: map[string]map[string]*oOverride{}}
 }
 
@@ -475,7 +476,13 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 			w.retry = ovEnd - n
 		}
 	}
-	b := s.bans[bucket]
+	bans := s.bans
+	if rule.dryRun {
+		// A dry run counts its would-be refusals toward a ban of its own,
+		// and reads only that one (docs/decision.md: what a dry run writes).
+		bans = s.drybans
+	}
+	b := bans[bucket]
 	if rule.ban != nil && b != nil && b.until > n {
 		d.banned, d.banLeft = true, b.until-n
 	}
@@ -515,12 +522,12 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 	default:
 		d.outcome = limiter.OutcomeLimited
 	}
-	if !allowed && !d.banned && rule.ban != nil && !rule.dryRun &&
+	if !allowed && !d.banned && rule.ban != nil &&
 		(d.outcome != limiter.OutcomeConcurrency || rule.banCountsConcurrency) &&
 		!(d.outcome == limiter.OutcomeLimited && d.retryOf() <= waitLeft) {
 		if b == nil {
 			b = &oBan{}
-			s.bans[bucket] = b
+			bans[bucket] = b
 		}
 		if banCount(b, rule.ban, n) {
 			d.banned, d.banStarted, d.banLeft = true, true, rule.ban.For.Microseconds()
@@ -590,6 +597,7 @@ func (s *oStore) Reset(rule *oRule, q *oReq) {
 	b := q.bucket(rule)
 	delete(s.buckets, b)
 	delete(s.bans, b)
+	delete(s.drybans, b)
 	if len(rule.gwins) > 0 {
 		delete(s.ledger.logs, q.id)
 	}

@@ -133,23 +133,38 @@ func (l *Limiter) watchOverrides() {
 	t := time.NewTicker(OverrideRefresh)
 	defer t.Stop()
 	for {
-		since := time.Now().UnixNano()
-		ctx, cancel := context.WithTimeout(context.Background(), OverrideRefresh)
-		if list, err := l.ActiveOverrides(ctx); err == nil {
-			tags := make([]string, len(list))
-			for i, e := range list {
-				tags[i] = e.Identity
-			}
-			l.ov.replace(tags, since)
-		} else {
-			l.ovView.Store(nil) // unknown until the store answers
-		}
-		cancel()
+		l.readIndex()
 		select {
 		case <-l.ovStop:
 			return
 		case <-t.C:
 		case <-l.ovKick:
+		}
+	}
+}
+
+// readIndex reads the index of live overrides once. The cached denials of
+// identities whose overrides changed since the last read are dropped: they
+// were decided under other limits (the notice that drops them may never
+// have come).
+func (l *Limiter) readIndex() {
+	since := time.Now().UnixNano()
+	ctx, cancel := context.WithTimeout(context.Background(), OverrideRefresh)
+	defer cancel()
+	prev := l.ovView.Load()
+	list, err := l.ActiveOverrides(ctx)
+	if err != nil {
+		l.ovView.Store(nil) // unknown until the store answers
+		return
+	}
+	tags := make([]string, len(list))
+	for i, e := range list {
+		tags[i] = e.Identity
+	}
+	l.ov.replace(tags, since)
+	if cur := l.ovView.Load(); l.cache != nil && cur != nil {
+		if changed := changedTags(prev, cur); len(changed) > 0 {
+			l.cache.forgetTags(changed)
 		}
 	}
 }
@@ -164,20 +179,37 @@ func (l *Limiter) kickOverrides() {
 	}
 }
 
-// indexView is the index of live overrides as last read: their ends on
-// the store's clock, and that clock's offset from the limiter's.
+// indexView is the index of live overrides as last read: each member's
+// end on the store's clock, and that clock's offset from the limiter's.
 type indexView struct {
-	ends   []int64
+	ends   map[string]int64
 	offset int64 // store now − limiter now, µs
 }
 
 // see records an index read that returned m at the store's now.
 func (l *Limiter) see(m map[string]int64, storeNow int64) {
-	v := &indexView{offset: storeNow - l.p.Now().UnixMicro()}
-	for _, u := range m {
-		v.ends = append(v.ends, u)
+	l.ovView.Store(&indexView{ends: m, offset: storeNow - l.p.Now().UnixMicro()})
+}
+
+// changedTags are the identities whose overrides differ between two reads
+// of the index (set, ended early, or set again; all of them when the
+// earlier read is unknown).
+func changedTags(prev, cur *indexView) map[string]bool {
+	out := map[string]bool{}
+	tag := func(member string) string { t, _, _ := strings.Cut(member, ":"); return t }
+	for m, u := range cur.ends {
+		if prev == nil || prev.ends[m] != u {
+			out[tag(m)] = true
+		}
 	}
-	l.ovView.Store(v)
+	if prev != nil {
+		for m := range prev.ends {
+			if _, ok := cur.ends[m]; !ok {
+				out[tag(m)] = true
+			}
+		}
+	}
+	return out
 }
 
 // OverridesActive is the number of live overrides as of the last read of

@@ -113,3 +113,52 @@ func TestInProcessOverrideSurvivesANewLimiter(t *testing.T) {
 		t.Errorf("after the override's TTL: %v (overridden %v), want admitted under 100", d.Outcome, d.Overridden)
 	}
 }
+
+// TestIndexReadDropsCachedDenialsOfChangedOverrides: two nodes share a
+// store, and node B's notices never reach node A. A learns of overrides set
+// or ended on B from the index, which it reads every 5 s; whatever it had
+// cached for an identity whose override changed was decided under other
+// limits, so it is dropped then: K, refused on A at its limit of 1, gets
+// in once B raises it to 10; L, refused on A under B's override of 1 (its
+// limit is 100), gets in once B deletes the override.
+func TestIndexReadDropsCachedDenialsOfChangedOverrides(t *testing.T) {
+	t.Parallel()
+	mem := limiter.NewMemoryStore()
+	t.Cleanup(func() { mem.Close() })
+	clock := &testClock{t: t0.Add(2 * time.Second)}
+	p := limiter.Policy{Name: "index", Windows: []limiter.Window{{Duration: time.Hour}}, AppClock: true, Now: clock.Now}
+	node := func() *limiter.Limiter {
+		l, err := limiter.New(p, limiter.Backend{Store: mem, Source: limiter.SourceRedis, Remote: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		return l
+	}
+	a, b := node(), node()
+	ctx := context.Background()
+	k := limiter.Input{Identity: "K", Limits: []int64{1}}
+	l := limiter.Input{Identity: "L", Limits: []int64{100}}
+	if _, err := b.SetOverride(ctx, "L", limiter.Override{Limits: []int64{1}, TTL: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	limiter.ReadOverrideIndex(a)
+	for _, in := range []*limiter.Input{&k, &l} {
+		a.Decide(ctx, in)
+		if d, _ := a.Decide(ctx, in); d.Pass {
+			t.Fatalf("%s's second request on A: admitted over its limit of 1", in.Identity)
+		}
+	}
+	if _, err := b.SetOverride(ctx, "K", limiter.Override{Limits: []int64{10}, TTL: 10 * time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.DeleteOverride(ctx, "L", ""); err != nil {
+		t.Fatal(err)
+	}
+	limiter.ReadOverrideIndex(a)
+	for _, in := range []*limiter.Input{&k, &l} {
+		if d, _ := a.Decide(ctx, in); !d.Pass {
+			t.Errorf("%s on A after its override changed on B and A read the index: %v from %s", in.Identity, d.Outcome, d.Source)
+		}
+	}
+}

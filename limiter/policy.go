@@ -137,6 +137,9 @@ type Policy struct {
 	// Fail is what happens when the store cannot decide.
 	Fail FailMode
 	// DryRun passes every request; Decision.DryRun marks would-be denials.
+	// It records what it admits, as an enforcing limiter would; its
+	// would-be refusals count toward a ban of its own (key segment
+	// "dryban"), which no enforcing limiter reads.
 	DryRun bool
 	// AppClock sends this process's clock (Now) to the store; otherwise
 	// the Redis store reads Redis TIME (one clock for every node).

@@ -387,13 +387,6 @@ var simReplays = []simCase{
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 			{Op: "fault", Fault: "heal"},
 		}},
-}
-
-// simPending are histories of known bugs whose fix has not landed on this
-// branch yet (issue 20's classes, fixed on other branches): TestSimReplay
-// runs them with SIM_PENDING=1; once a fix lands they move to simReplays and
-// the matching entry of simAvoid goes.
-var simPending = []simCase{
 	{Name: "a dry run's would-be denials ban real clients (fix-engine)", Stack: "memory", Start: time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), Nodes: 3,
 		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"1m", "week"}, Limits: []int64{4, 12}, Zone: "UTC", BanAfter: 3, BanWithin: "1s", BanFor: "10s", Conc: 1, Lease: "2s"},
 		Steps: []simStep{
@@ -407,13 +400,19 @@ var simPending = []simCase{
 		}},
 }
 
+// simPending are histories of known bugs whose fix has not landed on this
+// branch yet (issue 20's classes, fixed on other branches): TestSimReplay
+// runs them with SIM_PENDING=1; once a fix lands they move to simReplays and
+// the matching entry of simAvoid goes.
+var simPending = []simCase{}
+
 // simAvoid names the histories the generator does not draw while their
 // bug's fix has not landed here (see simPending), so the simulation goes on
 // finding others. The oracle is not changed for them.
 var simAvoid = map[string]bool{
 	// Fixed on this branch by merging fix-engine and fix-lifecycle:
 	"memory:reload-after-override": false,
-	"dry-run-with-ban":             true, // fix-engine has not fixed it yet
+	"dry-run-with-ban":             false,
 	"new-client-with-leases":       false,
 	"outage-with-ban":              false,
 }

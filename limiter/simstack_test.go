@@ -438,10 +438,12 @@ func (s *oStore) clone() *oStore {
 	for k, v := range s.ledger.logs {
 		c.ledger.logs[k] = append([]oEntry(nil), v...)
 	}
-	for k, v := range s.bans {
-		b := *v
-		b.denials = append([]int64(nil), v.denials...)
-		c.bans[k] = &b
+	for _, m := range [][2]map[string]*oBan{{s.bans, c.bans}, {s.drybans, c.drybans}} {
+		for k, v := range m[0] {
+			b := *v
+			b.denials = append([]int64(nil), v.denials...)
+			m[1][k] = &b
+		}
 	}
 	for k, v := range s.leases {
 		m := map[int]int64{}
