@@ -173,6 +173,51 @@ func (h *Handler) warnTemplates() {
 	}
 }
 
+// checkAmounts refuses, at load, a limit, global_limit, cost or
+// max_concurrent with a placeholder nothing provides. Unlike a key's (a
+// warning: one budget for everyone may be meant), such a placeholder
+// resolves to nothing, which is not a positive integer: every request
+// would be answered 500. A placeholder only a plugin sets can be copied
+// into a variable first (vars), read as {http.vars.<name>}.
+func (h *Handler) checkAmounts() error {
+	type checked struct {
+		field, what string
+		a           Amount
+	}
+	list := []checked{{"cost", "cost", h.Cost}, {"max_concurrent", "max_concurrent", h.MaxConcurrent}}
+	for _, global := range []bool{false, true} {
+		_, as, _ := h.windows(global)
+		what := "limit"
+		if global {
+			what = "global_limit"
+		}
+		for i, a := range as {
+			list = append(list, checked{h.windowField(global, i, false), what, a})
+		}
+	}
+	var k *placeholderKnowledge
+	for _, c := range list {
+		if !c.a.isDynamic() {
+			continue
+		}
+		if k == nil {
+			k = newPlaceholderKnowledge(h.ctx)
+		}
+		for _, name := range templatePlaceholders(string(c.a)) {
+			if k.known(name) {
+				continue
+			}
+			hint := ""
+			if s := suggestPlaceholder(name); s != "" {
+				hint = " (did you mean " + s + "?)"
+			}
+			return cfgErr(c.field, "%s %s: placeholder {%s} is not one that Caddy or a handler of this config provides: it resolves to nothing, and every request would be answered 500%s",
+				c.what, c.a, name, hint)
+		}
+	}
+	return nil
+}
+
 // suggestPlaceholder returns the placeholder a near miss probably meant:
 // the expansion of a Caddyfile shorthand (which JSON does not expand), a
 // family or a name at most two edits away; "" when none is close.

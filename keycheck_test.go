@@ -7,6 +7,7 @@ package slidingratelimit
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -313,4 +314,69 @@ http://localhost:9080 {
 	if got := scrape(t, tester, "caddy_sliding_ratelimit_empty_keys_total", `limiter="`+name+`"`); got != 2 {
 		t.Fatalf("empty_keys_total = %v after 2 requests without a key, want 2", got)
 	}
+}
+
+// TestAmountPlaceholdersCheckedAtLoad: a placeholder in limit,
+// global_limit, cost or max_concurrent that nothing provides resolves to
+// nothing, and every request would be answered 500: the config is refused
+// at load, naming the limiter, the directive, the placeholder and, when one
+// is close, the one it meant. Placeholders Caddy or the config provides
+// (request headers, a map's destination, vars, the environment) load.
+func TestAmountPlaceholdersCheckedAtLoad(t *testing.T) {
+	t.Parallel()
+	site := func(name, lines string) string {
+		return ":8080 {\n\tmap {header.X-API-Key} {tier_limit} {\n\t\tdefault 5\n\t}\n\tsliding_ratelimit {\n\t\tname " + name +
+			"\n\t\tkey {header.X-API-Key}\n\t\t" + strings.ReplaceAll(lines, "\n", "\n\t\t") + "\n\t}\n\trespond ok\n}\n"
+	}
+	unknown := "is not one that Caddy or a handler of this config provides: it resolves to nothing, and every request would be answered 500"
+	for i, c := range []struct {
+		name, lines, want string
+	}{
+		{"typo in limit", "limit {http.request.heder.X-Tier}\nwindow 1m",
+			"limiter amt0: limit {http.request.heder.X-Tier}: placeholder {http.request.heder.X-Tier} " + unknown + " (did you mean {http.request.header.X-Tier}?)"},
+		{"typo in a map's destination", "limit {tier_limt}\nwindow 1m",
+			"limiter amt1: limit {tier_limt}: placeholder {tier_limt} " + unknown},
+		{"typo in a second window", "limit 100 1m\nlimit {tire} 1h",
+			"limiter amt2: limits[1]: limit {tire}: placeholder {tire} " + unknown},
+		{"typo in global_limit", "region {header.X-Region}\nlimit 5 1m\nglobal_limit {http.request.uri.qurey.g} 1m",
+			"limiter amt3: global_limits[0]: global_limit {http.request.uri.qurey.g}: placeholder {http.request.uri.qurey.g} " + unknown + " (did you mean {http.request.uri.query.g}?)"},
+		{"typo in cost", "limit 5\nwindow 1m\ncost {http.request.header.X-Cost}{costs}",
+			"limiter amt4: cost {http.request.header.X-Cost}{costs}: placeholder {costs} " + unknown},
+		{"typo in max_concurrent", "limit 5\nwindow 1m\nmax_concurrent {http.reqest.header.X-Max}",
+			"limiter amt5: max_concurrent {http.reqest.header.X-Max}: placeholder {http.reqest.header.X-Max} " + unknown + " (did you mean {http.request.header.X-Max}?)"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := loadCaddyfile(t, site(fmt.Sprintf("amt%d", i), c.lines))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("loading gives %v, want %q", err, c.want)
+			}
+		})
+	}
+	for _, lines := range []string{
+		"limit {header.X-Tier}\nwindow 1m\ncost {header.X-Cost}\nmax_concurrent {header.X-Max}",
+		"limit {tier_limit}\nwindow 1m",
+		"limit {vars.tier}\nwindow 1m\ncost {http.vars.cost}",
+		"limit {env.SLIDING_RATELIMIT_LIMIT}\nwindow 1m",
+		"region {header.X-Region}\nlimit 5 1m\nglobal_limit {query.g} 1m",
+		"limit 5\nwindow 1m\nmax_concurrent {re.tier.1}",
+	} {
+		if err := loadCaddyfile(t, site("ok", lines)); err != nil {
+			t.Errorf("refused at load:\n%s\n%v", lines, err)
+		}
+	}
+}
+
+// loadCaddyfile adapts a Caddyfile and loads it as Caddy does (provisioned
+// and validated, nothing started).
+func loadCaddyfile(t *testing.T, src string) error {
+	t.Helper()
+	out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	var cfg caddy.Config
+	if err := json.Unmarshal(out, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return validateConfig(&cfg)
 }

@@ -293,6 +293,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := h.checkStatic(&p); err != nil {
 		return h.named(err)
 	}
+	if err := h.checkAmounts(); err != nil {
+		return h.named(err)
+	}
 	h.compile()
 	h.statusIn = p.CountOnly
 

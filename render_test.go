@@ -349,3 +349,46 @@ http://localhost:9080 {
 		}
 	}
 }
+
+// TestFailOpenSendsNoRateLimitHeaders: as the README promises, a request
+// passed by fail open (Redis killed: the store fails, then the circuit is
+// open) gets no rate limit header, no Retry-After, whatever headers mode,
+// with every feature that adds a header (several windows, a calendar
+// period, max_concurrent); the placeholders say fail_open, and the usage
+// ones are empty (unknown).
+func TestFailOpenSendsNoRateLimitHeaders(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	addr := srv.Addr()
+	srv.Kill()
+	for _, mode := range []string{"both", "ietf", "legacy"} {
+		h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Headers: mode,
+			Limits:        []LimitConfig{{Limit: "5", Window: caddy.Duration(time.Minute)}, {Limit: "100", Period: "day"}},
+			MaxConcurrent: "3", Fail: "open",
+			Redis: &RedisConfig{Addresses: []string{addr}, Timeout: caddy.Duration(50 * time.Millisecond)}}
+		provision(t, h, nil)
+		for i := 0; i < 8; i++ { // past the breaker's threshold: its circuit opens
+			w, r, repl := newRequest(map[string]string{"X-API-Key": "k"})
+			if err := h.ServeHTTP(w, r, nextOK); err != nil {
+				t.Fatal(err)
+			}
+			if w.Code != http.StatusOK {
+				t.Fatalf("headers %s, request %d with Redis killed: %d, want 200 (fail open)", mode, i+1, w.Code)
+			}
+			for name := range w.Header() {
+				if l := strings.ToLower(name); strings.HasPrefix(l, "ratelimit") || strings.HasPrefix(l, "x-ratelimit") || l == "retry-after" {
+					t.Errorf("headers %s, request %d passed by fail open sends %s: %q", mode, i+1, name, w.Header().Get(name))
+				}
+			}
+			for ph, want := range map[string]string{"source": "fail_open", "allowed": "true", "outcome": "unavailable",
+				"remaining": "", "count": ""} {
+				if got, _ := repl.GetString("http.sliding_ratelimit." + ph); got != want {
+					t.Errorf("headers %s, request %d: {http.sliding_ratelimit.%s} = %q, want %q", mode, i+1, ph, got, want)
+				}
+			}
+		}
+		if st := redisBreaker(t, h).State().String(); st != "open" {
+			t.Errorf("headers %s: circuit %s after 8 failed requests, want open", mode, st)
+		}
+	}
+}

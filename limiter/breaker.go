@@ -3,6 +3,7 @@ package limiter
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -266,6 +267,11 @@ func (b *Breaker) hold(op *Op, unsent bool, err error, until time.Time) {
 	}
 	b.held.mu.Lock()
 	defer b.held.mu.Unlock()
+	if len(b.held.ops) >= maxHeld {
+		// A long outage: drop what is no longer worth sending.
+		now := b.cfg.Now()
+		b.held.ops = slices.DeleteFunc(b.held.ops, func(h heldOp) bool { return !now.Before(h.until) })
+	}
 	if len(b.held.ops) >= maxHeld {
 		return // the lease expires by itself; the units are lost
 	}

@@ -115,3 +115,31 @@ func times(b [4]int64) []string {
 	}
 	return out
 }
+
+// TestCalendarLengthOnTheStoresClock: with clock redis the store picks the
+// period that holds its own now among the bounds it is sent; a store whose
+// clock is already in the next period (the 30-minute one after Lord Howe's
+// spring shift) reports that period, and the decision says that period's
+// length, not the one of Caddy's clock.
+func TestCalendarLengthOnTheStoresClock(t *testing.T) {
+	t.Parallel()
+	clock := &fakeClock{t: utc("2026-10-03T15:20:00Z")} // 1:50 +10:30: an hour of 3600 s
+	mem := limiter.NewMemoryStore()
+	defer mem.Close()
+	ahead := &switchStore{Store: mem, hook: func(op *limiter.Op) {
+		op.Now += (15 * time.Minute).Microseconds() // the store's clock: 2:35 +11, in the hour of 1800 s
+	}}
+	l, err := limiter.New(limiter.Policy{Name: "cal", Windows: []limiter.Window{{Period: limiter.PeriodHour}}, Location: lordHowe(t), Now: clock.Now},
+		limiter.Backend{Store: ahead, Source: limiter.SourceMemory})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	in := &limiter.Input{Identity: "k", Limits: []int64{1}}
+	ok, _ := l.Decide(context.Background(), in)
+	denied, _ := l.Decide(context.Background(), in)
+	if ok.Windows[0].Seconds != 1800 || denied.RetryAfter != 25*time.Minute {
+		t.Fatalf("the store decided in the hour of 1800 s: reported length %d s, retry %v; want 1800 s and 25m0s",
+			ok.Windows[0].Seconds, denied.RetryAfter)
+	}
+}

@@ -714,8 +714,7 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		ow := wins[l.layout[i]]
 		switch {
 		case win.Period != PeriodNone:
-			b := ow.Bounds
-			w.Seconds = ceilSeconds(time.Duration(b[2]-b[1]) * time.Microsecond)
+			w.Seconds = ceilSeconds(time.Duration(periodLen(ow.Bounds, r)) * time.Microsecond)
 		case l.p.Algorithm == TokenBucket:
 			interval := max(int64(float64(ow.Len)/float64(limit)+0.5), 1)
 			w.Seconds = ceilSeconds(time.Duration(capacity*interval) * time.Microsecond)
@@ -740,6 +739,20 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		out[i] = w
 	}
 	return out
+}
+
+// periodLen is the length (µs) of the period of bounds b that the store
+// decided in: the one holding the reply's time (the store may be on
+// another clock), or, without a reply, the one holding the caller's.
+func periodLen(b [4]int64, r *Reply) int64 {
+	switch {
+	case r == nil || r.Now == 0:
+	case r.Now >= b[2]:
+		return b[3] - b[2]
+	case r.Now < b[1]:
+		return b[1] - b[0]
+	}
+	return b[2] - b[1]
 }
 
 func anyDenied(ws []WindowUsage) bool {
@@ -843,7 +856,9 @@ func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 }
 
 // call runs an Op after the response within the timeout; an error is
-// dropped (a lease then expires by itself; count_only units are lost).
+// dropped here (a Breaker holds a release, or a record it did not send, for
+// when its circuit closes; otherwise a lease expires by itself and
+// count_only units are lost).
 func (l *Limiter) call(ctx context.Context, s Store, op *Op) {
 	if l.p.Timeout > 0 {
 		var cancel context.CancelFunc

@@ -2,7 +2,9 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -165,5 +167,65 @@ func TestAfterDoneWaitsForRequestsInFlight(t *testing.T) {
 	l.AfterDone(func(deferred bool) { ran <- deferred })
 	if deferred := <-ran; deferred {
 		t.Fatal("with nothing in flight, AfterDone did not run at once")
+	}
+}
+
+// releaseLog is a store that can be taken down and logs the lease ids
+// released through it.
+type releaseLog struct {
+	flakyStore
+	mu  sync.Mutex
+	ids []string
+}
+
+func (r *releaseLog) Do(ctx context.Context, op *limiter.Op) (limiter.Reply, error) {
+	reply, err := r.flakyStore.Do(ctx, op)
+	if err == nil && op.Mode == limiter.ModeRelease {
+		r.mu.Lock()
+		r.ids = append(r.ids, op.Lease.ID)
+		r.mu.Unlock()
+	}
+	return reply, err
+}
+
+func (r *releaseLog) released() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.ids...)
+}
+
+// TestHeldReleasesExpireWithTheirLease: a release held while the circuit is
+// open is sent when it closes only while its lease could still be held: one
+// whose lease_timeout passed during the outage is not sent (the lease is
+// gone by itself), one still within it is, once.
+func TestHeldReleasesExpireWithTheirLease(t *testing.T) {
+	t.Parallel()
+	store := &releaseLog{}
+	clock := &fakeClock{t: t0}
+	b := limiter.NewBreaker(store, limiter.BreakerConfig{Threshold: 1, MinCooldown: time.Second, Now: clock.Now,
+		IsFailure: limiter.IsUnavailable})
+	ctx := context.Background()
+	store.down.Store(true)
+	if _, err := b.Do(ctx, &limiter.Op{Mode: limiter.ModeCheck}); err == nil || b.State() != limiter.Open {
+		t.Fatalf("a failed check: %v, circuit %v", err, b.State())
+	}
+	for _, l := range []limiter.LeaseOp{{Key: "k", ID: "short", Timeout: time.Second.Microseconds()}, {Key: "k", ID: "long", Timeout: time.Minute.Microseconds()}} {
+		if _, err := b.Do(ctx, &limiter.Op{Mode: limiter.ModeRelease, Lease: &l}); !errors.Is(err, limiter.ErrCircuitOpen) {
+			t.Fatalf("a release with the circuit open: %v", err)
+		}
+	}
+	store.down.Store(false)
+	clock.Advance(5 * time.Second)
+	if _, err := b.Do(ctx, &limiter.Op{Mode: limiter.ModeCheck}); err != nil || b.State() != limiter.Closed {
+		t.Fatalf("the probe: %v, circuit %v", err, b.State())
+	}
+	if !eventually(func() bool { return len(store.released()) == 1 }) || store.released()[0] != "long" {
+		t.Fatalf("released after the circuit closed: %v, want [long] (short's lease_timeout passed during the outage)", store.released())
+	}
+	if _, err := b.Do(ctx, &limiter.Op{Mode: limiter.ModeCheck}); err != nil {
+		t.Fatal(err)
+	}
+	if got := store.released(); len(got) != 1 {
+		t.Fatalf("released after a further call: %v, want each held release sent once", got)
 	}
 }

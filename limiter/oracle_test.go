@@ -178,8 +178,24 @@ func periodBounds(p limiter.Period, t time.Time, loc *time.Location) (int64, int
 	var s, e time.Time
 	switch p {
 	case limiter.PeriodHour:
-		s = time.Date(y, m, d, l.Hour(), 0, 0, 0, loc)
-		e = s.Add(time.Hour)
+		// An hour starts when the wall clock reads hh:00 and where the
+		// zone's offset changes (docs/decision.md, clocks): the instants
+		// of one local date, hour and offset. Offsets are whole minutes.
+		key := func(x time.Time) [5]int {
+			x = x.In(loc)
+			_, off := x.Zone()
+			y, m, d := x.Date()
+			return [5]int{y, int(m), d, x.Hour(), off}
+		}
+		k := key(t)
+		s = t.Truncate(time.Minute)
+		for key(s.Add(-time.Minute)) == k {
+			s = s.Add(-time.Minute)
+		}
+		e = t.Truncate(time.Minute).Add(time.Minute)
+		for key(e) == k {
+			e = e.Add(time.Minute)
+		}
 	case limiter.PeriodDay:
 		s, e = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
 	case limiter.PeriodWeek:

@@ -42,10 +42,7 @@ func genCfg(rng *rand.Rand, stack string, zone string) simCfg {
 	}
 	sort.Slice(c.Windows, func(i, j int) bool { return dur(c.Windows[i]) < dur(c.Windows[j]) })
 	if rng.IntN(3) == 0 {
-		periods := []string{"day", "week", "month"}
-		if zone == "" || zone == "UTC" {
-			periods = append(periods, "hour")
-		}
+		periods := []string{"hour", "day", "week", "month"}
 		c.Windows = append(c.Windows, periods[rng.IntN(len(periods))])
 		c.Limits = append(c.Limits, int64(6+rng.IntN(10)))
 		c.Zone = zone
