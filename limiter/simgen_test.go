@@ -395,6 +395,15 @@ var simReplays = []simCase{
 			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
 			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
 		}},
+	// Found by reverting fix-lifecycle's 1326c31 and fc22b8b (make test's
+	// budget, seed 48): "window 2 (sim-hour) w (seconds): got 3600, the
+	// oracle says 1800".
+	{Name: "an hour across Lord Howe's 30-minute shift reports its real length (fix-lifecycle)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"2s", "1m", "hour"}, Limits: []int64{2, 5, 14}, GWindows: []string{"1s"}, GLimits: []int64{4}, Zone: "Australia/Lord_Howe", Queue: "5s", DryRun: true},
+		Steps: []simStep{
+			{Op: "tick", Node: 2, Dt: 52211382},
+			{Op: "req", Node: 2, Key: "b", Region: "eu", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
