@@ -941,6 +941,19 @@ func (l *Limiter) Reset(ctx context.Context, identity, region string) (notified 
 			drop = append(drop, keys[i])
 		}
 	}
+	if l.p.Ban != nil {
+		// A reset lifts the key's ban whichever limiter it goes through:
+		// an enforcing one's and a dry run's alike (a canary's DELETE
+		// must lift the ban its enforcing nodes honour, and the other way
+		// round).
+		other := []KeySpec{{Segment: "dryban"}}
+		if l.p.DryRun {
+			other[0].Segment = "ban"
+		}
+		k := make([]string, 1)
+		l.keys.Keys(k, other, identity, l.p.Regions, region)
+		drop = append(drop, k[0])
+	}
 	if l.cache != nil {
 		l.cache.Forget(Tag(identity))
 	}

@@ -404,6 +404,30 @@ var simReplays = []simCase{
 			{Op: "tick", Node: 2, Dt: 52211382},
 			{Op: "req", Node: 2, Key: "b", Region: "eu", Cost: 1},
 		}},
+	// Found by make simulate (seed 1796120137037605234): a reset through a
+	// dry-run node lifted only the dry run's ban, so the enforcing ban's
+	// count lived on and banned the key at its next refusal.
+	{Name: "a reset through a dry-run node lifts the enforcing ban too (oracle-sim)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"2s", "5s"}, Limits: []int64{6, 3}, BanAfter: 2, BanWithin: "3s", BanFor: "10s"},
+		Steps: []simStep{
+			{Op: "ovset", Node: 2, Key: "b", Limits: []int64{7, 1}, TTL: 16},
+			{Op: "req", Node: 1, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Region: "eu", Cost: 1},
+			{Op: "reload", Limits: []int64{3, 3}, DryRun: true, Client: true},
+			{Op: "reset", Key: "b", Region: "us"},
+			{Op: "req", Node: 2, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "b", Region: "eu", Cost: 1},
+		}},
+	{Name: "a reset through an enforcing node lifts a dry run's ban too (oracle-sim)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"5s"}, Limits: []int64{1}, BanAfter: 2, BanWithin: "3s", BanFor: "10s"},
+		Steps: []simStep{
+			{Op: "reload", Node: 1, Limits: []int64{1}, DryRun: true},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+			{Op: "reset", Key: "b"},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
