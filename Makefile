@@ -7,7 +7,7 @@
 # directory behind fails make test.
 GO ?= go
 
-.PHONY: test deps check vet fmt run build xcaddy first-hour bench accuracy fuzz
+.PHONY: test deps check vet fmt run build xcaddy first-hour bench accuracy fuzz simulate
 
 test: deps fmt vet
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
@@ -70,3 +70,11 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzReadReplies$$' -fuzztime $(FUZZTIME) ./limiter/
 	$(GO) test -run '^$$' -fuzz '^FuzzCaddyfile$$' -fuzztime $(FUZZTIME) .
 	$(GO) test -run '^$$' -fuzz '^FuzzHostileHeaders$$' -fuzztime $(FUZZTIME) .
+
+# simulate: the simulation (limiter/sim*_test.go) of random histories against
+# the oracle, on the in-process store and on a real redis-server, for
+# SIM_TIME per stack (make test runs a fixed budget of it). A failing seed
+# prints its shrunk history for TestSimReplay; SIM_SEED=<n> replays one.
+SIM_TIME ?= 10m
+simulate:
+	SIM_TIME=$(SIM_TIME) $(GO) test -race -count=1 -timeout 0 -v -run '^TestSim(Memory|Redis)$$' ./limiter/

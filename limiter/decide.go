@@ -213,7 +213,8 @@ type Limiter struct {
 	ovStop  chan struct{}
 	ovDone  chan struct{}
 	ovView  atomic.Pointer[indexView]
-	flight  flight // requests between Decide and Done
+	flight  flight                                          // requests between Decide and Done
+	sleep   func(ctx context.Context, d time.Duration) bool // the queue's wait in a simulation (export_test.go); nil: a timer
 
 	closeOnce sync.Once
 }
@@ -665,6 +666,13 @@ func (l *Limiter) wait(ctx context.Context, d *Decision) bool {
 		}
 		d.Queued = true
 	}
+	if l.sleep != nil {
+		ok := l.sleep(ctx, d.RetryAfter)
+		if ok {
+			d.Waited += d.RetryAfter
+		}
+		return ok
+	}
 	t := time.NewTimer(d.RetryAfter)
 	defer t.Stop()
 	start := time.Now()
@@ -715,7 +723,9 @@ func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 		}
 		if r != nil {
 			u := r.Usage[l.layout[i]]
-			w.Known = !u.Unknown
+			// A cost above a capacity an override lowered is decided
+			// before any window is read: their usage is not known.
+			w.Known = !u.Unknown && r.Status != StatusTooLarge
 			w.Count = u.Count
 			w.Denied = u.Retry > 0 && r.Status != StatusAllowed
 			w.Retry = time.Duration(u.Retry) * time.Microsecond
@@ -930,6 +940,19 @@ func (l *Limiter) Reset(ctx context.Context, identity, region string) (notified 
 		if s.Segment != "lease" {
 			drop = append(drop, keys[i])
 		}
+	}
+	if l.p.Ban != nil {
+		// A reset lifts the key's ban whichever limiter it goes through:
+		// an enforcing one's and a dry run's alike (a canary's DELETE
+		// must lift the ban its enforcing nodes honour, and the other way
+		// round).
+		other := []KeySpec{{Segment: "dryban"}}
+		if l.p.DryRun {
+			other[0].Segment = "ban"
+		}
+		k := make([]string, 1)
+		l.keys.Keys(k, other, identity, l.p.Regions, region)
+		drop = append(drop, k[0])
 	}
 	if l.cache != nil {
 		l.cache.Forget(Tag(identity))

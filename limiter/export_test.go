@@ -1,6 +1,9 @@
 package limiter
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // SetOverrideFields and DeleteOverrideScope reach a store's overrides
 // directly, for the differential test.
@@ -10,6 +13,36 @@ func SetOverrideFields(ctx context.Context, s Store, key, scope string, now, ttl
 
 func DeleteOverrideScope(ctx context.Context, s Store, key, scope string, now int64) (bool, error) {
 	return s.(overrider).overrideDel(ctx, key, scope, now)
+}
+
+// QueueWaiters is the number of queue places l holds (requests waiting for
+// their turn), for the simulation's invariant that none is held without a
+// waiter.
+func QueueWaiters(l *Limiter) int64 { return l.waiters.Load() }
+
+// DenyCacheHolds reports whether c holds a live denial of an identity
+// (its tag), for the simulation.
+func DenyCacheHolds(c *DenyCache, tag string) bool {
+	now := c.now().UnixNano()
+	held := false
+	c.m.Range(func(k, v any) bool {
+		if HashTag(k.(string)) == tag && now < v.(*denial).until {
+			held = true
+		}
+		return !held
+	})
+	return held
+}
+
+// SetSleep makes l's queue wait through f instead of a timer: a
+// simulation moves its clock there (f reports false for a client that went
+// away). Set it before l decides anything.
+func SetSleep(l *Limiter, f func(ctx context.Context, d time.Duration) bool) { l.sleep = f }
+
+// BreakerHeld is the number of releases and records b holds for its store,
+// and whether it is sending them, for the simulation.
+func BreakerHeld(b *Breaker) (n int, sending bool) {
+	return int(b.held.n.Load()), b.held.sending.Load()
 }
 
 // ReadOverrideIndex makes l read its index of live overrides now, as its

@@ -1,0 +1,687 @@
+package limiter_test
+
+// The oracle: a small, slow model of what the README and docs/decision.md
+// promise, written from those documents (and the algorithm headers of
+// lua/*.lua, which define each algorithm's arithmetic), not from the
+// engine's code. It keeps every admitted request of every bucket in a plain
+// log and works each algorithm out from it at every decision, in integers;
+// it has no caches, no batching and no breaker. sim_test.go holds the whole
+// stack against it.
+//
+// What the documents leave open, and the oracle decides (each is named
+// where it is used): a ban counts a key's denials with the weighted sliding
+// count of decide.lua (ban_count), which starts again when a ban starts.
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// oEntry is one admitted request (or count_only record): when and how many
+// units.
+type oEntry struct{ t, cost int64 }
+
+// oRule is a limiter's configuration as the oracle reads it.
+type oRule struct {
+	alg          limiter.Algorithm
+	wins, gwins  []limiter.Window
+	burst        int64
+	regions      bool
+	loc          *time.Location
+	ban          *limiter.Ban
+	conc         bool
+	leaseTimeout int64 // µs
+	countOnly    bool  // count_only status 401
+	queue        limiter.Queue
+	dryRun       bool
+	fail         limiter.FailMode
+	// banCountsConcurrency: a refusal by max_concurrent alone counts
+	// toward the ban (the README says it does not).
+	banCountsConcurrency bool
+}
+
+// oReq is one request as the oracle sees it.
+type oReq struct {
+	id, region     string
+	limits, glimit []int64
+	cost           int64
+	maxConc        int64
+}
+
+func (r *oReq) bucket(rule *oRule) string {
+	if rule.regions {
+		return r.id + "\x00" + r.region
+	}
+	return r.id
+}
+
+// oWin is one window of a decision.
+type oWin struct {
+	global           bool
+	limit            int64 // capacity
+	seconds          int64 // w: the window, the current period, a token bucket's time to fill
+	known            bool  // the answer covers it (not: a cost that never fits, a cached denial's other windows)
+	fits             bool
+	count            int64
+	retry, reset     int64 // µs
+	denied           bool
+	remaining        int64
+	period           limiter.Period
+	periodStart, end int64
+}
+
+// oDecision is what the oracle says a request gets.
+type oDecision struct {
+	outcome     limiter.Outcome
+	pass        bool
+	dryRun      bool
+	source      limiter.Source
+	retry       int64 // µs, before rounding
+	wins        []oWin
+	banned      bool
+	banStarted  bool
+	banLeft     int64
+	leaseTaken  bool
+	leaseDenied bool // the concurrency bound was reached (whatever else denied)
+	record      bool // count_only: to record at Done when the status matches
+	overridden  bool
+}
+
+// RetrySeconds is Retry-After: whole seconds, rounded up, at least 1 on a
+// refusal.
+func (d *oDecision) RetrySeconds() int64 {
+	if d.outcome == limiter.OutcomeAllowed || d.outcome == limiter.OutcomeUnavailable || d.outcome == limiter.OutcomeTooLarge {
+		return 0
+	}
+	return max((d.retry+999999)/1000000, 1)
+}
+
+// oOverride is an operator's temporary override of one scope ("" or a
+// region) of an identity.
+type oOverride struct {
+	factor          float64
+	limits, glimits map[limiter.Window]int64 // by window: a reload may change the windows
+	end             int64                    // µs: live while now < end
+}
+
+// oBan is a bucket's penalty box: the denials since the last ban started
+// (for the weighted count) and the end of the ban.
+type oBan struct {
+	denials []int64
+	until   int64
+}
+
+// oLedger is the global ceiling: per identity, the log of every request it
+// admitted in any region (time and units), from which each global window is
+// worked out. It is the one place that knows what an identity was admitted
+// across its regions, so a model of several data centres (issue 21) can
+// lease shares of it and check AdmittedWithin against the global limit.
+type oLedger struct {
+	logs map[string][]oEntry
+}
+
+func newLedger() *oLedger { return &oLedger{logs: map[string][]oEntry{}} }
+
+// Admit records units admitted for identity at t.
+func (g *oLedger) Admit(identity string, t, cost int64) {
+	g.logs[identity] = append(g.logs[identity], oEntry{t, cost})
+}
+
+// Log is identity's admitted requests, oldest first.
+func (g *oLedger) Log(identity string) []oEntry { return g.logs[identity] }
+
+// AdmittedWithin is the units admitted for identity in (from, to].
+func (g *oLedger) AdmittedWithin(identity string, from, to int64) int64 {
+	var n int64
+	for _, e := range g.logs[identity] {
+		if e.t > from && e.t <= to {
+			n += e.cost
+		}
+	}
+	return n
+}
+
+// oStore is the shared store as the documents describe it: what Redis (or
+// the in-process store) holds. A node's fail local store is another one.
+type oStore struct {
+	buckets map[string][]oEntry
+	ledger  *oLedger
+	bans    map[string]*oBan
+	drybans map[string]*oBan         // a dry run's would-be bans: only dry runs read them
+	leases  map[string]map[int]int64 // bucket → request number → expiry (µs)
+	ovs     map[string]map[string]*oOverride
+}
+
+func newOStore() *oStore {
+	return &oStore{buckets: map[string][]oEntry{}, ledger: newLedger(), bans: map[string]*oBan{}, drybans: map[string]*oBan{},
+		leases: map[string]map[int]int64{}, ovs: map[string]map[string]*oOverride{}}
+}
+
+// floorDiv is a/b rounded down (b > 0).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && (a < 0) != (b < 0) {
+		q--
+	}
+	return q
+}
+
+func ceilDiv(a, b int64) int64 { return -floorDiv(-a, b) }
+
+// periodBounds is the calendar period holding t in loc: [start, end) in µs.
+// A day starts at local midnight, a week on Monday, a month on its first.
+func periodBounds(p limiter.Period, t time.Time, loc *time.Location) (int64, int64) {
+	l := t.In(loc)
+	y, m, d := l.Date()
+	var s, e time.Time
+	switch p {
+	case limiter.PeriodHour:
+		// An hour starts when the wall clock reads hh:00 and where the
+		// zone's offset changes (docs/decision.md, clocks): the instants
+		// of one local date, hour and offset. Offsets are whole minutes.
+		key := func(x time.Time) [5]int {
+			x = x.In(loc)
+			_, off := x.Zone()
+			y, m, d := x.Date()
+			return [5]int{y, int(m), d, x.Hour(), off}
+		}
+		k := key(t)
+		s = t.Truncate(time.Minute)
+		for key(s.Add(-time.Minute)) == k {
+			s = s.Add(-time.Minute)
+		}
+		e = t.Truncate(time.Minute).Add(time.Minute)
+		for key(e) == k {
+			e = e.Add(time.Minute)
+		}
+	case limiter.PeriodDay:
+		s, e = time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	case limiter.PeriodWeek:
+		back := (int(l.Weekday()) + 6) % 7
+		s, e = time.Date(y, m, d-back, 0, 0, 0, 0, loc), time.Date(y, m, d-back+7, 0, 0, 0, 0, loc)
+	default:
+		s, e = time.Date(y, m, 1, 0, 0, 0, 0, loc), time.Date(y, m+1, 1, 0, 0, 0, 0, loc)
+	}
+	return s.UnixMicro(), e.UnixMicro()
+}
+
+// evalLog: sliding_log. The window is (now-W, now]; the request fits when
+// the units in it plus its cost are at most the limit; retry: the oldest
+// entries leave until the cost fits; reset: the oldest entry leaves.
+func evalLog(log []oEntry, W, limit, now, cost int64) (fits bool, count, retry, reset int64) {
+	var in []oEntry
+	for _, e := range log {
+		if e.t > now-W {
+			in = append(in, e)
+			count += e.cost
+		}
+	}
+	fits = count+cost <= limit
+	if len(in) > 0 {
+		reset = in[0].t + W - now
+	}
+	if !fits {
+		need, acc := count+cost-limit, int64(0)
+		for _, e := range in {
+			if acc += e.cost; acc >= need {
+				retry = e.t + W - now
+				break
+			}
+		}
+	}
+	return
+}
+
+// evalSpan: a fixed window or calendar period [s, e).
+func evalSpan(log []oEntry, s, e, limit, now, cost int64) (fits bool, count, retry, reset int64) {
+	for _, x := range log {
+		if x.t >= s && x.t < e {
+			count += x.cost
+		}
+	}
+	fits = count+cost <= limit
+	if count > 0 {
+		reset = e - now
+	}
+	if !fits {
+		retry = e - now
+	}
+	return
+}
+
+// evalCounter: sliding_counter. With idx = floor(now/W), c the units of
+// window idx, p those of idx-1 and e = now - idx*W, the estimate is
+// p*(W-e)/W + c (kept here times W, in integers); a request fits when it is
+// at most limit - cost. count: ceil(est) (at most c+p); retry: the first
+// whole µs at which est is at most limit - cost; reset: the first whole µs
+// at which est has dropped by one (to 0 when below 1).
+func evalCounter(log []oEntry, W, limit, now, cost int64) (fits bool, count, retry, reset int64) {
+	idx := floorDiv(now, W)
+	var c, p int64
+	for _, x := range log {
+		switch floorDiv(x.t, W) {
+		case idx:
+			c += x.cost
+		case idx - 1:
+			p += x.cost
+		}
+	}
+	e0 := now - idx*W
+	est := p*(W-e0) + c*W // × W
+	fits = est <= (limit-cost)*W
+	count = min(ceilDiv(est, W), c+p)
+	if !fits {
+		retry = ctrUntil(W, e0, c, p, (limit-cost)*W)
+	}
+	if est > 0 {
+		target := max(est-W, 0)
+		reset = ctrUntil(W, e0, c, p, target)
+	}
+	return
+}
+
+// ctrUntil is the smallest whole d >= 0 with est(now+d) <= target (both
+// times W), for the counts c (this window) and p (the one before).
+func ctrUntil(W, e0, c, p, target int64) int64 {
+	if p*(W-e0)+c*W <= target {
+		return 0
+	}
+	if c*W <= target {
+		// Within this window: p*(W-e) <= target - c*W.
+		emin := W - floorDiv(target-c*W, p)
+		return max(emin-e0, 0)
+	}
+	// In the next window, c is the previous count: c*(W-x) <= target.
+	x := W - floorDiv(target, c)
+	return W - e0 + x
+}
+
+// tokenInterval is a token bucket's emission interval: floor(W/limit+0.5)
+// whole µs, at least 1.
+func tokenInterval(W, limit int64) int64 { return max((2*W+limit)/(2*limit), 1) }
+
+// evalToken: token_bucket as GCRA, replayed over the log: tat starts empty;
+// each admitted request sets tat = t + max(tat-t, 0) + T*cost. With
+// d = max(tat-now, 0), a request fits when d + T*cost <= B*T; count: units
+// in use, B - floor((B*T-d)/T) clamped to [0, B]; retry: d + T*c - B*T;
+// reset: d.
+func evalToken(log []oEntry, W, limit, B, now, cost int64) (fits bool, count, retry, reset int64) {
+	T := tokenInterval(W, limit)
+	var tat int64
+	for _, x := range log {
+		tat = x.t + max(tat-x.t, 0) + T*x.cost
+	}
+	d := max(tat-now, 0)
+	fits = d+T*cost <= B*T
+	count = min(max(B-floorDiv(B*T-d, T), 0), B)
+	if !fits {
+		retry = d + T*cost - B*T
+	}
+	reset = d
+	return
+}
+
+// evalWindow works out one window of a request over log.
+func (r *oRule) evalWindow(w limiter.Window, global bool, limit int64, log []oEntry, now time.Time, cost int64) oWin {
+	n := now.UnixMicro()
+	o := oWin{global: global, limit: limit, period: w.Period, known: true}
+	if w.Period != limiter.PeriodNone {
+		s, e := periodBounds(w.Period, now, r.loc)
+		o.periodStart, o.end = s, e
+		o.seconds = ceilDiv(e-s, 1e6)
+		o.fits, o.count, o.retry, o.reset = evalSpan(log, s, e, limit, n, cost)
+		return o
+	}
+	W := w.Duration.Microseconds()
+	o.seconds = ceilDiv(W, 1e6)
+	switch r.alg {
+	case limiter.SlidingLog:
+		o.fits, o.count, o.retry, o.reset = evalLog(log, W, limit, n, cost)
+	case limiter.FixedWindow:
+		s := floorDiv(n, W) * W
+		o.fits, o.count, o.retry, o.reset = evalSpan(log, s, s+W, limit, n, cost)
+	case limiter.SlidingCounter:
+		o.fits, o.count, o.retry, o.reset = evalCounter(log, W, limit, n, cost)
+	default:
+		B := limit
+		if r.burst > 0 && !global {
+			B = r.burst
+		}
+		o.limit = B
+		o.seconds = ceilDiv(B*tokenInterval(W, limit), 1e6)
+		o.fits, o.count, o.retry, o.reset = evalToken(log, W, limit, B, n, cost)
+	}
+	return o
+}
+
+// capacity is what one request may cost in window w of limit.
+func (r *oRule) capacity(w limiter.Window, limit int64, global bool) int64 {
+	if r.alg == limiter.TokenBucket && w.Period == limiter.PeriodNone && r.burst > 0 && !global {
+		return r.burst
+	}
+	return limit
+}
+
+// effective is the request's limits under the identity's live overrides: a
+// region's override wins over the identity's in that region; the global
+// ceiling takes only the identity's. A factor multiplies (rounded down, at
+// least 1).
+//
+// until is when the first override that changed a limit of the request
+// ends (0: none did): nothing decided under it outlives it (docs/decision.md,
+// state and its invalidation).
+func (s *oStore) effective(q *oReq, rule *oRule, now int64) (limits, glimits []int64, overridden bool, until int64) {
+	limits, glimits = append([]int64(nil), q.limits...), append([]int64(nil), q.glimit...)
+	ov := s.ovs[q.id]
+	apply := func(o *oOverride, dst []int64, wins []limiter.Window, given map[limiter.Window]int64) {
+		for i := range dst {
+			was := dst[i]
+			if o.factor > 0 {
+				dst[i] = max(int64(float64(dst[i])*o.factor), 1)
+			} else if v, ok := given[wins[i]]; ok {
+				dst[i] = v
+			}
+			if dst[i] != was && (until == 0 || o.end < until) {
+				until = o.end
+			}
+		}
+	}
+	all, reg := ov[""], (*oOverride)(nil)
+	if rule.regions {
+		reg = ov["r:"+q.region]
+	}
+	if all != nil && all.end <= now {
+		all = nil
+	}
+	if reg != nil && reg.end <= now {
+		reg = nil
+	}
+	switch {
+	case reg != nil:
+		apply(reg, limits, rule.wins, reg.limits)
+		overridden = true
+	case all != nil:
+		apply(all, limits, rule.wins, all.limits)
+		overridden = true
+	}
+	if all != nil && len(rule.gwins) > 0 {
+		apply(all, glimits, rule.gwins, all.glimits)
+		overridden = true
+	}
+	return limits, glimits, overridden, until
+}
+
+// banCount adds a denial at now to b and reports whether it bans the key:
+// the weighted sliding count over within (the spans idx = floor(t/within),
+// the previous one weighted by its share still in the span) reaches after.
+func banCount(b *oBan, rule *limiter.Ban, now int64) bool {
+	b.denials = append(b.denials, now)
+	W := rule.Within.Microseconds()
+	idx := floorDiv(now, W)
+	var c, p int64
+	for _, t := range b.denials {
+		switch floorDiv(t, W) {
+		case idx:
+			c++
+		case idx - 1:
+			p++
+		}
+	}
+	if p*(W-(now-idx*W))+c*W >= rule.After*W {
+		b.denials, b.until = nil, now+rule.For.Microseconds()
+		return true
+	}
+	return false
+}
+
+// liveLeases is the bucket's leases that have not expired at now.
+func (s *oStore) liveLeases(bucket string, now int64) int64 {
+	var n int64
+	for _, exp := range s.leases[bucket] {
+		if exp > now {
+			n++
+		}
+	}
+	return n
+}
+
+// Decide is the store's answer to a check (checkOnly: count_only's check
+// before the response, which records nothing), made and recorded at now.
+// reqNo names the request's lease. waitLeft (µs; -1: none) is how long the
+// request may still wait in the queue: a refusal it will wait out is not a
+// client's denial (the ban counts a queued request once, at its last
+// refusal).
+func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, reqNo int, waitLeft int64) oDecision {
+	n := now.UnixMicro()
+	cost := max(q.cost, 1)
+	d := oDecision{}
+	bucket := q.bucket(rule)
+	limits, glimits, ov, ovEnd := s.effective(q, rule, n)
+	d.overridden = ov
+	tooLarge := false
+	for i, w := range rule.wins {
+		tooLarge = tooLarge || cost > rule.capacity(w, limits[i], false)
+	}
+	for i, w := range rule.gwins {
+		tooLarge = tooLarge || cost > rule.capacity(w, glimits[i], true)
+	}
+	if tooLarge {
+		// An override lowered a capacity below the cost: 413, nothing
+		// written, no window read.
+		d.outcome = limiter.OutcomeTooLarge
+		for i, w := range rule.wins {
+			d.wins = append(d.wins, oWin{limit: rule.capacity(w, limits[i], false), seconds: rule.evalWindow(w, false, limits[i], nil, now, 0).seconds})
+		}
+		for i, w := range rule.gwins {
+			d.wins = append(d.wins, oWin{global: true, limit: glimits[i], seconds: rule.evalWindow(w, true, glimits[i], nil, now, 0).seconds})
+		}
+		return d
+	}
+	for i, w := range rule.wins {
+		d.wins = append(d.wins, rule.evalWindow(w, false, limits[i], s.buckets[bucket], now, cost))
+	}
+	for i, w := range rule.gwins {
+		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], s.ledger.Log(q.id), now, cost))
+	}
+	fits := true
+	for i := range d.wins {
+		fits = fits && d.wins[i].fits
+		if w := &d.wins[i]; ovEnd > 0 && w.retry > ovEnd-n {
+			w.retry = ovEnd - n
+		}
+	}
+	bans := s.bans
+	if rule.dryRun {
+		// A dry run counts its would-be refusals toward a ban of its own,
+		// and reads only that one (docs/decision.md: what a dry run writes).
+		bans = s.drybans
+	}
+	b := bans[bucket]
+	if rule.ban != nil && b != nil && b.until > n {
+		d.banned, d.banLeft = true, b.until-n
+	}
+	leaseDenied := rule.conc && s.liveLeases(bucket, n) >= q.maxConc
+	d.leaseDenied = leaseDenied
+	allowed := !d.banned && fits && !leaseDenied
+	if allowed {
+		if !checkOnly {
+			s.record(rule, q, bucket, n, cost)
+			s.reevaluate(rule, q, &d, limits, glimits, now)
+		}
+		if rule.conc {
+			if s.leases[bucket] == nil {
+				s.leases[bucket] = map[int]int64{}
+			}
+			s.leases[bucket][reqNo] = n + rule.leaseTimeout
+			d.leaseTaken = true
+		}
+		d.record = checkOnly
+	}
+	for i := range d.wins {
+		w := &d.wins[i]
+		w.denied = !allowed && !w.fits
+		if w.denied {
+			w.reset, w.remaining = w.retry, 0
+		} else {
+			w.remaining = max(w.limit-w.count, 0)
+		}
+	}
+	switch {
+	case allowed:
+		d.outcome, d.pass = limiter.OutcomeAllowed, true
+	case d.banned:
+		d.outcome = limiter.OutcomeBanned
+	case leaseDenied && fits:
+		d.outcome = limiter.OutcomeConcurrency
+	default:
+		d.outcome = limiter.OutcomeLimited
+	}
+	if !allowed && !d.banned && rule.ban != nil &&
+		(d.outcome != limiter.OutcomeConcurrency || rule.banCountsConcurrency) &&
+		!(d.outcome == limiter.OutcomeLimited && d.retryOf() <= waitLeft) {
+		if b == nil {
+			b = &oBan{}
+			bans[bucket] = b
+		}
+		if banCount(b, rule.ban, n) {
+			d.banned, d.banStarted, d.banLeft = true, true, rule.ban.For.Microseconds()
+			d.outcome = limiter.OutcomeBanned
+		}
+	}
+	d.retry = d.retryOf()
+	return d
+}
+
+// retryOf is the time until the request would be admitted: the latest
+// retry of the windows that denied it, the ban's end, a second for the
+// concurrency bound.
+func (d *oDecision) retryOf() int64 {
+	var t int64
+	for _, w := range d.wins {
+		if w.denied {
+			t = max(t, w.retry)
+		}
+	}
+	switch d.outcome {
+	case limiter.OutcomeAllowed:
+		return 0
+	case limiter.OutcomeBanned:
+		t = max(t, d.banLeft)
+	case limiter.OutcomeConcurrency:
+		t = max(t, time.Second.Microseconds())
+	}
+	return t
+}
+
+// record adds units to the bucket's log and the ledger.
+func (s *oStore) record(rule *oRule, q *oReq, bucket string, n, cost int64) {
+	s.buckets[bucket] = append(s.buckets[bucket], oEntry{n, cost})
+	if len(rule.gwins) > 0 {
+		s.ledger.Admit(q.id, n, cost)
+	}
+}
+
+// reevaluate fills the windows' count and reset after the request was
+// recorded.
+func (s *oStore) reevaluate(rule *oRule, q *oReq, d *oDecision, limits, glimits []int64, now time.Time) {
+	bucket := q.bucket(rule)
+	for i, w := range rule.wins {
+		a := rule.evalWindow(w, false, limits[i], s.buckets[bucket], now, 0)
+		d.wins[i].count, d.wins[i].reset = a.count, a.reset
+	}
+	for i, w := range rule.gwins {
+		a := rule.evalWindow(w, true, glimits[i], s.ledger.Log(q.id), now, 0)
+		j := len(rule.wins) + i
+		d.wins[j].count, d.wins[j].reset = a.count, a.reset
+	}
+}
+
+// Record is count_only's record after a response whose status matches: the
+// units go into every window, whatever is left.
+func (s *oStore) Record(rule *oRule, q *oReq, now time.Time) {
+	s.record(rule, q, q.bucket(rule), now.UnixMicro(), max(q.cost, 1))
+}
+
+// Release gives a request's lease back.
+func (s *oStore) Release(bucket string, reqNo int) { delete(s.leases[bucket], reqNo) }
+
+// Reset forgets a bucket (and the identity's global ceiling, and its ban):
+// the admin DELETE. Leases and overrides stay.
+func (s *oStore) Reset(rule *oRule, q *oReq) {
+	b := q.bucket(rule)
+	delete(s.buckets, b)
+	delete(s.bans, b)
+	delete(s.drybans, b)
+	if len(rule.gwins) > 0 {
+		delete(s.ledger.logs, q.id)
+	}
+}
+
+// SetOverride sets the override of scope ("" or "r:<region>").
+func (s *oStore) SetOverride(id, scope string, o oOverride) {
+	if s.ovs[id] == nil {
+		s.ovs[id] = map[string]*oOverride{}
+	}
+	s.ovs[id][scope] = &o
+}
+
+// DeleteOverride ends an override early.
+func (s *oStore) DeleteOverride(id, scope string) { delete(s.ovs[id], scope) }
+
+// FailRule is what a fail mode promises for a request the store could not
+// decide (an outage, an open circuit, a timeout): fail open passes it
+// (source fail_open, no windows known), fail closed refuses it (503, source
+// fail_closed), fail local is the node's own in-process store's answer
+// (source local); a dry run passes every refusal; nothing is written to the
+// shared store.
+func FailRule(rule *oRule, local *oStore, q *oReq, now time.Time, checkOnly bool, reqNo int, waitLeft int64) oDecision {
+	var d oDecision
+	switch rule.fail {
+	case limiter.FailOpen:
+		d = oDecision{outcome: limiter.OutcomeUnavailable, pass: true, source: limiter.SourceFailOpen}
+	case limiter.FailClosed:
+		d = oDecision{outcome: limiter.OutcomeUnavailable, source: limiter.SourceFailClosed}
+	default:
+		// The in-process fallback applies the configured limits: it knows
+		// no override.
+		d = local.Decide(rule, q, now, checkOnly, reqNo, waitLeft)
+		d.source = limiter.SourceLocal
+	}
+	return d
+}
+
+// Finish applies the dry run: a would-be refusal passes.
+func (rule *oRule) Finish(d oDecision) oDecision {
+	if rule.dryRun && !d.pass {
+		d.pass, d.dryRun = true, true
+	}
+	return d
+}
+
+// tooLarge is the static 413: a cost above a configured capacity never
+// reaches the store.
+func (rule *oRule) tooLarge(q *oReq) bool {
+	cost := max(q.cost, 1)
+	for i, w := range rule.wins {
+		if cost > rule.capacity(w, q.limits[i], false) {
+			return true
+		}
+	}
+	for i, w := range rule.gwins {
+		if cost > rule.capacity(w, q.glimit[i], true) {
+			return true
+		}
+	}
+	return false
+}
+
+func (d oDecision) String() string {
+	s := fmt.Sprintf("%s pass=%v dry=%v source=%s retry=%dµs (Retry-After %d) banned=%v started=%v", d.outcome, d.pass, d.dryRun,
+		d.source, d.retry, d.RetrySeconds(), d.banned, d.banStarted)
+	for _, w := range d.wins {
+		s += fmt.Sprintf(" [limit %d w %d count %d denied %v remaining %d retry %d]", w.limit, w.seconds, w.count, w.denied, w.remaining, w.retry)
+	}
+	return s
+}

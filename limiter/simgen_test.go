@@ -1,0 +1,479 @@
+package limiter_test
+
+// Random histories, their shrinking, and the tests that run them.
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// simStarts are the instants histories start at: just before a DST shift
+// (New York, and Lord Howe's 30 minutes), the end of a month, a week.
+var simStarts = []struct {
+	at   time.Time
+	zone string
+}{
+	{time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), "America/New_York"},  // 02:00 EST → 03:00 EDT
+	{time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), "America/New_York"}, // 02:00 EDT → 01:00 EST
+	{time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), "Australia/Lord_Howe"},
+	{time.Date(2026, 10, 3, 15, 29, 50, 0, time.UTC), "Australia/Lord_Howe"},
+	{time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), "UTC"},
+	{time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC), ""},
+}
+
+// genCfg draws a limiter's configuration.
+func genCfg(rng *rand.Rand, stack string, zone string) simCfg {
+	algs := limiter.Algorithms()
+	c := simCfg{Alg: algs[rng.IntN(len(algs))]}
+	durs := []string{"1s", "2s", "5s", "10s", "1m"}
+	nw := 1 + rng.IntN(2)
+	perm := rng.Perm(len(durs))
+	for i := 0; i < nw; i++ {
+		c.Windows = append(c.Windows, durs[perm[i]])
+		c.Limits = append(c.Limits, int64(2+rng.IntN(5)))
+	}
+	sort.Slice(c.Windows, func(i, j int) bool { return dur(c.Windows[i]) < dur(c.Windows[j]) })
+	if rng.IntN(3) == 0 {
+		periods := []string{"hour", "day", "week", "month"}
+		c.Windows = append(c.Windows, periods[rng.IntN(len(periods))])
+		c.Limits = append(c.Limits, int64(6+rng.IntN(10)))
+		c.Zone = zone
+	}
+	if rng.IntN(2) == 0 {
+		c.GWindows = []string{durs[rng.IntN(len(durs))]}
+		c.GLimits = []int64{int64(3 + rng.IntN(6))}
+	}
+	if c.Alg == "token_bucket" && len(c.Windows) == 1 && rng.IntN(2) == 0 {
+		c.Burst = c.Limits[0] + int64(rng.IntN(3))
+	}
+	if rng.IntN(3) == 0 || stack == "redis" && rng.IntN(2) == 0 {
+		c.BanAfter, c.BanWithin, c.BanFor = int64(2+rng.IntN(3)), []string{"1s", "3s"}[rng.IntN(2)], []string{"2s", "10s"}[rng.IntN(2)]
+	}
+	if rng.IntN(3) == 0 {
+		c.Conc = int64(1 + rng.IntN(2))
+		c.Lease = []string{"2s", "10s"}[rng.IntN(2)]
+	}
+	if rng.IntN(4) == 0 {
+		c.CountOnly = true
+	}
+	if rng.IntN(4) == 0 {
+		c.Queue = []string{"2s", "5s"}[rng.IntN(2)]
+	}
+	c.DryRun = rng.IntN(8) == 0 && !(c.BanAfter > 0 && simAvoid["dry-run-with-ban"])
+	if stack == "redis" {
+		c.Fail = []string{"open", "closed", "local"}[rng.IntN(3)]
+	}
+	return c
+}
+
+// genSteps draws a history's steps.
+func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
+	keys := []string{"a", "b", "c"}
+	regions := []string{"us", "eu"}
+	if c.Stack == "redis" {
+		// Shorter histories: a hot key, so denials (and cached ones) come.
+		keys = []string{"a", "a", "a", "b"}
+	}
+	var steps []simStep
+	for len(steps) < n {
+		s := simStep{Node: rng.IntN(c.Nodes)}
+		switch x := rng.IntN(100); {
+		case x < 45:
+			s.Op, s.Key, s.Region = "req", keys[rng.IntN(len(keys))], regions[rng.IntN(2)]
+			if c.Stack == "redis" && s.Key == "a" {
+				s.Region = "us"
+			}
+			s.Cost = 1
+			if rng.IntN(6) == 0 {
+				s.Cost = int64(2 + rng.IntN(8))
+			}
+			s.Cancel = c.Cfg.Queue != "" && rng.IntN(5) == 0
+		case x < 55:
+			s.Op, s.N = "done", rng.IntN(8)
+			s.Status = []int{200, 401, 401, 0}[rng.IntN(4)]
+		case x < 80:
+			s.Op, s.Dt = "tick", genTick(rng, c)
+		case x < 84:
+			s.Op, s.Key, s.Region = "reset", keys[rng.IntN(len(keys))], regions[rng.IntN(2)]
+		case x < 88:
+			s.Op, s.Key, s.TTL = "ovset", keys[rng.IntN(len(keys))], int64(1+rng.IntN(20))
+			if rng.IntN(2) == 0 {
+				s.Region = regions[rng.IntN(2)]
+			}
+			if rng.IntN(2) == 0 {
+				s.Factor = []float64{0.5, 2, 3}[rng.IntN(3)]
+			} else {
+				for range c.Cfg.Limits {
+					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
+				}
+			}
+			if c.Cfg.Alg == "token_bucket" {
+				// A token bucket under another limit keeps its units in
+				// use rescaled (d × T_new / T_old, in doubles), and a burst
+				// follows an override's limit in proportion: not modelled.
+				continue
+			}
+		case x < 90:
+			s.Op, s.Key = "ovdel", keys[rng.IntN(len(keys))]
+			if rng.IntN(2) == 0 {
+				s.Region = regions[rng.IntN(2)]
+			}
+		case x < 91:
+			s.Op = "die"
+		case x < 94:
+			if c.Stack == "memory" && simAvoid["memory:reload-after-override"] && hasOp(steps, "ovset") {
+				continue
+			}
+			s.Op, s.DryRun, s.Client = "reload", rng.IntN(4) == 0, rng.IntN(2) == 0
+			if c.Cfg.BanAfter > 0 && simAvoid["dry-run-with-ban"] {
+				s.DryRun = false
+			}
+			if (c.Cfg.Conc > 0 || c.Cfg.CountOnly) && simAvoid["new-client-with-leases"] {
+				s.Client = false
+			}
+			for range c.Cfg.Limits {
+				s.Limits = append(s.Limits, int64(2+rng.IntN(6)))
+			}
+		default:
+			if c.Stack != "redis" {
+				continue
+			}
+			s.Op, s.Fault = "fault", []string{"stall", "kill", "restart", "flush", "heal", "heal"}[rng.IntN(6)]
+			if c.Cfg.BanAfter > 0 && simAvoid["outage-with-ban"] && (s.Fault == "stall" || s.Fault == "kill") {
+				continue
+			}
+		}
+		steps = append(steps, s)
+	}
+	return steps
+}
+
+func hasOp(steps []simStep, op string) bool {
+	for _, s := range steps {
+		if s.Op == op {
+			return true
+		}
+	}
+	return false
+}
+
+// genTick draws a step of time: mostly short, sometimes to just before or
+// after a window's edge, sometimes long (past periods and DST shifts).
+func genTick(rng *rand.Rand, c *simCase) int64 {
+	switch rng.IntN(10) {
+	case 0, 1, 2, 3:
+		return int64(rng.IntN(300_000))
+	case 4, 5:
+		return int64(300_000 + rng.IntN(3_000_000))
+	case 6, 7:
+		// To a window's edge, ± 1 µs (the edge of a fixed window, or when
+		// an entry a window ago leaves).
+		w := dur(c.Cfg.Windows[0]).Microseconds()
+		return w - 1 + int64(rng.IntN(3))
+	case 8:
+		return int64(5_000_000 + rng.IntN(60_000_000))
+	default:
+		return int64(rng.IntN(3)+1) * 3600_000_000
+	}
+}
+
+// genCase draws a whole history.
+func genCase(seed uint64, stack string, steps int) simCase {
+	rng := rand.New(rand.NewPCG(seed, 0x51a7))
+	st := simStarts[rng.IntN(len(simStarts))]
+	c := simCase{Name: fmt.Sprintf("%s seed %d", stack, seed), Stack: stack, Start: st.at, Nodes: 3}
+	c.Cfg = genCfg(rng, stack, st.zone)
+	if stack == "redis" {
+		// Every fail mode and count_only within a few seeds.
+		c.Cfg.Fail = []string{"open", "closed", "local"}[seed%3]
+		c.Cfg.CountOnly = c.Cfg.CountOnly || seed%4 == 1
+		if simAvoid["outage-with-ban"] && c.Cfg.Fail == "local" {
+			c.Cfg.BanAfter = 0
+		}
+	}
+	c.Steps = genSteps(rng, &c, steps)
+	if stack == "redis" && len(c.Steps) > 8 {
+		c.Steps[len(c.Steps)/6] = simStep{Op: "fault", Fault: "flush"}
+	}
+	if stack == "redis" && c.Cfg.BanAfter == 0 && len(c.Steps) > 8 {
+		// One outage at least: a kill a third of the way, healed at two
+		// thirds.
+		c.Steps[len(c.Steps)/3] = simStep{Op: "fault", Fault: "kill"}
+		c.Steps[2*len(c.Steps)/3] = simStep{Op: "fault", Fault: "heal"}
+	}
+	return c
+}
+
+// runCase runs a history on a fresh set of nodes; it returns the first
+// discrepancy and the events it reached.
+func (e *simEnv) runCase(c *simCase) (error, map[string]int) {
+	r, err := e.start(c)
+	if err != nil {
+		return fmt.Errorf("start: %w", err), nil
+	}
+	defer r.close()
+	err = r.run()
+	return err, r.seen
+}
+
+// shrink delta-debugs a failing history: it drops chunks of steps while the
+// history still fails, within a time budget.
+func (e *simEnv) shrink(c simCase, budget time.Duration) simCase {
+	deadline := time.Now().Add(budget)
+	fails := func(steps []simStep) bool {
+		t := c
+		t.Steps = steps
+		err, _ := e.runCase(&t)
+		return err != nil
+	}
+	steps := c.Steps
+	for chunk := len(steps) / 2; chunk >= 1 && time.Now().Before(deadline); {
+		removed := false
+		for i := 0; i+chunk <= len(steps) && time.Now().Before(deadline); {
+			try := append(append([]simStep(nil), steps[:i]...), steps[i+chunk:]...)
+			if fails(try) {
+				steps, removed = try, true
+			} else {
+				i += chunk
+			}
+		}
+		if !removed {
+			chunk /= 2
+		}
+	}
+	c.Steps = steps
+	return c
+}
+
+// simBudget is the number of histories and their length: make test's
+// default, SIM_SEEDS / SIM_STEPS, one seed with SIM_SEED, or as many as fit
+// in SIM_TIME.
+func simBudget(stack string) (seeds []uint64, steps int, until time.Time) {
+	steps = envInt("SIM_STEPS", map[string]int{"memory": 300, "redis": 100}[stack])
+	n := envInt("SIM_SEEDS", map[string]int{"memory": 150, "redis": 6}[stack])
+	if v := os.Getenv("SIM_SEED"); v != "" {
+		var s uint64
+		fmt.Sscan(v, &s)
+		return []uint64{s}, steps, time.Time{}
+	}
+	if d, err := time.ParseDuration(os.Getenv("SIM_TIME")); err == nil {
+		until = time.Now().Add(d)
+		n = 1 << 30
+	}
+	base := uint64(time.Now().UnixNano())
+	if os.Getenv("SIM_TIME") == "" {
+		base = 1 // make test: the same seeds every run
+	}
+	for i := 0; i < n && i < 1<<20; i++ {
+		seeds = append(seeds, base+uint64(i))
+	}
+	return seeds, steps, until
+}
+
+// simulate runs the budget on one stack and fails with the shrunk history
+// of the first failing seed.
+func simulate(t *testing.T, e *simEnv, stack string) map[string]int {
+	seeds, steps, until := simBudget(stack)
+	seen := map[string]int{}
+	ran := 0
+	for _, seed := range seeds {
+		if !until.IsZero() && time.Now().After(until) {
+			break
+		}
+		ran++
+		c := genCase(seed, stack, steps)
+		err, ev := e.runCase(&c)
+		for k, v := range ev {
+			seen[k] += v
+		}
+		if err != nil {
+			small := e.shrink(c, 90*time.Second)
+			serr, _ := e.runCase(&small)
+			t.Fatalf("%s: %v\n\nshrunk to %d steps: %v\n\npaste into TestSimReplay's table:\n%s", c.Name, err, len(small.Steps), serr, small.literal())
+		}
+	}
+	t.Logf("%d histories of %d steps; events: %v", ran, steps, seen)
+	return seen
+}
+
+// requireEvents fails when a kind of event the simulation must reach did
+// not happen over the budget.
+func requireEvents(t *testing.T, seen map[string]int, kinds []string) {
+	var missing []string
+	for _, k := range kinds {
+		if seen[k] == 0 {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("the simulation never reached: %s\n(reached: %v)", strings.Join(missing, ", "), seen)
+	}
+}
+
+// TestSimMemory runs random histories over three nodes sharing one
+// in-process store, each decision held against the oracle.
+func TestSimMemory(t *testing.T) {
+	t.Parallel()
+	e := &simEnv{t: t}
+	seen := simulate(t, e, "memory")
+	if os.Getenv("SIM_SEED") == "" {
+		requireEvents(t, seen, []string{"tick", "reset", "ban_lift", "ban_started", "override_set", "override_delete",
+			"reload", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel", "node_death",
+			"outcome:allowed", "outcome:limited", "outcome:banned", "outcome:concurrency", "outcome:too_large"})
+	}
+}
+
+// TestSimRedis runs random histories over three nodes, each with the
+// production stack (deny cache, breaker, batched Redis store) on one real
+// redis-server, with store faults.
+func TestSimRedis(t *testing.T) {
+	t.Parallel()
+	e := &simEnv{t: t, srv: redistest.Start(t)}
+	seen := simulate(t, e, "redis")
+	if os.Getenv("SIM_SEED") == "" {
+		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client",
+			"release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
+			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable",
+			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
+	}
+}
+
+// simReplays are histories the simulation found, shrunk: each failed
+// before the fix its name gives.
+var simReplays = []simCase{
+	{Name: "a 413 under an override knows no window's usage (oracle-sim)", Stack: "memory", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "fixed_window", Windows: []string{"5s", "week"}, Limits: []int64{5, 7}, GWindows: []string{"5s"}, GLimits: []int64{8}, Zone: "America/New_York", BanAfter: 2, BanWithin: "3s", BanFor: "10s"},
+		Steps: []simStep{
+			{Op: "ovset", Node: 2, Key: "b", Limits: []int64{1, 8}, TTL: 11},
+			{Op: "req", Key: "b", Region: "us", Cost: 2},
+		}},
+	{Name: "overrides on the in-process store lost at a reload (fix-engine)", Stack: "memory", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"1m"}, Limits: []int64{5}, GWindows: []string{"2s"}, GLimits: []int64{3}},
+		Steps: []simStep{
+			{Op: "ovset", Node: 2, Key: "b", Limits: []int64{3}, TTL: 20},
+			{Op: "reload", Node: 1, Limits: []int64{5}},
+			{Op: "req", Node: 1, Key: "b", Region: "us", Cost: 1},
+		}},
+	{Name: "a lease in flight across a reload that replaces the Redis client is never released (fix-lifecycle)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"5s"}, Limits: []int64{4}, BanAfter: 2, BanWithin: "1s", BanFor: "2s", Conc: 1, Lease: "10s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "b", Region: "eu", Cost: 1},
+			{Op: "reload", Node: 1, Limits: []int64{2}, Client: true},
+			{Op: "done", Status: 401},
+		}},
+	// Found as seed 5 of TestSimRedis (the shrunk history did not replay
+	// every time then: the oracle took cached denials as held that a
+	// node had forgotten; see expect): during a stall, a key whose denial
+	// the deny cache held passed by fail open once a ban rule was present.
+	{Name: "a cached denial stops holding during an outage once a ban rule is present (fix-engine)", Stack: "redis", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "fixed_window", Windows: []string{"5s", "week"}, Limits: []int64{5, 7}, GWindows: []string{"5s"}, GLimits: []int64{8}, Zone: "America/New_York", BanAfter: 2, BanWithin: "3s", BanFor: "10s", Fail: "open"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 5},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "stall"},
+			{Op: "tick", Node: 2, Dt: 291508},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "tick", Node: 2, Dt: 245957},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "heal"},
+		}},
+	{Name: "a dry run's would-be denials ban real clients (fix-engine)", Stack: "memory", Start: time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"1m", "week"}, Limits: []int64{4, 12}, Zone: "UTC", BanAfter: 3, BanWithin: "1s", BanFor: "10s", Conc: 1, Lease: "2s"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 3},
+			{Op: "tick", Dt: 59430390},
+			{Op: "req", Node: 2, Key: "a", Region: "eu", Cost: 1},
+			{Op: "reload", Limits: []int64{2, 4}, DryRun: true},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
+		}},
+	// Found by reverting fix-lifecycle's 1326c31 and fc22b8b (make test's
+	// budget, seed 48): "window 2 (sim-hour) w (seconds): got 3600, the
+	// oracle says 1800".
+	{Name: "an hour across Lord Howe's 30-minute shift reports its real length (fix-lifecycle)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"2s", "1m", "hour"}, Limits: []int64{2, 5, 14}, GWindows: []string{"1s"}, GLimits: []int64{4}, Zone: "Australia/Lord_Howe", Queue: "5s", DryRun: true},
+		Steps: []simStep{
+			{Op: "tick", Node: 2, Dt: 52211382},
+			{Op: "req", Node: 2, Key: "b", Region: "eu", Cost: 1},
+		}},
+	// Found by make simulate (seed 1796120137037605234): a reset through a
+	// dry-run node lifted only the dry run's ban, so the enforcing ban's
+	// count lived on and banned the key at its next refusal.
+	{Name: "a reset through a dry-run node lifts the enforcing ban too (oracle-sim)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"2s", "5s"}, Limits: []int64{6, 3}, BanAfter: 2, BanWithin: "3s", BanFor: "10s"},
+		Steps: []simStep{
+			{Op: "ovset", Node: 2, Key: "b", Limits: []int64{7, 1}, TTL: 16},
+			{Op: "req", Node: 1, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Region: "eu", Cost: 1},
+			{Op: "reload", Limits: []int64{3, 3}, DryRun: true, Client: true},
+			{Op: "reset", Key: "b", Region: "us"},
+			{Op: "req", Node: 2, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "b", Region: "eu", Cost: 1},
+		}},
+	{Name: "a reset through an enforcing node lifts a dry run's ban too (oracle-sim)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"5s"}, Limits: []int64{1}, BanAfter: 2, BanWithin: "3s", BanFor: "10s"},
+		Steps: []simStep{
+			{Op: "reload", Node: 1, Limits: []int64{1}, DryRun: true},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+			{Op: "reset", Key: "b"},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Cost: 1},
+		}},
+}
+
+// simPending are histories of known bugs whose fix has not landed on this
+// branch yet (issue 20's classes, fixed on other branches): TestSimReplay
+// runs them with SIM_PENDING=1; once a fix lands they move to simReplays and
+// the matching entry of simAvoid goes.
+var simPending = []simCase{}
+
+// simAvoid names the histories the generator does not draw while their
+// bug's fix has not landed here (see simPending), so the simulation goes on
+// finding others. The oracle is not changed for them.
+var simAvoid = map[string]bool{
+	// Fixed on this branch by merging fix-engine and fix-lifecycle:
+	"memory:reload-after-override": false,
+	"dry-run-with-ban":             false,
+	"new-client-with-leases":       false,
+	"outage-with-ban":              false,
+	// Not fixed (reported): a check sent before its client has learnt
+	// Redis's clock offset carries no deadline (-1), so when it meets a
+	// stall the fail mode answers it and Redis still runs it when it
+	// resumes: charged, though TestLateChecksAreNeverCharged's promise says
+	// never. Seen as redis seed 1796120763204860743 ("remaining: got 0, the
+	// oracle says 1" after a stall healed; the shrunk history did not
+	// replay every time: it needs the client's connection to exist). The
+	// simulation teaches each new client the offset first.
+	"late-check-unknown-offset": true,
+}
+
+// TestSimReplay replays the histories of simReplays.
+func TestSimReplay(t *testing.T) {
+	t.Parallel()
+	var e *simEnv
+	cases := simReplays
+	if os.Getenv("SIM_PENDING") != "" {
+		cases = append(cases, simPending...)
+	}
+	for _, c := range cases {
+		if e == nil || c.Stack == "redis" && e.srv == nil {
+			e = &simEnv{t: t}
+			if c.Stack == "redis" {
+				e.srv = redistest.Start(t)
+			}
+		}
+		if err, _ := e.runCase(&c); err != nil {
+			t.Errorf("%s: %v", c.Name, err)
+		}
+	}
+}

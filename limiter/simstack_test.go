@@ -1,0 +1,474 @@
+package limiter_test
+
+// The stacks a simulated history runs on, their faults, and the oracle's
+// model of each node's deny cache (a documented promise: once a key is
+// denied until R, its requests of the same shape are denied on that node
+// without a store call until R, with the exact time left).
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// simEnv is what the histories of one test share: the redis-server.
+type simEnv struct {
+	t   testing.TB
+	srv *redistest.Server
+	run int
+	pc  *redis.Client // publishes the probes
+}
+
+// pub is the client the probes are published with.
+func (e *simEnv) pub() *redis.Client {
+	if e.pc == nil {
+		e.pc = e.srv.Client(e.t)
+	}
+	return e.pc
+}
+
+// nodeStack is a node's Redis stack.
+type nodeStack struct {
+	client  *redis.Client
+	store   *limiter.RedisStore
+	breaker *limiter.Breaker
+	local   *limiter.MemoryStore
+}
+
+func (s *nodeStack) close() {
+	s.store.Close()
+	s.client.Close()
+	s.local.Close()
+}
+
+// start builds the nodes of a history.
+func (e *simEnv) start(c *simCase) (*simRun, error) {
+	e.run++
+	r := &simRun{c: c, clock: &testClock{t: c.Start}, env: e, store: newOStore(), seen: map[string]int{},
+		keys: map[string]oReq{}, held: map[*limiter.Breaker][]simHeld{}, prefix: "sim" + strconv.Itoa(e.run) + ":"}
+	if c.Stack == "memory" {
+		r.mem = limiter.NewMemoryStore()
+	} else {
+		e.srv.CLI(e.t, "FLUSHALL")
+	}
+	for i := 0; i < c.Nodes; i++ {
+		n, err := e.node(r, i, c.Cfg, true)
+		if err != nil {
+			r.close()
+			return nil, err
+		}
+		r.nodes = append(r.nodes, n)
+	}
+	// A subscription's start makes a node forget every cached denial: wait
+	// for each node's before the first request.
+	if err := r.delivered(5 * time.Second); err != nil {
+		r.close()
+		return nil, err
+	}
+	return r, nil
+}
+
+// node builds node i's limiter for cfg; on Redis, a new client when asked
+// (or when the node has none yet), else the node's own.
+func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, error) {
+	n := &simNode{cfg: cfg, rule: cfg.rule(), cache: map[string]*oCached{}}
+	if i < len(r.nodes) {
+		n.local = r.nodes[i].local
+		n.stack = r.nodes[i].stack
+	} else {
+		n.local = newOStore()
+	}
+	name := "sim"
+	var b limiter.Backend
+	newOffset := false
+	if r.c.Stack == "memory" {
+		b = limiter.Backend{Store: r.mem, Source: limiter.SourceMemory, Notifier: r.mem}
+	} else {
+		if n.stack == nil || newClient {
+			newOffset = true
+			old := n.stack
+			c := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond,
+				ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
+			s := limiter.NewRedisStore(c, limiter.WithBatching(2, 16))
+			var local *limiter.MemoryStore
+			if old != nil {
+				local = old.local
+			} else {
+				local = limiter.NewMemoryStore()
+			}
+			n.stack = &nodeStack{client: c, store: s, local: local,
+				breaker: limiter.NewBreaker(s, limiter.BreakerConfig{IsFailure: limiter.IsUnavailable, Now: r.clock.Now})}
+			if old != nil && i < len(r.nodes) {
+				// The old client goes with the old config once its
+				// requests in flight are done (as Caddy's Cleanup does).
+				r.nodes[i].l.AfterDone(func(bool) {
+					old.store.Close()
+					old.client.Close()
+				})
+			}
+		}
+		b = limiter.Backend{Store: n.stack.breaker, Base: n.stack.store, Source: limiter.SourceRedis, Remote: true,
+			Notifier: n.stack.store, Local: n.stack.local}
+	}
+	l, err := limiter.New(cfg.policy(name, r.prefix, r.clock.Now, r.c.Stack == "redis"), b)
+	if err != nil {
+		return nil, err
+	}
+	limiter.SetSleep(l, r.sleep)
+	n.l = l
+	if r.c.Stack == "redis" && newOffset && r.down == "" && simAvoid["late-check-unknown-offset"] {
+		// Teach the new client Redis's clock offset with one check of an
+		// identity no history uses (see simAvoid).
+		in := &limiter.Input{Identity: simProbe, Region: "x", Limits: cfg.Limits, GlobalLimits: cfg.GLimits, Cost: 1, MaxConcurrent: max(cfg.Conc, 1)}
+		d, _ := l.Decide(context.Background(), in)
+		l.Done(context.Background(), &d, 200)
+	}
+	return n, nil
+}
+
+// close ends a history: every limiter, client and store it made.
+func (r *simRun) close() {
+	for _, o := range r.open {
+		// The old configs' clients go once these are done.
+		o.l.Done(context.Background(), &o.d, 200)
+	}
+	r.open = nil
+	for _, n := range r.nodes {
+		n.l.Close()
+		if n.stack != nil {
+			n.stack.close()
+		}
+	}
+	if r.mem != nil {
+		r.mem.Close()
+	}
+	if r.env.srv != nil && r.down != "" {
+		r.env.heal(r)
+	}
+}
+
+// fault breaks or heals the Redis stack: a stall (SIGSTOP), a kill, a
+// restart with no data, a SCRIPT FLUSH; heal ends a stall or a kill.
+func (e *simEnv) fault(r *simRun, kind string) error {
+	if kind == "stall" || kind == "kill" {
+		// Through an outage a node keeps the denials its cache holds (the
+		// README's promise): the oracle takes what each holds as the
+		// outage starts (it may have forgotten some since: see expect).
+		for _, n := range r.nodes {
+			for b := range n.cache {
+				if id, _, _ := cutBucket(b); !r.cacheHolds(n, id) {
+					delete(n.cache, b)
+				}
+			}
+		}
+	}
+	switch kind {
+	case "stall":
+		if r.down == "" {
+			e.srv.Pause()
+			r.down = "stall"
+			r.event("fault:stall")
+		}
+	case "kill":
+		if r.down == "stall" {
+			e.srv.Resume()
+		}
+		if r.down != "kill" {
+			e.srv.Kill()
+			r.down = "kill"
+			r.event("fault:kill")
+		}
+	case "restart":
+		// Redis comes back with nothing: every budget, ban, lease and
+		// override is gone; each node forgets its cached denials when its
+		// subscription starts again.
+		if r.down == "stall" {
+			e.srv.Resume()
+		}
+		e.srv.Restart()
+		r.down = ""
+		r.store = newOStore()
+		for _, n := range r.nodes {
+			n.cache = map[string]*oCached{}
+		}
+		r.event("fault:restart")
+		return r.subscribed()
+	case "flush":
+		if r.down == "" {
+			e.srv.CLI(e.t, "SCRIPT", "FLUSH")
+			r.event("fault:script_flush")
+		}
+	case "heal":
+		e.heal(r)
+	}
+	return nil
+}
+
+// heal ends a stall or a kill (a killed Redis comes back with its data
+// gone too: it has no persistence).
+func (e *simEnv) heal(r *simRun) {
+	switch r.down {
+	case "stall":
+		e.srv.Resume()
+		r.event("heal:stall")
+	case "kill":
+		e.srv.Restart()
+		r.store = newOStore()
+		for _, n := range r.nodes {
+			n.cache = map[string]*oCached{}
+		}
+		r.event("heal:kill")
+		r.down = ""
+		_ = r.subscribed()
+	}
+	r.down = ""
+}
+
+// simProbe is an identity no history uses: a notice of an override of it
+// tells whether a node's subscription is live.
+const simProbe = "~probe"
+
+// subscribed waits until every node listens to notices again after Redis
+// came back (its subscription starts again with a backoff of up to 5 s),
+// and has then forgotten every cached denial, as it does on a new
+// subscription.
+func (r *simRun) subscribed() error {
+	if err := r.delivered(8 * time.Second); err != nil {
+		return fmt.Errorf("a node did not subscribe to notices again within 8 s of Redis coming back: %w", err)
+	}
+	return r.settle(func(n *simNode) bool { return n.l.DenyCache().Len() == 0 })
+}
+
+// delivered waits until every node has taken every notice sent so far: it
+// sends one more, of an override of a new probe identity (no history uses
+// it), on the same channel, and waits until every node knows it (Redis
+// delivers a channel's messages in order).
+func (r *simRun) delivered(within time.Duration) error {
+	if r.c.Stack != "redis" {
+		return nil
+	}
+	pub := r.env.pub()
+	r.probes++
+	probe := simProbe + strconv.Itoa(r.probes)
+	msg := r.nodes[0].l.Keys().Namespace() + "\n" + limiter.Tag(probe) + "\noverride"
+	deadline := time.Now().Add(within)
+	for {
+		pub.Publish(context.Background(), r.prefix+"reset", msg)
+		all := true
+		for _, n := range r.nodes {
+			all = all && n.l.KnowsOverride(probe)
+		}
+		if all {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("a notice was not delivered to every node within %s", within)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// settle waits until every node satisfies ok: at once on the in-process
+// store (notices are delivered as they are sent), within 6 s on Redis
+// (pub/sub; a node that missed a notice reads the overrides' index within
+// 5 s).
+func (r *simRun) settle(ok func(n *simNode) bool) error {
+	if err := r.delivered(6 * time.Second); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(6 * time.Second)
+	for {
+		all := true
+		for _, n := range r.nodes {
+			all = all && ok(n)
+		}
+		if all {
+			return nil
+		}
+		if r.c.Stack == "memory" || time.Now().After(deadline) {
+			return fmt.Errorf("a node did not take a notice (reset, override, new subscription)")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// oCached is a denial a node's deny cache holds, as the oracle has it: the
+// decision made at start, valid until until (µs).
+type oCached struct {
+	start, until int64
+	cost         int64
+	d            oDecision
+}
+
+// cacheHolds reports whether node n's deny cache holds a denial of id.
+func (r *simRun) cacheHolds(n *simNode, id string) bool {
+	c := n.l.DenyCache()
+	return c != nil && limiter.DenyCacheHolds(c, limiter.Tag(id))
+}
+
+// forget drops node n's cached denials of id (a notice).
+func (r *simRun) forget(n *simNode, id string) {
+	for k := range n.cache {
+		if k == id || len(k) > len(id) && k[:len(id)+1] == id+"\x00" {
+			delete(n.cache, k)
+		}
+	}
+}
+
+// remember updates node n's deny cache after a store answer: a denial with
+// a retry time is cached (a refusal by the concurrency bound has none), an
+// admission drops the bucket's.
+func (r *simRun) remember(n *simNode, q *oReq, d *oDecision, now time.Time) {
+	if r.c.Stack != "redis" {
+		return
+	}
+	b := q.bucket(&n.rule)
+	switch {
+	case d.outcome == limiter.OutcomeAllowed:
+		delete(n.cache, b)
+	case d.outcome == limiter.OutcomeLimited || d.outcome == limiter.OutcomeBanned:
+		if d.leaseDenied {
+			return
+		}
+		t := now.UnixMicro()
+		n.cache[b] = &oCached{start: t, until: t + d.retry, cost: max(q.cost, 1), d: *d}
+	}
+}
+
+// cached is node n's cached answer to q at now, when it holds one: the
+// windows that denied with their retry counted down, the others unknown.
+// A cached limited denial is a client's denial like any other: it counts
+// toward the ban in the store.
+func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
+	c := n.servable(q, now, r.down != "")
+	if c == nil {
+		return oDecision{}, false
+	}
+	t := now.UnixMicro()
+	e := t - c.start
+	d := c.d
+	d.source, d.banStarted, d.leaseTaken, d.record = limiter.SourceDenyCache, false, false, false
+	d.wins = append([]oWin(nil), c.d.wins...)
+	for i := range d.wins {
+		w := &d.wins[i]
+		w.count, w.remaining, w.known = 0, 0, false
+		w.denied = w.denied && w.retry > e
+		if w.denied {
+			w.retry -= e
+		} else {
+			w.retry = 0
+		}
+	}
+	d.banLeft = max(d.banLeft-e, 0)
+	d.banned = d.outcome == limiter.OutcomeBanned
+	d.retry = d.retryOf()
+	return d, true
+}
+
+// servable is the cached denial node n answers q with at now, if any: a
+// live one of the same shape. Under a ban rule a refusal by a window is a
+// client's denial the store must count, so while the store answers only a
+// ban is served from the cache (README: the penalty box); through an
+// outage every denial it holds is, and is not counted.
+func (n *simNode) servable(q *oReq, now time.Time, down bool) *oCached {
+	b := q.bucket(&n.rule)
+	c := n.cache[b]
+	t := now.UnixMicro()
+	switch {
+	case c == nil:
+		return nil
+	case t >= c.until:
+		delete(n.cache, b)
+		return nil
+	case c.cost != max(q.cost, 1):
+		return nil
+	case n.rule.ban != nil && c.d.outcome == limiter.OutcomeLimited && !down:
+		return nil
+	}
+	return c
+}
+
+// cacheInvariant: what each node's deny cache holds is what the oracle says
+// it holds, and no cached denial outlasts what the store would answer: the
+// store (the oracle's, read without writing) still denies every window the
+// cache says denies, at least as long.
+func (r *simRun) cacheInvariant() error {
+	if r.c.Stack != "redis" {
+		return nil
+	}
+	t := r.now().UnixMicro()
+	for i, n := range r.nodes {
+		for b, c := range n.cache {
+			if t >= c.until {
+				continue
+			}
+			id, region, _ := cutBucket(b)
+			if !r.cacheHolds(n, id) {
+				// Forgotten (see expect): the store decides the next one.
+				delete(n.cache, b)
+				continue
+			}
+			if r.down != "" {
+				continue
+			}
+			q := oReq{id: id, region: region, limits: n.cfg.Limits, glimit: n.cfg.GLimits, cost: c.cost, maxConc: n.cfg.Conc}
+			peek := r.store.clone().Decide(&n.rule, &q, r.now(), true, -1, -1)
+			if peek.outcome == limiter.OutcomeAllowed {
+				return fmt.Errorf("node %d: a cached denial of %q (until %s) outlasts what the store would answer (allowed)", i, b,
+					time.Duration(c.until-t)*time.Microsecond)
+			}
+		}
+	}
+	return nil
+}
+
+func cutBucket(b string) (id, region string, ok bool) {
+	for i := 0; i < len(b); i++ {
+		if b[i] == 0 {
+			return b[:i], b[i+1:], true
+		}
+	}
+	return b, "", false
+}
+
+// clone is a copy of the store for a read that writes nothing.
+func (s *oStore) clone() *oStore {
+	c := newOStore()
+	for k, v := range s.buckets {
+		c.buckets[k] = append([]oEntry(nil), v...)
+	}
+	for k, v := range s.ledger.logs {
+		c.ledger.logs[k] = append([]oEntry(nil), v...)
+	}
+	for _, m := range [][2]map[string]*oBan{{s.bans, c.bans}, {s.drybans, c.drybans}} {
+		for k, v := range m[0] {
+			b := *v
+			b.denials = append([]int64(nil), v.denials...)
+			m[1][k] = &b
+		}
+	}
+	for k, v := range s.leases {
+		m := map[int]int64{}
+		for a, e := range v {
+			m[a] = e
+		}
+		c.leases[k] = m
+	}
+	for k, v := range s.ovs {
+		m := map[string]*oOverride{}
+		for a, o := range v {
+			m[a] = o
+		}
+		c.ovs[k] = m
+	}
+	return c
+}
+
+var _ = context.Background
