@@ -11,6 +11,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -24,7 +25,9 @@ import (
 func BenchmarkHandler(b *testing.B) {
 	srv := redistest.Start(b)
 	// baseline: the same loop (request, replacer, recorder) with no limiter,
-	// to subtract from the others.
+	// to subtract from the others. The replacer is set up as Caddy's server
+	// sets it up (its HTTP placeholders mapped), so the key's
+	// {http.request.header.X-Key} resolves, as it does in Caddy.
 	b.Run("baseline", func(b *testing.B) { runBench(b, nil, false) })
 	algs := []string{"sliding_log", "sliding_counter", "fixed_window", "token_bucket"}
 	for _, store := range []string{"memory", "redis"} {
@@ -73,8 +76,7 @@ func runBench(b *testing.B, h *Handler, hot bool) {
 			}
 			r := httptest.NewRequest(http.MethodGet, "/", nil)
 			r.Header.Set("X-Key", key)
-			repl := caddy.NewReplacer()
-			r = r.WithContext(context.WithValue(r.Context(), caddy.ReplacerCtxKey, repl))
+			caddyhttp.NewTestReplacer(r)
 			for k := range w.Header() {
 				delete(w.Header(), k)
 			}
@@ -87,4 +89,12 @@ func runBench(b *testing.B, h *Handler, hot bool) {
 			}
 		}
 	})
+	b.StopTimer()
+	// Every request had its own key: none fell into the empty key's
+	// shared budget.
+	if h != nil {
+		if n := testutil.ToFloat64(h.metrics.emptyKeys); n != 0 {
+			b.Fatalf("%v requests had an empty key", n)
+		}
+	}
 }
