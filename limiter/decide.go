@@ -441,6 +441,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		ban   BanOp
 		lease LeaseOp
 		ov    OverrideRef
+		usage [2]WindowUsage // the decision's windows, when they are few
 	}
 	b := new(buf)
 	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
@@ -450,6 +451,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		op.Now = now.UnixMicro()
 	}
 	op.Parts = b.parts[:len(l.parts)]
+	op.usageBuf = b.usage[:]
 	nb, k, wi := len(l.p.Windows), 0, 0
 	for pi, ps := range l.parts {
 		p := &op.Parts[pi]
@@ -642,7 +644,11 @@ func (l *Limiter) wait(ctx context.Context, d *Decision) bool {
 // windows builds the decision's windows from a reply (nil: unknown).
 func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 	nb := len(l.p.Windows)
-	out := make([]WindowUsage, len(l.layout))
+	out := op.usageBuf
+	if len(out) < len(l.layout) {
+		out = make([]WindowUsage, len(l.layout))
+	}
+	out, op.usageBuf = out[:len(l.layout):len(l.layout)], nil
 	var wins [4 * MaxWindows]*Win
 	n := 0
 	for pi := range op.Parts {

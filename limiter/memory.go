@@ -4,6 +4,7 @@ import (
 	"context"
 	"hash/maphash"
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -219,7 +220,9 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	ban := m.checkBan()
 	var evbuf [2 * MaxWindows]winEval
-	evs, keys, restate, fits := m.checkParts(evbuf[:0])
+	var keybuf [4]*memKey
+	var restatebuf [4]bool
+	evs, keys, restate, fits := m.checkParts(evbuf[:0], keybuf[:0], restatebuf[:0])
 	lease := m.checkLease()
 
 	allowed := m.record || (m.reply.BanLeft == 0 && fits && !m.reply.LeaseDenied)
@@ -290,11 +293,14 @@ func (m *memDo) checkBan() *memKey {
 // checkParts evaluates every window of every part, appending the windows'
 // evaluations to evs. It returns them, each part's key (nil when it has no
 // state), whether a part's token state is under another interval or burst,
-// and whether the cost fits every window.
-func (m *memDo) checkParts(evs []winEval) ([]winEval, []*memKey, []bool, bool) {
+// and whether the cost fits every window. keys and restate are empty
+// buffers for the two (the caller's, so that a request allocates none).
+func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]winEval, []*memKey, []bool, bool) {
 	op := m.op
-	keys := make([]*memKey, len(op.Parts))
-	restate := make([]bool, len(op.Parts)) // a token state under another interval or burst
+	keys = slices.Grow(keys[:0], len(op.Parts))[:len(op.Parts)]
+	restate = slices.Grow(restate[:0], len(op.Parts))[:len(op.Parts)] // a token state under another interval or burst
+	clear(keys)
+	clear(restate)
 	fits := true
 	fnow, fcost := float64(m.now), float64(op.Cost)
 	for i := range op.Parts {

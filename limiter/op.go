@@ -77,6 +77,11 @@ type Op struct {
 	// Override, when set, is the identity's overrides hash: an active
 	// override there changes the limits of the windows it names.
 	Override *OverrideRef
+
+	// usageBuf, when set, backs the decision's windows (see
+	// Limiter.windows), so that a request's Op and its windows are one
+	// allocation. It is used once.
+	usageBuf []WindowUsage
 }
 
 // OverrideRef points a request at its identity's overrides.
