@@ -436,12 +436,13 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	type buf struct {
 		op    Op
 		parts [4]Part
-		wins  [4 * MaxWindows]Win
+		wins  [8]Win // the windows, when they are few (4 * MaxWindows is the most)
 		keys  [6]string
 		ban   BanOp
 		lease LeaseOp
 		ov    OverrideRef
 		usage [2]WindowUsage // the decision's windows, when they are few
+		reply [4]Usage       // the in-process store's reply
 	}
 	b := new(buf)
 	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
@@ -451,13 +452,20 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		op.Now = now.UnixMicro()
 	}
 	op.Parts = b.parts[:len(l.parts)]
-	op.usageBuf = b.usage[:]
+	op.usageBuf, op.replyBuf = b.usage[:], b.reply[:]
+	wins, nw := b.wins[:], 0
+	for _, ps := range l.parts {
+		nw += len(ps.windows)
+	}
+	if nw > len(wins) {
+		wins = make([]Win, nw)
+	}
 	nb, k, wi := len(l.p.Windows), 0, 0
 	for pi, ps := range l.parts {
 		p := &op.Parts[pi]
 		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
 		k++
-		p.Windows = b.wins[wi : wi+len(ps.windows)]
+		p.Windows = wins[wi : wi+len(ps.windows) : wi+len(ps.windows)]
 		wi += len(ps.windows)
 		for j, i := range ps.windows {
 			w := &p.Windows[j]

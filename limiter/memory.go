@@ -214,7 +214,7 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	m := memDo{s: s, sh: sh, op: op, now: now, wall: wall,
 		peek: op.Mode == ModePeek, record: op.Mode == ModeRecord}
-	m.reply = Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+	m.reply = Reply{Now: now, InFlight: -1, Usage: op.usageFor(op.windows())}
 	if m.override() {
 		return m.reply, nil
 	}

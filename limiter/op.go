@@ -82,6 +82,21 @@ type Op struct {
 	// Limiter.windows), so that a request's Op and its windows are one
 	// allocation. It is used once.
 	usageBuf []WindowUsage
+	// replyBuf, when set, backs the Usage of the in-process store's reply
+	// (see usageFor). It is used once.
+	replyBuf []Usage
+}
+
+// usageFor is an empty Usage slice of capacity n for a reply: the Op's own
+// buffer the first time, a new slice after (a later call on the same Op,
+// count_only's record, must not overwrite a reply that may still be held,
+// by the deny cache for one).
+func (op *Op) usageFor(n int) []Usage {
+	if b := op.replyBuf; n <= cap(b) {
+		op.replyBuf = nil
+		return b[:0:n]
+	}
+	return make([]Usage, 0, n)
 }
 
 // OverrideRef points a request at its identity's overrides.
