@@ -21,7 +21,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
 	ph := placeholders(repl)
 	var in limiter.Input
-	if err := h.resolve(repl, &in, ph.limitsBuf()); err != nil {
+	limits, scratch := ph.scratch()
+	in.Scratch = scratch
+	if err := h.resolve(repl, &in, limits); err != nil {
 		return h.badAmount(err)
 	}
 	d, err := h.lim.Decide(r.Context(), &in)
@@ -59,7 +61,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // resolve fills in the request's Input from the placeholders. buf backs
-// the limits (the request's placeholder state, see limitsBuf), so a request
+// the limits (the request's placeholder state, see scratch), so a request
 // allocates nothing of its own for them.
 func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) error {
 	in.Identity = h.keyTmpl.expand(repl)

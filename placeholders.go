@@ -39,17 +39,19 @@ const phStateKey = phPrefix + "_state"
 //
 // It is also the request's scratch, so that a request allocates it once
 // and not each piece: the first limiter of the request to run resolves its
-// limits into it and makes its rate limit headers' value slices from it.
-// A later limiter of the same request allocates its own.
+// limits into it, has the engine build its Op in it (limiter.Scratch), and
+// makes its rate limit headers' value slices from it. A later limiter of
+// the same request allocates its own.
 type phState struct {
 	h    *Handler
 	d    limiter.Decision
 	near bool
 
-	limits     [2 * limiter.MaxWindows]int64
-	vals       [4]string
-	limitsUsed bool
-	valsUsed   bool
+	limits   [2 * limiter.MaxWindows]int64
+	op       limiter.Scratch
+	vals     [4]string
+	used     bool // limits and op
+	valsUsed bool
 }
 
 // placeholders returns the request's state, registering it on first use:
@@ -66,14 +68,15 @@ func placeholders(repl *caddy.Replacer) *phState {
 	return s
 }
 
-// limitsBuf is an empty buffer for a limiter's limits: the state's own the
-// first time, a new one after (the first may still be in use).
-func (s *phState) limitsBuf() []int64 {
-	if s.limitsUsed {
-		return make([]int64, 0, len(s.limits))
+// scratch is an empty buffer for a limiter's limits and the room for its
+// decision's Op: the state's own the first time, new ones after (the first
+// may still be in use).
+func (s *phState) scratch() ([]int64, *limiter.Scratch) {
+	if s.used {
+		return make([]int64, 0, len(s.limits)), nil
 	}
-	s.limitsUsed = true
-	return s.limits[:0]
+	s.used = true
+	return s.limits[:0], &s.op
 }
 
 // valsBuf backs a response's rate limit header values: the state's own the

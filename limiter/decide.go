@@ -66,6 +66,10 @@ type Input struct {
 	Cost int64
 	// MaxConcurrent bounds the requests in flight, with Policy.Concurrency.
 	MaxConcurrent int64
+	// Scratch, when set, is where Decide builds the request's Op (its keys
+	// and windows, and the decision's windows), instead of an allocation
+	// of its own. See Scratch.
+	Scratch *Scratch
 }
 
 // WindowUsage is one window of a decision, ready to render.
@@ -433,18 +437,7 @@ func limitOf(in *Input, nb, i int) int64 {
 // op builds the request's Op (one allocation for its parts, windows and
 // keys).
 func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
-	type buf struct {
-		op    Op
-		parts [4]Part
-		wins  [8]Win // the windows, when they are few (4 * MaxWindows is the most)
-		keys  [6]string
-		ban   BanOp
-		lease LeaseOp
-		ov    OverrideRef
-		usage [2]WindowUsage // the decision's windows, when they are few
-		reply [4]Usage       // the in-process store's reply
-	}
-	b := new(buf)
+	b := in.Scratch.take()
 	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
 	op := &b.op
 	op.Mode, op.Cost = mode, max(in.Cost, 1)
