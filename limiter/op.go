@@ -82,8 +82,8 @@ type Op struct {
 	// Limiter.windows), so that a request's Op and its windows are one
 	// allocation. It is used once.
 	usageBuf []WindowUsage
-	// replyBuf, when set, backs the Usage of the in-process store's reply
-	// (see usageFor). It is used once.
+	// replyBuf, when set, backs the Usage of a store's reply (see
+	// usageFor). It is used once.
 	replyBuf []Usage
 }
 
@@ -281,7 +281,7 @@ func (op *Op) windows() int {
 const maxWindowMicros = 10 * 366 * 24 * 3600 * 1e6
 
 // Scratch is room for one decision's Op: its parts, keys and windows, the
-// decision's windows and the in-process store's reply. A caller that
+// decision's windows and the store's reply. A caller that
 // allocates something per request anyway (Caddy's handler: the request's
 // placeholder state) can hold one in it and give it in Input.Scratch, and
 // Decide allocates none of its own for them. A Scratch serves one Decide
@@ -302,7 +302,7 @@ type opBuf struct {
 	lease LeaseOp
 	ov    OverrideRef
 	usage [2]WindowUsage // the decision's windows, when they are few
-	reply [4]Usage       // the in-process store's reply
+	reply [4]Usage       // the store's reply
 }
 
 // take returns the scratch's buffer the first time, a new one after (or
