@@ -412,16 +412,21 @@ func (m *memDo) recordHash(p *Part, k *memKey, pe []winEval, stale, recording bo
 		k = &memKey{}
 	}
 	var fresh []winState
+	if !stale && len(k.wins) == len(p.Windows) && !hasStale(k.wins, p.Windows) {
+		// The key holds these windows and no other: their new states
+		// replace the old in place (the records read only pe).
+		fresh = k.wins[:0]
+	}
 	var ttl int64
 	switch p.Kind {
 	case KindCounter:
-		fresh, ttl = ctrRecord(p.Windows, pe, c, nil)
+		fresh, ttl = ctrRecord(p.Windows, pe, c, fresh)
 	case KindFixed:
-		fresh, ttl = fixRecord(p.Windows, pe, fnow, c, nil)
+		fresh, ttl = fixRecord(p.Windows, pe, fnow, c, fresh)
 	case KindToken:
-		fresh, ttl = tbRecord(p.Windows, pe, fnow, c, nil)
+		fresh, ttl = tbRecord(p.Windows, pe, fnow, c, fresh)
 	default:
-		fresh, ttl = calRecord(p.Windows, pe, fnow, c, nil)
+		fresh, ttl = calRecord(p.Windows, pe, fnow, c, fresh)
 	}
 	if !stale {
 		for _, old := range k.wins {
