@@ -41,11 +41,11 @@ func register(h *Handler) (first bool, err error) {
 	defer registry.Unlock()
 	first = true
 	for _, x := range registry.byName[h.Name] {
-		if x.configID != h.configID {
+		if x.rt.configID != h.rt.configID {
 			continue
 		}
 		first = false
-		if x.fingerprt == h.fingerprt {
+		if x.rt.fingerprt == h.rt.fingerprt {
 			continue
 		}
 		if h.Name == DefaultName {
@@ -64,7 +64,7 @@ func predecessor(h *Handler) *Handler {
 	defer registry.Unlock()
 	hs := registry.byName[h.Name]
 	for i := len(hs) - 1; i >= 0; i-- {
-		if hs[i].configID != h.configID {
+		if hs[i].rt.configID != h.rt.configID {
 			return hs[i]
 		}
 	}
@@ -164,27 +164,38 @@ type windowInfo struct {
 
 // usageInfo is what a key's next request would get.
 type usageInfo struct {
-	Limiter    string        `json:"limiter"`
-	Key        string        `json:"key"`
-	KeyHash    string        `json:"key_hash"`
-	Region     string        `json:"region,omitempty"`
-	Allowed    bool          `json:"allowed"`
-	Outcome    string        `json:"outcome"`
-	RetryAfter int64         `json:"retry_after"`
-	Banned     bool          `json:"banned,omitempty"`
-	BanLeft    int64         `json:"ban_left,omitempty"`
-	InFlight   *int64        `json:"in_flight,omitempty"`
-	Windows    []windowUsage `json:"windows"`
+	Limiter string `json:"limiter"`
+	Key     string `json:"key"`
+	KeyHash string `json:"key_hash"`
+	Region  string `json:"region,omitempty"`
+	// RegionTemplate is the limiter's region template, when it counts per
+	// region: with no region asked for, the answer is the bucket of the
+	// requests whose region is empty.
+	RegionTemplate string        `json:"region_template,omitempty"`
+	Allowed        bool          `json:"allowed"`
+	Outcome        string        `json:"outcome"`
+	RetryAfter     int64         `json:"retry_after"`
+	Banned         bool          `json:"banned,omitempty"`
+	BanLeft        int64         `json:"ban_left,omitempty"`
+	InFlight       *int64        `json:"in_flight,omitempty"`
+	Windows        []windowUsage `json:"windows"`
 }
 
 // resetInfo is the answer of a reset.
 type resetInfo struct {
-	Limiter            string `json:"limiter"`
-	Key                string `json:"key"`
-	KeyHash            string `json:"key_hash"`
-	Region             string `json:"region"`
-	Reset              bool   `json:"reset"`
-	OtherNodesNotified bool   `json:"other_nodes_notified"`
+	Limiter        string `json:"limiter"`
+	Key            string `json:"key"`
+	KeyHash        string `json:"key_hash"`
+	Region         string `json:"region"`
+	RegionTemplate string `json:"region_template,omitempty"` // as in usageInfo
+	Reset          bool   `json:"reset"`
+	// Windows are the windows reset: the region's, and the global
+	// ceiling's (the key's count across every region); Ban that the key's
+	// ban was lifted (the limiter has one). Requests in flight keep their
+	// places, and overrides stay.
+	Windows            []windowInfo `json:"windows"`
+	Ban                bool         `json:"ban,omitempty"`
+	OtherNodesNotified bool         `json:"other_nodes_notified"`
 }
 
 type windowUsage struct {
@@ -235,7 +246,7 @@ func serveTop(w http.ResponseWriter, r *http.Request, name string, h *Handler) e
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: fmt.Errorf("n must be an integer from 1 to %d, got '%s'", topCounters, v)}
 		}
 	}
-	return writeJSON(w, h.top.report(name, n, h.LogKey, h.nowFn()))
+	return writeJSON(w, h.rt.top.report(name, n, h.LogKey, h.rt.now()))
 }
 
 // serveKey answers GET (what K's next request would get) and DELETE (reset
@@ -256,12 +267,12 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		d, err := h.lim.Peek(ctx, in)
+		d, err := h.rt.lim.Peek(ctx, in)
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 		}
 		u := usageInfo{
-			Limiter: name, Key: key, KeyHash: keyHash(key), Region: d.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
+			Limiter: name, Key: key, KeyHash: keyHash(key), Region: d.Region, RegionTemplate: h.Region, Allowed: d.Outcome == limiter.OutcomeAllowed,
 			Outcome: d.Outcome.String(), RetryAfter: retryAfterSeconds(&d), Banned: d.Banned, BanLeft: ceilSeconds(d.BanLeft),
 		}
 		if d.InFlight >= 0 {
@@ -277,7 +288,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 		// the other nodes through the store's notices.
 		var notified bool
 		for i, x := range hs {
-			n, err := x.lim.Reset(ctx, key, region)
+			n, err := x.rt.lim.Reset(ctx, key, region)
 			if err != nil {
 				return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 			}
@@ -285,7 +296,8 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 				notified = n
 			}
 		}
-		return writeJSON(w, resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, Reset: true, OtherNodesNotified: notified})
+		return writeJSON(w, resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, RegionTemplate: h.Region,
+			Reset: true, Windows: windowInfos(h), Ban: h.Ban != nil, OtherNodesNotified: notified})
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET or DELETE")}
 }
@@ -322,13 +334,13 @@ func (h *Handler) adminInput(q url.Values) (*limiter.Input, error) {
 		}
 		return out
 	}
-	in.Limits = take("limit", h.limits)
-	in.GlobalLimits = take("global_limit", h.globals)
-	if c := take("cost", []amount{h.cost}); len(c) == 1 {
+	in.Limits = take("limit", h.rt.limits)
+	in.GlobalLimits = take("global_limit", h.rt.globals)
+	if c := take("cost", []amount{h.rt.cost}); len(c) == 1 {
 		in.Cost = c[0]
 	}
 	if h.MaxConcurrent != "" {
-		in.MaxConcurrent = take("max_concurrent", []amount{h.concurrent})[0]
+		in.MaxConcurrent = take("max_concurrent", []amount{h.rt.concurrent})[0]
 	}
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("this limiter's values come from placeholders; give the client's: %s", strings.Join(missing, ", "))
@@ -343,20 +355,46 @@ func listLimiters() []limiterInfo {
 	for name, hs := range registry.byName {
 		h := hs[len(hs)-1]
 		info := limiterInfo{
-			Name: name, Algorithm: h.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
+			Name: name, Algorithm: h.rt.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
 			Store: h.storeName(), Fail: h.Fail, Ban: h.Ban, DryRun: h.DryRun, Instances: len(hs),
 		}
-		if ws, err := h.lim.Windows(staticInput(h)); err == nil {
-			_, as, _ := h.windows(false)
-			_, gs, _ := h.windows(true)
-			all := append(as, gs...)
-			for i, w := range ws {
-				info.Windows = append(info.Windows, windowInfo{Policy: w.Policy, Limit: all[i], Window: w.Window.Label(), Global: w.Global})
-			}
-		}
+		info.Windows = windowInfos(h)
 		out = append(out, info)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// windowInfos lists h's windows, the region's then the global ceiling's,
+// with their limits as configured: a number, or the placeholder that gives
+// it per request.
+func windowInfos(h *Handler) []windowInfo {
+	// The windows' names and lengths do not depend on the limits: 1 stands
+	// for a limit a placeholder gives.
+	in := staticInput(h)
+	for i, a := range h.rt.limits {
+		if a.tmpl != "" {
+			in.Limits[i] = 1
+		}
+	}
+	for i, a := range h.rt.globals {
+		if a.tmpl != "" {
+			in.GlobalLimits[i] = 1
+		}
+	}
+	ws, err := h.rt.lim.Windows(in)
+	if err != nil {
+		return nil
+	}
+	_, as, _ := h.windows(false)
+	_, gs, _ := h.windows(true)
+	all := append(as, gs...)
+	var out []windowInfo
+	for i, w := range ws {
+		if i < len(all) {
+			out = append(out, windowInfo{Policy: w.Policy, Limit: all[i], Window: w.Window.Label(), Global: w.Global})
+		}
+	}
 	return out
 }
 

@@ -55,7 +55,7 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 		if r.Method != http.MethodGet {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: errors.New("query parameter 'key' is required (the identity, as the key template resolves)")}
 		}
-		list, err := h.lim.ActiveOverrides(ctx)
+		list, err := h.rt.lim.ActiveOverrides(ctx)
 		if err != nil {
 			return storeErr(err)
 		}
@@ -80,7 +80,7 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 	key, region := q.Get("key"), q.Get("region")
 	switch r.Method {
 	case http.MethodGet:
-		os, err := h.lim.Overrides(ctx, key)
+		os, err := h.rt.lim.Overrides(ctx, key)
 		if err != nil {
 			return storeErr(err)
 		}
@@ -94,7 +94,7 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 		if err != nil {
 			return caddy.APIError{HTTPStatus: http.StatusBadRequest, Err: err}
 		}
-		got, err := h.lim.SetOverride(ctx, key, o)
+		got, err := h.rt.lim.SetOverride(ctx, key, o)
 		if err != nil {
 			return storeErr(err)
 		}
@@ -102,7 +102,7 @@ func serveOverride(w http.ResponseWriter, r *http.Request, name string, h *Handl
 			zap.Int64s("limits", got.Limits), zap.Int64s("global_limits", got.GlobalLimits), zap.Duration("ttl", got.TTL))
 		return writeJSON(w, map[string]any{"limiter": name, "key": key, "key_hash": keyHash(key), "override": toOverrideInfo(got)})
 	case http.MethodDelete:
-		had, err := h.lim.DeleteOverride(ctx, key, region)
+		had, err := h.rt.lim.DeleteOverride(ctx, key, region)
 		if err != nil {
 			return storeErr(err)
 		}
@@ -160,5 +160,5 @@ func (h *Handler) logOverride(msg, key, region string, fields ...zap.Field) {
 	if h.LogKey {
 		fields = append(fields, zap.String("key", key))
 	}
-	h.logger.Info(msg, fields...)
+	h.rt.logger.Info(msg, fields...)
 }

@@ -193,3 +193,83 @@ func statusOf(err error) int {
 }
 
 func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// adminAnswer sends one request to the admin API and decodes its JSON
+// answer into v.
+func adminAnswer(t *testing.T, method, uri string, v any) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	if err := (&AdminAPI{}).serve(w, httptest.NewRequest(method, uri, nil)); err != nil || w.Code != http.StatusOK {
+		t.Fatalf("%s %s: %v (status %d, %s)", method, uri, err, w.Code, w.Body)
+	}
+	if err := json.Unmarshal(w.Body.Bytes(), v); err != nil {
+		t.Fatalf("%s %s: %v in %s", method, uri, err, w.Body)
+	}
+}
+
+// TestAdminListShowsAPlaceholderAsItsTemplate: a limit a placeholder gives
+// per request is listed, by the admin GET and `caddy ratelimit list`, as
+// its template beside the static windows, not left out.
+func TestAdminListShowsAPlaceholderAsItsTemplate(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: "{http.vars.tier}", Window: caddy.Duration(time.Minute),
+		Limits: []LimitConfig{{Limit: "1000", Period: "day"}}}
+	provision(t, h, newTestClock())
+	var ls []limiterInfo
+	adminAnswer(t, http.MethodGet, "/sliding_ratelimit/", &ls)
+	var mine []limiterInfo
+	for _, l := range ls {
+		if l.Name == h.Name {
+			mine = append(mine, l)
+		}
+	}
+	if len(mine) != 1 {
+		t.Fatalf("the listing %+v does not hold %s once", ls, h.Name)
+	}
+	var out strings.Builder
+	if err := writeLimiters(&out, mine); err != nil {
+		t.Fatal(err)
+	}
+	if want := "{http.vars.tier}/1m, 1000/day"; !strings.Contains(out.String(), want) {
+		t.Errorf("caddy ratelimit list:\n%s\nwant the limits %q", out.String(), want)
+	}
+}
+
+// TestAdminSaysWhichRegionAndWhatItReset: on a limiter with regions, a key
+// shown with no region says which bucket it shows (not a bare "allowed"),
+// and a reset says what it cleared: the region's window, the global
+// ceiling across regions, the ban.
+func TestAdminSaysWhichRegionAndWhatItReset(t *testing.T) {
+	t.Parallel()
+	h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
+		Limit: "5", GlobalLimit: "8", Window: caddy.Duration(time.Minute),
+		Ban: &BanConfig{For: caddy.Duration(time.Hour), After: 3, Within: caddy.Duration(time.Minute)}}
+	provision(t, h, newTestClock())
+	serve(t, h, map[string]string{"X-API-Key": "K", "X-Region": "us"})
+
+	var u usageInfo
+	adminAnswer(t, http.MethodGet, "/sliding_ratelimit/"+h.Name+"?key=K", &u)
+	var out strings.Builder
+	if err := writeUsage(&out, &u); err != nil {
+		t.Fatal(err)
+	}
+	if want := "region        none given: the requests whose region ({http.request.header.X-Region}) is empty; --region <region> shows one region\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("caddy ratelimit show without --region:\n%s\nwant the line %q", out.String(), want)
+	}
+
+	for _, c := range []struct{ query, want string }{
+		{"key=K&region=us", "reset: limiter " + h.Name + ", key K (key_hash " + keyHash("K") + ") in region us\n" +
+			"cleared: " + h.Name + " 5/1m; global ceiling " + h.Name + "-global 8/1m (across regions); ban\n"},
+		{"key=K", "reset: limiter " + h.Name + ", key K (key_hash " + keyHash("K") + ") in no region (the requests whose region is empty; --region <region> resets one region)\n"},
+	} {
+		var r resetInfo
+		adminAnswer(t, http.MethodDelete, "/sliding_ratelimit/"+h.Name+"?"+c.query, &r)
+		out.Reset()
+		if err := writeReset(&out, &r); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(out.String(), c.want) {
+			t.Errorf("caddy ratelimit reset (%s):\n%s\nwant it to start with:\n%s", c.query, out.String(), c.want)
+		}
+	}
+}

@@ -99,7 +99,7 @@ func runBench(b *testing.B, h *Handler, keys int) {
 	// No request's key resolved to nothing (the empty key's shared
 	// budget): the rows measure the keys they say.
 	if h != nil {
-		if n := testutil.ToFloat64(h.metrics.emptyKeys); n != 0 {
+		if n := testutil.ToFloat64(h.rt.metrics.emptyKeys); n != 0 {
 			b.Fatalf("%v requests had an empty key", n)
 		}
 	}
@@ -119,6 +119,6 @@ func benchHandler(b *testing.B, store, alg string, srv *redistest.Server, limit 
 	if err := h.Validate(); err != nil {
 		b.Fatal(err)
 	}
-	h.logger = zap.NewNop()
+	h.rt.logger = zap.NewNop()
 	return h
 }

@@ -35,7 +35,7 @@ func parseCaddyfile(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error)
 const blocksSeen = "sliding_ratelimit.blocks"
 
 type seenBlock struct {
-	line        int
+	at          string // file:line of its name, or of the directive
 	fingerprint string
 }
 
@@ -66,15 +66,20 @@ func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
 		name = DefaultName
 	}
 	prev, ok := seen[name]
+	here := fmt.Sprintf("%s:%d", at.File, at.Line)
 	if !ok {
-		seen[name] = seenBlock{line: at.Line, fingerprint: string(fp)}
+		seen[name] = seenBlock{at: here, fingerprint: string(fp)}
 		return nil
 	}
+	// The message names both blocks: inside a route or handle, Caddy adds
+	// the closing brace of the enclosing block after this line.
 	switch {
+	case m.Name == "" && prev.at == here:
+		return d.Errf("sliding_ratelimit: the block at %s is used twice (a snippet imported twice?) and left at the default name %q: give it a name (name <string>), the same name meaning one limiter and one budget", here, DefaultName)
 	case m.Name == "":
-		return d.Errf("sliding_ratelimit: a second block left at the default name %q (the first on line %d): give each block its own name (name <string>), or they would share one budget", DefaultName, prev.line)
+		return d.Errf("sliding_ratelimit: two blocks left at the default name %q, at %s and %s: give each block its own name (name <string>), or they would share one budget", DefaultName, prev.at, here)
 	case prev.fingerprint != string(fp):
-		return d.Errf("sliding_ratelimit: a second block named %q with different settings (the first on line %d): give each its own name (the same name means the same limiter and one budget)", name, prev.line)
+		return d.Errf("sliding_ratelimit: two blocks named %q with different settings, at %s and %s: give each its own name (the same name means the same limiter and one budget)", name, prev.at, here)
 	}
 	return nil
 }
@@ -278,6 +283,9 @@ func (h *Handler) limitSub(d *caddyfile.Dispenser, sub string, pos map[string]ca
 		if err != nil {
 			return d.Errf("%s: bad window '%s': want a duration (1m) or hour, day, week, month", sub, args[1])
 		}
+		if dur == 0 { // else taken for no window at all
+			return d.Errf("%s %s %s: window must be at least 1ms, got 0s", sub, args[0], args[1])
+		}
 		lc.Window = caddy.Duration(dur)
 	}
 	list := &h.Limits
@@ -300,6 +308,9 @@ func (h *Handler) durationSub(d *caddyfile.Dispenser, sub string) error {
 		return d.Errf("%s: bad duration '%s': %v", sub, v, err)
 	}
 	if sub == "window" {
+		if dur == 0 { // else taken for no window at all
+			return d.Errf("window must be at least 1ms, got 0s")
+		}
 		h.Window = caddy.Duration(dur)
 	} else {
 		h.LeaseTimeout = caddy.Duration(dur)

@@ -151,6 +151,10 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"missing window", "name x\n@limit 5", "limit 5 has no window: set window, or give it one (limit 5 1m)"},
 		{"bad duration", "limit 5\n@window soon", "window: bad duration 'soon'"},
 		{"window below 1ms", "limit 5\n@window 100us", "window must be at least 1ms, got 100µs"},
+		{"window 0", "limit 5\n@window 0", "window must be at least 1ms, got 0s"},
+		{"window 0s", "name x\nlimit 5\n@window 0s", "window must be at least 1ms, got 0s"},
+		{"limit with window 0s", "@limit 10 0s", "limit 10 0s: window must be at least 1ms, got 0s"},
+		{"global_limit with window 0", "region {header.X-Region}\nlimit 5 1m\n@global_limit 10 0", "global_limit 10 0: window must be at least 1ms, got 0s"},
 		{"unknown fail mode", "limit 5\nwindow 1m\n@fail sideways", "fail must be open, closed or local, got 'sideways'"},
 		{"unknown clock", "limit 5\nwindow 1m\n@clock ntp", "clock must be redis or app, got 'ntp'"},
 		{"unknown headers", "limit 5\nwindow 1m\n@headers some", "headers must be both, ietf, legacy or off, got 'some'"},
@@ -283,6 +287,33 @@ func TestBadCaddyfiles(t *testing.T) {
 				t.Errorf("error %q does not point at the line to fix, %s", err, at)
 			}
 		})
+	}
+}
+
+// TestTwoBlocksErrorNamesBothBlocks: two blocks under one name are refused
+// with both blocks' places in the message, in their files, also inside a
+// route (where Caddy adds the place of the route's closing brace after it).
+func TestTwoBlocksErrorNamesBothBlocks(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	other := filepath.Join(dir, "api.caddy")
+	if err := os.WriteFile(other, []byte("sliding_ratelimit {\n\tname api\n\tlimit 6\n\twindow 1m\n}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, src, want string }{
+		{"in routes", ":8080 {\n\troute /a {\n\t\tsliding_ratelimit {\n\t\t\tname api\n\t\t\tlimit 5\n\t\t\twindow 1m\n\t\t}\n\t}\n" +
+			"\troute /b {\n\t\tsliding_ratelimit {\n\t\t\tname api\n\t\t\tlimit 6\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n",
+			`sliding_ratelimit: two blocks named "api" with different settings, at Caddyfile:4 and Caddyfile:11: give each its own name`},
+		{"default name in routes", ":8080 {\n\troute /a {\n\t\tsliding_ratelimit {\n\t\t\tlimit 5\n\t\t\twindow 1m\n\t\t}\n\t}\n" +
+			"\troute /b {\n\t\tsliding_ratelimit {\n\t\t\tlimit 6\n\t\t\twindow 1m\n\t\t}\n\t}\n}\n",
+			`sliding_ratelimit: two blocks left at the default name "default", at Caddyfile:3 and Caddyfile:9: give each block its own name`},
+		{"in two files", ":8080 {\n\tsliding_ratelimit {\n\t\tname api\n\t\tlimit 5\n\t\twindow 1m\n\t}\n\timport " + other + "\n}\n",
+			`two blocks named "api" with different settings, at Caddyfile:3 and ` + other + `:2`},
+	} {
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(c.src), nil)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: adapting gives %v, want an error containing %q", c.name, err, c.want)
+		}
 	}
 }
 

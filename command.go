@@ -263,6 +263,8 @@ func writeUsage(out io.Writer, u *usageInfo) error {
 	fmt.Fprintf(tw, "key\t%s (key_hash %s)\n", u.Key, u.KeyHash)
 	if u.Region != "" {
 		fmt.Fprintf(tw, "region\t%s\n", u.Region)
+	} else if u.RegionTemplate != "" {
+		fmt.Fprintf(tw, "region\tnone given: the requests whose region (%s) is empty; --region <region> shows one region\n", u.RegionTemplate)
 	}
 	next := "allowed"
 	if !u.Allowed {
@@ -290,17 +292,32 @@ func writeUsage(out io.Writer, u *usageInfo) error {
 	return tw.Flush()
 }
 
-// writeReset prints what a reset did.
+// writeReset prints what a reset did: the key, the windows it cleared
+// (the global ceiling's named as such), the ban.
 func writeReset(out io.Writer, r *resetInfo) error {
 	where := ""
 	if r.Region != "" {
 		where = " in region " + r.Region
+	} else if r.RegionTemplate != "" {
+		where = " in no region (the requests whose region is empty; --region <region> resets one region)"
+	}
+	var cleared []string
+	for _, w := range r.Windows {
+		s := w.Policy + " " + string(w.Limit) + "/" + w.Window
+		if w.Global {
+			s = "global ceiling " + s + " (across regions)"
+		}
+		cleared = append(cleared, s)
+	}
+	if r.Ban {
+		cleared = append(cleared, "ban")
 	}
 	others := "no (the notice could not be published: other nodes may deny the key from their deny caches until its retry time)"
 	if r.OtherNodesNotified {
 		others = "yes"
 	}
-	_, err := fmt.Fprintf(out, "reset: limiter %s, key %s (key_hash %s)%s\nother nodes notified: %s\n", r.Limiter, r.Key, r.KeyHash, where, others)
+	_, err := fmt.Fprintf(out, "reset: limiter %s, key %s (key_hash %s)%s\ncleared: %s\nother nodes notified: %s\n",
+		r.Limiter, r.Key, r.KeyHash, where, orDash(strings.Join(cleared, "; ")), others)
 	return err
 }
 

@@ -94,8 +94,25 @@ WINDOW  COUNT  LIMIT  REMAINING  RESET IN
 api     0      10     10         -
 `,
 	}, {
+		name: "show, a limiter with regions, no region given",
+		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region_template":"{http.request.header.X-Region}","allowed":true,"outcome":"allowed","retry_after":0,"windows":[{"policy":"api","count":0,"limit":100,"remaining":100,"reset":0}]}`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var u usageInfo
+			decode(t, js, &u)
+			return writeUsage(out, &u)
+		},
+		want: `
+limiter       api
+key           k_live_42 (key_hash 3f2a9c01b2d4)
+region        none given: the requests whose region ({http.request.header.X-Region}) is empty; --region <region> shows one region
+next request  allowed
+
+WINDOW  COUNT  LIMIT  REMAINING  RESET IN
+api     0      100    100        -
+`,
+	}, {
 		name: "reset",
-		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"","reset":true,"other_nodes_notified":false}`,
+		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":false}`,
 		write: func(t *testing.T, out io.Writer, js string) error {
 			var r resetInfo
 			decode(t, js, &r)
@@ -103,7 +120,22 @@ api     0      10     10         -
 		},
 		want: `
 reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4)
+cleared: api 100/1m
 other nodes notified: no (the notice could not be published: other nodes may deny the key from their deny caches until its retry time)
+`,
+	}, {
+		name: "reset, a region, its global ceiling and ban",
+		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"us","region_template":"{http.request.header.X-Region}","reset":true,
+		        "windows":[{"policy":"api-1m","limit":"{http.vars.tier}","window":"1m"},{"policy":"api-day","limit":10000,"window":"day"},{"policy":"api-global","limit":500,"window":"1m","global":true}],"ban":true,"other_nodes_notified":true}`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var r resetInfo
+			decode(t, js, &r)
+			return writeReset(out, &r)
+		},
+		want: `
+reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4) in region us
+cleared: api-1m {http.vars.tier}/1m; api-day 10000/day; global ceiling api-global 500/1m (across regions); ban
+other nodes notified: yes
 `,
 	}, {
 		name: "top",
@@ -296,6 +328,8 @@ http://` + web + ` {
 		t.Errorf("show next: %q", f)
 	}
 	same("show window", row(out, name)[:4], name, "5", "5", "0")
+	out = run("show", "--name", name, "--key", "k_live_42") // no --region
+	same("show with no region", row(out, "region")[:4], "region", "none", "given:", "the")
 
 	out = run("top", "--name", name, "-n", "5")
 	d := row(out, hash)
@@ -309,6 +343,7 @@ http://` + web + ` {
 
 	out = run("reset", "--name", name, "--key", "k_live_42", "--region", "us")
 	same("reset", row(out, "reset:"), "reset:", "limiter", name+",", "key", "k_live_42", "(key_hash", hash+")", "in", "region", "us")
+	same("reset cleared", row(out, "cleared:"), "cleared:", name, "5/1m")
 	out = run("show", "--name", name, "--key", "k_live_42", "--region", "us")
 	same("after reset", row(out, "next"), "next", "request", "allowed")
 

@@ -288,7 +288,7 @@ func (l *faultLoad) check(t *testing.T, win faultWindow) {
 			t.Errorf("%s, fail %s: no recovery: last answer not from Redis ended %v after the heal, %d Redis answers since",
 				win.fault, tg.mode, at-win.to, n)
 		}
-		if st := tg.h.breaker.State(); st != limiter.Closed {
+		if st := tg.h.rt.breaker.State(); st != limiter.Closed {
 			t.Errorf("%s, fail %s: circuit %v after recovery, want closed", win.fault, tg.mode, st)
 		}
 		t.Logf("%s, fail %-6s: %4d requests: %3d before, %4d during the fault (all fail %s, %d paid the timeout, slowest %v), back to Redis %v after the heal; slowest request %v",

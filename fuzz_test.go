@@ -116,5 +116,5 @@ func provisionF(f *testing.F, h *Handler) {
 	if err := h.Validate(); err != nil {
 		f.Fatal(err)
 	}
-	h.logger = zap.NewNop()
+	h.rt.logger = zap.NewNop()
 }

@@ -26,7 +26,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	if err := h.resolve(repl, &in, limits); err != nil {
 		return h.badAmount(err)
 	}
-	d, err := h.lim.Decide(r.Context(), &in)
+	d, err := h.rt.lim.Decide(r.Context(), &in)
 	if err != nil {
 		return h.badAmount(err)
 	}
@@ -37,25 +37,25 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if d.Outcome != limiter.OutcomeUnavailable {
 		// Headers say what a store decided: none when none did (fail open).
-		h.headers.writeInto(w.Header(), &d, ph.valsBuf())
+		h.rt.headers.writeInto(w.Header(), &d, ph.valsBuf())
 	}
 	switch {
-	case h.statusIn != nil:
+	case h.rt.statusIn != nil:
 		// count_only: the units are recorded after the response, by its
 		// status, whatever happens (an error, a panic, a client gone).
 		rec := &statusRecorder{ResponseWriterWrapper: &caddyhttp.ResponseWriterWrapper{ResponseWriter: w}}
 		defer func() {
 			if p := recover(); p != nil {
-				h.lim.Done(r.Context(), &d, http.StatusInternalServerError)
+				h.rt.lim.Done(r.Context(), &d, http.StatusInternalServerError)
 				panic(p)
 			}
-			h.lim.Done(r.Context(), &d, rec.final(err))
+			h.rt.lim.Done(r.Context(), &d, rec.final(err))
 		}()
 		return next.ServeHTTP(rec, r)
 	case h.MaxConcurrent != "":
 		// The lease goes back when the handler chain returns, whatever
 		// happens.
-		defer h.lim.Done(r.Context(), &d, 0)
+		defer h.rt.lim.Done(r.Context(), &d, 0)
 	}
 	return next.ServeHTTP(w, r)
 }
@@ -64,35 +64,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 // the limits (the request's placeholder state, see scratch), so a request
 // allocates nothing of its own for them.
 func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) error {
-	in.Identity = h.keyTmpl.expand(repl)
-	if h.keyTmpl.empty(in.Identity) {
+	in.Identity = h.rt.keyTmpl.expand(repl)
+	if h.rt.keyTmpl.empty(in.Identity) {
 		h.emptyKey(repl)
 	}
 	if h.Region != "" {
-		in.Region = h.regionTmpl.expand(repl)
+		in.Region = h.rt.regionTmpl.expand(repl)
 	}
-	for i := range h.limits {
-		v, err := h.limits[i].resolve(repl, "limit")
+	for i := range h.rt.limits {
+		v, err := h.rt.limits[i].resolve(repl, "limit")
 		if err != nil {
 			return err
 		}
 		buf = append(buf, v)
 	}
-	in.Limits = buf[:len(h.limits)]
-	for i := range h.globals {
-		v, err := h.globals[i].resolve(repl, "global_limit")
+	in.Limits = buf[:len(h.rt.limits)]
+	for i := range h.rt.globals {
+		v, err := h.rt.globals[i].resolve(repl, "global_limit")
 		if err != nil {
 			return err
 		}
 		buf = append(buf, v)
 	}
-	in.GlobalLimits = buf[len(h.limits):]
+	in.GlobalLimits = buf[len(h.rt.limits):]
 	var err error
-	if in.Cost, err = h.cost.resolve(repl, "cost"); err != nil {
+	if in.Cost, err = h.rt.cost.resolve(repl, "cost"); err != nil {
 		return err
 	}
 	if h.MaxConcurrent != "" {
-		if in.MaxConcurrent, err = h.concurrent.resolve(repl, "max_concurrent"); err != nil {
+		if in.MaxConcurrent, err = h.rt.concurrent.resolve(repl, "max_concurrent"); err != nil {
 			return err
 		}
 	}
@@ -102,8 +102,8 @@ func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) 
 // badAmount answers 500 for a placeholder that did not resolve to a
 // positive integer, and logs which one (once per burst).
 func (h *Handler) badAmount(err error) error {
-	if ok, suppressed := h.logs.config.allow(time.Now()); ok {
-		h.logger.Error("dynamic rate limit value is not a positive integer; answering 500",
+	if ok, suppressed := h.rt.logs.config.allow(time.Now()); ok {
+		h.rt.logger.Error("dynamic rate limit value is not a positive integer; answering 500",
 			zap.String("limiter", h.Name),
 			zap.Int64("suppressed_since_last_log", suppressed),
 			zap.Error(err))

@@ -55,7 +55,10 @@ func (c *testClock) Advance(d time.Duration) {
 func provision(t *testing.T, h *Handler, clock *testClock) *observer.ObservedLogs {
 	t.Helper()
 	if clock != nil {
-		h.nowFn = clock.Now
+		if h.rt == nil {
+			h.rt = &provisioned{}
+		}
+		h.rt.now = clock.Now
 		if h.Redis != nil {
 			h.Clock = "app"
 		}
@@ -74,7 +77,7 @@ func provision(t *testing.T, h *Handler, clock *testClock) *observer.ObservedLog
 		t.Fatalf("validate: %v", err)
 	}
 	core, logs := observer.New(zapcore.DebugLevel)
-	h.logger = zap.New(core)
+	h.rt.logger = zap.New(core)
 	return logs
 }
 
@@ -237,7 +240,11 @@ func TestConcurrencyIsExact(t *testing.T) {
 			go func(h *Handler) {
 				defer wg.Done()
 				<-start
-				w := serve(t, h, map[string]string{"X-API-Key": "hot"})
+				w, err := serveErr(t, h, map[string]string{"X-API-Key": "hot"}) // no t.Fatal off the test's goroutine
+				if err != nil {
+					t.Errorf("ServeHTTP: %v", err)
+					return
+				}
 				switch w.Code {
 				case http.StatusOK:
 					admitted.Add(1)
@@ -265,7 +272,7 @@ func TestConcurrencyIsExact(t *testing.T) {
 			provision(t, h, nil)
 			hs = append(hs, h)
 		}
-		if hs[0].storeKey == hs[1].storeKey {
+		if hs[0].rt.storeKey == hs[1].rt.storeKey {
 			t.Fatal("handlers share a client; the test needs one per instance")
 		}
 		run(t, hs)

@@ -259,8 +259,8 @@ func allAlgorithms(t *testing.T) []string {
 // every handler with the same Redis config).
 func redisBreaker(t *testing.T, h *Handler) *limiter.Breaker {
 	t.Helper()
-	if h.breaker == nil {
+	if h.rt.breaker == nil {
 		t.Fatal("handler has no circuit breaker")
 	}
-	return h.breaker
+	return h.rt.breaker
 }

@@ -153,7 +153,7 @@ func (k *placeholderKnowledge) checkTemplate(tmpl string, isKey bool) []template
 // a key the same for everyone is how a limit for a whole site is written,
 // and placeholders are open-ended (a plugin may set its own).
 func (h *Handler) warnTemplates() {
-	k := newPlaceholderKnowledge(h.ctx)
+	k := newPlaceholderKnowledge(h.rt.ctx)
 	for _, t := range []struct {
 		sub, tmpl string
 	}{{"key", h.Key}, {"region", h.Region}} {
@@ -168,7 +168,7 @@ func (h *Handler) warnTemplates() {
 			if p.suggestion != "" {
 				fields = append(fields, zap.String("did_you_mean", p.suggestion))
 			}
-			h.logger.Warn(t.sub+" "+p.msg, fields...)
+			h.rt.logger.Warn(t.sub+" "+p.msg, fields...)
 		}
 	}
 }
@@ -305,8 +305,8 @@ func (discardWriter) WriteHeader(int)             {}
 // every other such request of the limiter. A line is logged at most once a
 // minute, with the template and the placeholders unknown to this request.
 func (h *Handler) emptyKey(repl *caddy.Replacer) {
-	h.metrics.emptyKeys.Inc()
-	ok, suppressed := h.logs.emptyKey.allow(time.Now())
+	h.rt.metrics.emptyKeys.Inc()
+	ok, suppressed := h.rt.logs.emptyKey.allow(time.Now())
 	if !ok {
 		return
 	}
@@ -321,5 +321,5 @@ func (h *Handler) emptyKey(repl *caddy.Replacer) {
 	if len(unknown) > 0 {
 		fields = append(fields, zap.Strings("unknown_placeholders", unknown))
 	}
-	h.logger.Warn("key resolved to nothing for a request: such requests share one budget of this limiter (counted in empty_keys_total)", fields...)
+	h.rt.logger.Warn("key resolved to nothing for a request: such requests share one budget of this limiter (counted in empty_keys_total)", fields...)
 }

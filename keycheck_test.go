@@ -238,9 +238,9 @@ func TestEmptyKeysShareOneBudget(t *testing.T) {
 			t.Parallel()
 			h := &Handler{Name: uniqueName(), Key: c.key, Limit: "3", Window: caddy.Duration(time.Minute)}
 			core, logs := observer.New(zapcore.WarnLevel)
-			h.logger = zap.New(core)
+			h.rt = &provisioned{logger: zap.New(core)}
 			provision(t, h, newTestClock())
-			h.logger = zap.New(core)
+			h.rt.logger = zap.New(core)
 			logs.TakeAll() // the load's own warnings
 			var codes []int
 			for i := 0; i < 5; i++ {
@@ -257,7 +257,7 @@ func TestEmptyKeysShareOneBudget(t *testing.T) {
 			if c.counted {
 				wantCount = 5
 			}
-			if got := testutil.ToFloat64(h.metrics.emptyKeys); got != wantCount {
+			if got := testutil.ToFloat64(h.rt.metrics.emptyKeys); got != wantCount {
 				t.Errorf("empty_keys_total = %v, want %v", got, wantCount)
 			}
 			lines := logs.FilterMessageSnippet("key resolved to nothing").All()

@@ -30,12 +30,14 @@ import (
 // Redis; 30 slow requests of one key at once, spread over the nodes: the
 // upstream never sees more than 3 at a time, the others get 429, and no
 // lease is left in Redis afterwards. A node that dies holding a lease (its
-// request never ends) loses it after lease_timeout.
+// request never ends) loses it after lease_timeout (on an injected clock:
+// clock app).
 func TestConcurrencyAcrossNodes(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	name := uniqueName()
-	hs := nodes(t, 3, srv, nil, func() *Handler {
+	clock := newTestClock()
+	hs := nodes(t, 3, srv, clock, func() *Handler {
 		return &Handler{Name: name, Key: "{http.request.header.X-API-Key}", Limit: "1000", Window: caddy.Duration(time.Minute),
 			MaxConcurrent: "3", LeaseTimeout: caddy.Duration(2 * time.Second)}
 	})
@@ -77,7 +79,7 @@ func TestConcurrencyAcrossNodes(t *testing.T) {
 	if most.Load() > 3 || ok.Load() < 3 || limited.Load() == 0 {
 		t.Fatalf("upstream saw up to %d at once; %d passed, %d limited", most.Load(), ok.Load(), limited.Load())
 	}
-	leaseKey := hs[0].lim.Keys().Key("lease", "k", false, "")
+	leaseKey := hs[0].rt.lim.Keys().Key("lease", "k", false, "")
 	if n := srv.CLI(t, "ZCARD", leaseKey); n != "0" {
 		t.Fatalf("%s leases left in Redis after every request ended", n)
 	}
@@ -85,14 +87,18 @@ func TestConcurrencyAcrossNodes(t *testing.T) {
 	// A node dies with a request in flight: its lease is never released.
 	in := &limiter.Input{Identity: "k", Limits: []int64{1000}, Cost: 1, MaxConcurrent: 3}
 	for i := 0; i < 3; i++ {
-		if d, err := hs[0].lim.Decide(context.Background(), in); err != nil || !d.Pass {
+		if d, err := hs[0].rt.lim.Decide(context.Background(), in); err != nil || !d.Pass {
 			t.Fatalf("lease %d: %+v %v", i, d, err)
 		}
 	}
 	if w := serve(t, hs[1], hdr); w.Code != http.StatusTooManyRequests {
 		t.Fatalf("with 3 leases held by a dead node: %d, want 429", w.Code)
 	}
-	time.Sleep(2100 * time.Millisecond) // lease_timeout on Redis's clock: real time must pass
+	clock.Advance(1900 * time.Millisecond)
+	if w := serve(t, hs[1], hdr); w.Code != http.StatusTooManyRequests {
+		t.Fatalf("before lease_timeout: %d, want 429 (the dead node's leases still held)", w.Code)
+	}
+	clock.Advance(200 * time.Millisecond)
 	if w := serve(t, hs[1], hdr); w.Code != http.StatusOK {
 		t.Fatalf("after lease_timeout: %d, want 200", w.Code)
 	}
@@ -183,7 +189,7 @@ func TestCountOnlyOvershoot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := h.lim.Peek(context.Background(), in)
+	d, err := h.rt.lim.Peek(context.Background(), in)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +267,13 @@ func TestQueueWaitsForItsTurn(t *testing.T) {
 		serve(t, h, nil)
 		serve(t, h, nil)
 		first := make(chan int)
-		go func() { first <- serve(t, h, nil).Code }()
+		go func() { // no t.Fatal off the test's goroutine
+			w, err := serveErr(t, h, nil)
+			if err != nil {
+				t.Errorf("first waiter: %v", err)
+			}
+			first <- w.Code
+		}()
 		time.Sleep(200 * time.Millisecond) // the first waiter is waiting
 		began := time.Now()
 		if w := serve(t, h, nil); w.Code != http.StatusTooManyRequests || time.Since(began) > 400*time.Millisecond {

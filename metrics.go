@@ -236,14 +236,14 @@ func (*collector) Describe(ch chan<- *prometheus.Desc) {
 func (*collector) Collect(ch chan<- prometheus.Metric) {
 	var mem *limiter.MemoryStore
 	for _, h := range liveHandlers() {
-		if h.breaker != nil {
-			ch <- prometheus.MustNewConstMetric(circuitDesc, prometheus.GaugeValue, float64(h.breaker.State()), h.Name)
+		if h.rt.breaker != nil {
+			ch <- prometheus.MustNewConstMetric(circuitDesc, prometheus.GaugeValue, float64(h.rt.breaker.State()), h.Name)
 		}
-		if n, ok := h.lim.OverridesActive(context.Background()); ok {
+		if n, ok := h.rt.lim.OverridesActive(context.Background()); ok {
 			ch <- prometheus.MustNewConstMetric(overridesDesc, prometheus.GaugeValue, float64(n), h.Name)
 		}
-		if h.memory != nil {
-			mem = h.memory
+		if h.rt.memory != nil {
+			mem = h.rt.memory
 		}
 	}
 	if mem != nil {

@@ -184,31 +184,8 @@ type Handler struct {
 	// is used: exact for this Caddy process, shared by nothing else.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
-	lim        *limiter.Limiter
-	limits     []amount // Limit and Limits, in the policy's order
-	globals    []amount // GlobalLimit and GlobalLimits
-	cost       amount
-	concurrent amount
-	keyTmpl    template
-	regionTmpl template
-	headers    headerPlan
-	metrics    *limiterMetrics
-	logs       logGates
-	events     *caddyevents.App
-	ctx        caddy.Context
-	logger     *zap.Logger
-	storeKey   string // the store's entry in the pool, released in Cleanup
-	localKey   string
-	breaker    *limiter.Breaker
-	memory     *limiter.MemoryStore
-	configID   any    // what tells this config from another in the registry
-	fingerprt  string // the block's settings, for same-name checks
-	statusIn   func(int) bool
-	nowFn      func() time.Time // tests inject a clock
-
-	// top counts the keys it refuses; shared by the limiter's handlers,
-	// kept across reloads.
-	top *offenders
+	// rt is what Provision builds from the configuration above.
+	rt *provisioned
 }
 
 // LimitConfig is one window of a limiter and its limit.
@@ -253,13 +230,9 @@ func (Handler) CaddyModule() caddy.ModuleInfo {
 // Provision fills in defaults, builds the engine and opens (or shares) its
 // store.
 func (h *Handler) Provision(ctx caddy.Context) (err error) {
-	h.ctx = ctx
-	if h.logger == nil { // tests may watch the log
-		h.logger = ctx.Logger()
-	}
-	h.logs = newLogGates()
+	h.rt = newProvisioned(ctx, h.rt)
 	h.setDefaults()
-	h.top = sharedOffenders(h.Name)
+	h.rt.top = sharedOffenders(h.Name)
 	p, err := h.policy()
 	if err != nil {
 		return h.named(err)
@@ -267,38 +240,39 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := h.checkStatic(&p); err != nil {
 		return h.named(err)
 	}
+	h.rt.policy = p
 	h.compile()
-	h.statusIn = p.CountOnly
+	h.rt.statusIn = p.CountOnly
 
 	storeLabel := "memory"
 	if h.Redis != nil {
 		storeLabel = "redis"
 	}
-	h.metrics = newLimiterMetrics(h.Name, storeLabel)
+	h.rt.metrics = newLimiterMetrics(h.Name, storeLabel)
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
 	}
 	// Events go out only when an events app is configured.
 	if ev, err := ctx.AppIfConfigured("events"); err == nil {
-		h.events, _ = ev.(*caddyevents.App)
+		h.rt.events, _ = ev.(*caddyevents.App)
 	}
 
 	b, err := h.backend()
 	if err != nil {
 		return err
 	}
-	if h.lim, err = limiter.New(p, b); err != nil {
+	if h.rt.lim, err = limiter.New(p, b); err != nil {
 		h.release()
 		return h.named(h.policyError(err))
 	}
-	h.headers = planHeaders(h, &p)
-	h.configID = ctx.GetMetricsRegistry()
+	h.rt.headers = planHeaders(h, &p)
+	h.rt.configID = ctx.GetMetricsRegistry()
 	h.warnRestart(&p)
 	cfg, _ := json.Marshal(h)
-	h.fingerprt = string(cfg)
+	h.rt.fingerprt = string(cfg)
 	first, err := register(h)
 	if err != nil {
-		h.lim.Close()
+		h.rt.lim.Close()
 		h.release()
 		return h.named(err)
 	}
@@ -332,9 +306,6 @@ func (h *Handler) setDefaults() {
 	if h.WarnAt == 0 {
 		h.WarnAt = DefaultWarnAt
 	}
-	if h.nowFn == nil {
-		h.nowFn = time.Now
-	}
 	if h.Redis != nil {
 		h.Redis.provision()
 	}
@@ -349,6 +320,11 @@ func (h *Handler) Validate() error {
 // validate is Validate with errors that name the field at fault, not the
 // limiter (the Caddyfile parser gives the line instead).
 func (h *Handler) validate() error {
+	if h.rt != nil && h.rt.lim != nil {
+		// Provision built the policy of this load and checked it
+		// (limiter.New runs Check): it is not built twice.
+		return nil
+	}
 	p, err := h.policy()
 	if err != nil {
 		return err
@@ -376,9 +352,12 @@ func (h *Handler) named(err error) error {
 
 // Cleanup releases this handler's use of its stores.
 func (h *Handler) Cleanup() error {
+	if h.rt == nil { // never provisioned
+		return nil
+	}
 	unregister(h)
-	if h.lim != nil {
-		h.lim.Close()
+	if h.rt.lim != nil {
+		h.rt.lim.Close()
 	}
 	return h.release()
 }
@@ -386,7 +365,7 @@ func (h *Handler) Cleanup() error {
 // release gives back the stores taken in Provision.
 func (h *Handler) release() error {
 	var errs []error
-	for _, k := range []*string{&h.storeKey, &h.localKey} {
+	for _, k := range []*string{&h.rt.storeKey, &h.rt.localKey} {
 		if *k != "" {
 			if _, err := stores.Delete(*k); err != nil {
 				errs = append(errs, err)
@@ -575,7 +554,9 @@ func (h *Handler) policy() (limiter.Policy, error) {
 	}
 	p.DryRun = h.DryRun
 	p.AppClock = h.Clock == "app"
-	p.Now = h.nowFn
+	if h.rt != nil {
+		p.Now = h.rt.now
+	}
 	return p, nil
 }
 
@@ -745,17 +726,17 @@ func (h *Handler) checkStatic(p *limiter.Policy) error {
 func (h *Handler) compile() {
 	_, as, _ := h.windows(false)
 	_, gs, _ := h.windows(true)
-	h.limits, h.globals = nil, nil
+	h.rt.limits, h.rt.globals = nil, nil
 	for _, a := range as {
-		h.limits = append(h.limits, compileAmount(a, 0))
+		h.rt.limits = append(h.rt.limits, compileAmount(a, 0))
 	}
 	for _, a := range gs {
-		h.globals = append(h.globals, compileAmount(a, 0))
+		h.rt.globals = append(h.rt.globals, compileAmount(a, 0))
 	}
-	h.cost = compileAmount(h.Cost, 1)
-	h.concurrent = compileAmount(h.MaxConcurrent, 0)
-	h.keyTmpl = compileTemplate(h.Key)
-	h.regionTmpl = compileTemplate(h.Region)
+	h.rt.cost = compileAmount(h.Cost, 1)
+	h.rt.concurrent = compileAmount(h.MaxConcurrent, 0)
+	h.rt.keyTmpl = compileTemplate(h.Key)
+	h.rt.regionTmpl = compileTemplate(h.Region)
 }
 
 // warnRestart logs, at a reload, what makes every budget of the limiter
@@ -767,12 +748,12 @@ func (h *Handler) warnRestart(p *limiter.Policy) {
 	if prev == nil {
 		return
 	}
-	old := prev.lim.Policy()
+	old := prev.rt.lim.Policy()
 	var changed []string
 	if old.Algorithm != p.Algorithm {
 		changed = append(changed, "algorithm "+old.Algorithm.String()+" -> "+p.Algorithm.String())
 	}
-	if prev.lim.Keys().Namespace() != h.lim.Keys().Namespace() {
+	if prev.rt.lim.Keys().Namespace() != h.rt.lim.Keys().Namespace() {
 		changed = append(changed, "key_prefix")
 	}
 	if prev.Key != h.Key {
@@ -782,7 +763,7 @@ func (h *Handler) warnRestart(p *limiter.Policy) {
 		changed = append(changed, "region")
 	}
 	if len(changed) > 0 {
-		h.logger.Warn("limiter's keys changed at this reload: every client's budget starts again",
+		h.rt.logger.Warn("limiter's keys changed at this reload: every client's budget starts again",
 			zap.String("limiter", h.Name), zap.Strings("changed", changed))
 	}
 }

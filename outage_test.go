@@ -310,9 +310,9 @@ func TestRedisDownAtStartWarnsOnce(t *testing.T) {
 	for i := 0; i < 2; i++ {
 		h := &Handler{Name: uniqueName(), Key: "{http.request.header.X-API-Key}", Limit: "5", Window: caddy.Duration(time.Minute),
 			Redis: &RedisConfig{Addresses: []string{addr}}}
-		h.logger = zap.New(core)
+		h.rt = &provisioned{logger: zap.New(core)}
 		provision(t, h, nil) // Caddy starts
-		h.logger = zap.New(core)
+		h.rt.logger = zap.New(core)
 		hs = append(hs, h)
 	}
 	warned := func() int { return len(logs.FilterMessageSnippet("redis does not answer at start").All()) }

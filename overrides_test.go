@@ -75,7 +75,7 @@ func TestOverrideAppliesOnEveryNode(t *testing.T) {
 	// (Redis pub/sub, milliseconds), which also drops their cached denial.
 	for i, h := range hs[:2] {
 		waitKnows(t, h, "K")
-		if n := h.lim.DenyCache().Len(); n != 0 {
+		if n := h.rt.lim.DenyCache().Len(); n != 0 {
 			t.Errorf("node %d knows of the override but still caches %d denials", i, n)
 		}
 	}
@@ -104,7 +104,7 @@ func TestOverrideAppliesOnEveryNode(t *testing.T) {
 	if got := overridesGauge(t, name); got != 1 {
 		t.Errorf("overrides_active = %v, want 1", got)
 	}
-	pttl := srv.Client(t).PTTL(context.Background(), hs[0].lim.Keys().Namespace()+"override:{K}").Val()
+	pttl := srv.Client(t).PTTL(context.Background(), hs[0].rt.lim.Keys().Namespace()+"override:{K}").Val()
 	if pttl <= 10*time.Minute-5*time.Second || pttl > 10*time.Minute+2*time.Second {
 		t.Errorf("the override's key lives %s in Redis, want its TTL (10m)", pttl)
 	}
@@ -140,7 +140,7 @@ func TestOverrideAppliesOnEveryNode(t *testing.T) {
 func waitKnows(t *testing.T, h *Handler, key string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
-	for !h.lim.KnowsOverride(key) {
+	for !h.rt.lim.KnowsOverride(key) {
 		if time.Now().After(deadline) {
 			t.Fatalf("limiter %s never learnt of %s's override", h.Name, key)
 		}

@@ -59,7 +59,11 @@ func TestSeveralWindowsAcrossNodes(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					w := serve(t, h, hdr)
+					w, err := serveErr(t, h, hdr) // no t.Fatal off the test's goroutine
+					if err != nil {
+						t.Errorf("ServeHTTP: %v", err)
+						return
+					}
 					mu.Lock()
 					defer mu.Unlock()
 					switch w.Code {
@@ -101,7 +105,7 @@ func TestSeveralWindowsAcrossNodes(t *testing.T) {
 	if len(admitted) < 30 || denied == 0 {
 		t.Fatalf("%d admitted, %d denied: the test did not load both windows", len(admitted), denied)
 	}
-	key := hs[0].lim.Keys().Key("log", "k_live_42", false, "")
+	key := hs[0].rt.lim.Keys().Key("log", "k_live_42", false, "")
 	recorded, _ := strconv.Atoi(srv.CLI(t, "ZCOUNT", key, "0", "+inf"))
 	// Redis holds the requests of the last minute: exactly those admitted.
 	last := 0
@@ -161,7 +165,7 @@ func TestBanAcrossNodes(t *testing.T) {
 	if !strings.Contains(rec.Body.String(), `"reason":"banned"`) {
 		t.Errorf("B: body %s", rec.Body)
 	}
-	if _, err := a.lim.Reset(t.Context(), "abuser", ""); err != nil {
+	if _, err := a.rt.lim.Reset(t.Context(), "abuser", ""); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(2 * time.Second)

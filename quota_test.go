@@ -109,7 +109,7 @@ func (h *Handler) usage(t *testing.T, identity, region string) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := h.lim.Peek(context.Background(), in)
+	d, err := h.rt.lim.Peek(context.Background(), in)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -401,10 +401,10 @@ func (h *Handler) backend() (limiter.Backend, error) {
 		if err != nil {
 			return limiter.Backend{}, err
 		}
-		h.storeKey, h.memory = key, mem
+		h.rt.storeKey, h.rt.memory = key, mem
 		return limiter.Backend{Store: mem, Source: limiter.SourceMemory, Notifier: mem}, nil
 	}
-	e, key, err := acquireRedisStore(h.Redis, h.logger)
+	e, key, err := acquireRedisStore(h.Redis, h.rt.logger)
 	if err != nil {
 		// Found when the config loads, not when a Caddyfile is adapted
 		// (the files may not be on the machine that adapts it): name the
@@ -415,7 +415,7 @@ func (h *Handler) backend() (limiter.Backend, error) {
 		}
 		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: limiter %s: redis %w", h.Name, err)
 	}
-	h.storeKey, h.breaker = key, e.Breaker
+	h.rt.storeKey, h.rt.breaker = key, e.Breaker
 	b := limiter.Backend{
 		Store: e.Breaker, Base: e.store, Source: limiter.SourceRedis, Remote: true,
 		DenyCacheSize: h.DenyCacheSize, Notifier: e.store,
@@ -426,7 +426,7 @@ func (h *Handler) backend() (limiter.Backend, error) {
 			h.release()
 			return limiter.Backend{}, err
 		}
-		h.localKey, h.memory, b.Local = lkey, mem, mem
+		h.rt.localKey, h.rt.memory, b.Local = lkey, mem, mem
 	}
 	return b, nil
 }

@@ -313,7 +313,7 @@ func TestReloadWarnsWhenBudgetsRestart(t *testing.T) {
 	} {
 		ctx, cancel := caddy.NewContext(caddy.Context{Context: t.Context()})
 		core, logs := observer.New(zapcore.WarnLevel)
-		c.next.logger = zap.New(core)
+		c.next.rt = &provisioned{logger: zap.New(core)}
 		if err := c.next.Provision(ctx); err != nil {
 			t.Fatal(err)
 		}

@@ -55,12 +55,12 @@ func planHeaders(h *Handler, p *limiter.Policy) headerPlan {
 		legacy: !h.DryRun && (h.Headers == "both" || h.Headers == "legacy"),
 		ietf:   !h.DryRun && (h.Headers == "both" || h.Headers == "ietf"),
 	}
-	static := !hasPeriod(p.Windows) && !hasPeriod(p.GlobalWindows) && h.concurrent.tmpl == ""
-	for _, a := range append(append([]amount(nil), h.limits...), h.globals...) {
+	static := !hasPeriod(p.Windows) && !hasPeriod(p.GlobalWindows) && h.rt.concurrent.tmpl == ""
+	for _, a := range append(append([]amount(nil), h.rt.limits...), h.rt.globals...) {
 		static = static && a.tmpl == ""
 	}
 	if static {
-		if ws, err := h.lim.Windows(staticInput(h)); err == nil {
+		if ws, err := h.rt.lim.Windows(staticInput(h)); err == nil {
 			hp.policy = policyHeader(ws)
 		}
 	}
@@ -69,11 +69,11 @@ func planHeaders(h *Handler, p *limiter.Policy) headerPlan {
 
 // staticInput is an Input of the static limits.
 func staticInput(h *Handler) *limiter.Input {
-	in := &limiter.Input{Cost: 1, MaxConcurrent: max(h.concurrent.static, 1)}
-	for _, a := range h.limits {
+	in := &limiter.Input{Cost: 1, MaxConcurrent: max(h.rt.concurrent.static, 1)}
+	for _, a := range h.rt.limits {
 		in.Limits = append(in.Limits, a.static)
 	}
-	for _, a := range h.globals {
+	for _, a := range h.rt.globals {
 		in.GlobalLimits = append(in.GlobalLimits, a.static)
 	}
 	return in
@@ -229,7 +229,7 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Deci
 	hdr := w.Header()
 	switch status {
 	case http.StatusTooManyRequests:
-		h.headers.writeInto(hdr, d, vals)
+		h.rt.headers.writeInto(hdr, d, vals)
 		hdr[hdrRetry] = []string{strconv.FormatInt(retryAfterSeconds(d), 10)}
 	case http.StatusServiceUnavailable:
 		hdr[hdrRetry] = []string{"1"}
@@ -341,7 +341,7 @@ func writeGRPC(w http.ResponseWriter, status int, d *limiter.Decision) error {
 // observe renders the decision into metrics, the request's placeholders
 // ph, logs and events.
 func (h *Handler) observe(ph *phState, d *limiter.Decision) {
-	h.metrics.observe(d)
+	h.rt.metrics.observe(d)
 	ph.set(h, d)
 	if d.Err != nil {
 		h.logStoreError(d)
@@ -350,9 +350,9 @@ func (h *Handler) observe(ph *phState, d *limiter.Decision) {
 		if near, crossed := h.nearLimit(d); near {
 			ph.near = true
 			if crossed {
-				h.metrics.nearLimit.Inc()
+				h.rt.metrics.nearLimit.Inc()
 				h.logNearLimit(d)
-				h.top.note(kindNear, d.Identity, d.Region, h.LogKey, 0, h.nowFn())
+				h.rt.top.note(kindNear, d.Identity, d.Region, h.LogKey, 0, h.rt.now())
 			}
 		}
 		return
@@ -360,12 +360,12 @@ func (h *Handler) observe(ph *phState, d *limiter.Decision) {
 	if d.Outcome == limiter.OutcomeUnavailable {
 		return
 	}
-	h.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), h.nowFn())
+	h.rt.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), h.rt.now())
 	if d.BanStarted {
-		h.metrics.bans.Inc()
-		h.emit(eventBanned, d, h.logs.banEvent)
+		h.rt.metrics.bans.Inc()
+		h.emit(eventBanned, d, h.rt.logs.banEvent)
 	}
-	h.emit(eventExceeded, d, h.logs.event)
+	h.emit(eventExceeded, d, h.rt.logs.event)
 	if d.DryRun {
 		h.logDryRun(d)
 	}
@@ -392,7 +392,7 @@ func (h *Handler) nearLimit(d *limiter.Decision) (near, crossed bool) {
 }
 
 func (h *Handler) logNearLimit(d *limiter.Decision) {
-	ok, suppressed := h.logs.near.allow(time.Now())
+	ok, suppressed := h.rt.logs.near.allow(time.Now())
 	if !ok {
 		return
 	}
@@ -404,11 +404,11 @@ func (h *Handler) logNearLimit(d *limiter.Decision) {
 	if h.LogKey {
 		fields = append(fields, zap.String("key", d.Identity))
 	}
-	h.logger.Warn("client near its rate limit", fields...)
+	h.rt.logger.Warn("client near its rate limit", fields...)
 }
 
 func (h *Handler) logDryRun(d *limiter.Decision) {
-	ok, suppressed := h.logs.dryRun.allow(time.Now())
+	ok, suppressed := h.rt.logs.dryRun.allow(time.Now())
 	if !ok {
 		return
 	}
@@ -418,14 +418,14 @@ func (h *Handler) logDryRun(d *limiter.Decision) {
 	if h.LogKey {
 		fields = append(fields, zap.String("key", d.Identity))
 	}
-	h.logger.Info("dry run: request would have been rate limited", fields...)
+	h.rt.logger.Info("dry run: request would have been rate limited", fields...)
 }
 
 // logStoreError logs a store failure once per burst, with the number of
 // failures since the last line.
 func (h *Handler) logStoreError(d *limiter.Decision) {
-	if ok, suppressed := h.logs.store.allow(time.Now()); ok {
-		h.logger.Error("rate limit store unavailable; applying fail mode",
+	if ok, suppressed := h.rt.logs.store.allow(time.Now()); ok {
+		h.rt.logger.Error("rate limit store unavailable; applying fail mode",
 			zap.String("limiter", h.Name),
 			zap.String("fail", h.Fail),
 			zap.String("source", string(d.Source)),
@@ -436,7 +436,7 @@ func (h *Handler) logStoreError(d *limiter.Decision) {
 
 // emit sends an event, at most once per period per limiter and kind.
 func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger) {
-	if h.events == nil {
+	if h.rt.events == nil {
 		return
 	}
 	ok, suppressed := gate.allow(time.Now())
@@ -461,7 +461,7 @@ func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger) {
 	if h.LogKey {
 		data["key"] = d.Identity
 	}
-	h.events.Emit(h.ctx, name, data)
+	h.rt.events.Emit(h.rt.ctx, name, data)
 }
 
 // burstLogger lets a line (or an event) through at most once per period,

@@ -250,13 +250,13 @@ func TestTwoBlocksOneName(t *testing.T) {
 	}
 	for _, c := range []struct{ name, src, want, line string }{
 		{"default name", site("limit 5\n\t\t\twindow 1m", "algorithm sliding_counter\n\t\t\tlimit 50\n\t\t\twindow 1h"),
-			`a second block left at the default name "default" (the first on line 3)`, "Caddyfile:10"},
+			`two blocks left at the default name "default", at Caddyfile:3 and Caddyfile:10`, "Caddyfile:10"},
 		{"default name, same settings", site("limit 5\n\t\t\twindow 1m", "limit 5\n\t\t\twindow 1m"),
-			`a second block left at the default name "default"`, "Caddyfile:10"},
+			`two blocks left at the default name "default"`, "Caddyfile:10"},
 		{"same name, other settings", site("name api\n\t\t\tlimit 5\n\t\t\twindow 1m", "name api\n\t\t\tlimit 50\n\t\t\twindow 1m"),
-			`a second block named "api" with different settings (the first on line 4)`, "Caddyfile:12"},
+			`two blocks named "api" with different settings, at Caddyfile:4 and Caddyfile:12`, "Caddyfile:12"},
 		{"a snippet imported twice", "(rl) {\n\tsliding_ratelimit {\n\t\tlimit 5\n\t\twindow 1m\n\t}\n}\n:8080 {\n\timport rl\n\trespond ok\n}\n:8081 {\n\timport rl\n\trespond ok\n}\n",
-			`a second block left at the default name`, "Caddyfile:2"},
+			`the block at Caddyfile:2 is used twice (a snippet imported twice?)`, "Caddyfile:2"},
 		{"same name, same settings", site("name api\n\t\t\tlimit 5\n\t\t\twindow 1m", "name api\n\t\t\tlimit 5\n\t\t\twindow 1m"), "", ""},
 		{"one block, two addresses", ":8080, :8081 {\n\tsliding_ratelimit {\n\t\tlimit 5\n\t\twindow 1m\n\t}\n\trespond ok\n}\n", "", ""},
 	} {

@@ -267,8 +267,8 @@ func clip(s string) string {
 func sharedOffenders(name string) *offenders {
 	registry.Lock()
 	defer registry.Unlock()
-	if hs := registry.byName[name]; len(hs) > 0 && hs[len(hs)-1].top != nil {
-		return hs[len(hs)-1].top
+	if hs := registry.byName[name]; len(hs) > 0 && hs[len(hs)-1].rt.top != nil {
+		return hs[len(hs)-1].rt.top
 	}
 	return newOffenders()
 }

@@ -294,12 +294,12 @@ func TestTopFindsTheHammeredKeyAmongAMillion(t *testing.T) {
 	// Fixed memory: the sketch holds its 1,024 counters, in its own
 	// arrays; the live heap did not grow with 900,000 more keys (storing
 	// even 8 bytes per key would take 7 MB).
-	for _, s := range h.top.epochs[kindDenied] {
+	for _, s := range h.rt.top.epochs[kindDenied] {
 		if s != nil && (len(s.counters) > topCounters || cap(s.counters) != topCounters || len(s.index) != 2*topCounters) {
 			t.Fatalf("sketch: %d counters (cap %d), %d index slots", len(s.counters), cap(s.counters), len(s.index))
 		}
 	}
-	if s := h.top.epochs[kindDenied][0]; len(s.counters) != topCounters {
+	if s := h.rt.top.epochs[kindDenied][0]; len(s.counters) != topCounters {
 		t.Fatalf("%d counters in use, want all %d", len(s.counters), topCounters)
 	}
 	growth := int64(heap1M) - int64(heap100k)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"hash/maphash"
 	"math"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -220,9 +219,9 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	ban := m.checkBan()
 	var evbuf [2 * MaxWindows]winEval
-	var keybuf [4]*memKey
-	var restatebuf [4]bool
-	evs, keys, restate, fits := m.checkParts(evbuf[:0], keybuf[:0], restatebuf[:0])
+	keys := make([]*memKey, len(m.op.Parts))
+	restate := make([]bool, len(m.op.Parts)) // a token state under another interval or burst
+	evs, fits := m.checkParts(evbuf[:0], keys, restate)
 	lease := m.checkLease()
 
 	allowed := m.record || (m.reply.BanLeft == 0 && fits && !m.reply.LeaseDenied)
@@ -291,16 +290,11 @@ func (m *memDo) checkBan() *memKey {
 }
 
 // checkParts evaluates every window of every part, appending the windows'
-// evaluations to evs. It returns them, each part's key (nil when it has no
-// state), whether a part's token state is under another interval or burst,
-// and whether the cost fits every window. keys and restate are empty
-// buffers for the two (the caller's, so that a request allocates none).
-func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]winEval, []*memKey, []bool, bool) {
+// evaluations to evs, and sets each part's key (nil when it has no state)
+// and whether its token state is under another interval or burst. It
+// returns the evaluations and whether the cost fits every window.
+func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]winEval, bool) {
 	op := m.op
-	keys = slices.Grow(keys[:0], len(op.Parts))[:len(op.Parts)]
-	restate = slices.Grow(restate[:0], len(op.Parts))[:len(op.Parts)] // a token state under another interval or burst
-	clear(keys)
-	clear(restate)
 	fits := true
 	fnow, fcost := float64(m.now), float64(op.Cost)
 	for i := range op.Parts {
@@ -334,7 +328,7 @@ func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]win
 			fits = false
 		}
 	}
-	return evs, keys, restate, fits
+	return evs, fits
 }
 
 // checkLease returns the lease key (nil when it has none) and sets the

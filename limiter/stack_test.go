@@ -302,6 +302,7 @@ func TestBatchingIsExactUnderConcurrency(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := &limiter.Input{Identity: randomID(t), Limits: []int64{50}}
+	flusher := srv.Client(t) // no t.Fatal off the test's goroutine: no srv.CLI there
 	var admitted, denied atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -311,7 +312,9 @@ func TestBatchingIsExactUnderConcurrency(t *testing.T) {
 			defer wg.Done()
 			<-start
 			if i == 250 {
-				srv.CLI(t, "SCRIPT", "FLUSH")
+				if err := flusher.ScriptFlush(context.Background()).Err(); err != nil {
+					t.Errorf("SCRIPT FLUSH: %v", err)
+				}
 			}
 			d, err := l.Decide(context.Background(), in)
 			switch {
@@ -349,12 +352,13 @@ func TestBatchingHonoursDeadlines(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := 0; i < 20; i++ {
 		wg.Add(1)
+		id := randomID(t) // here: randomID may t.Fatal, not allowed off the test's goroutine
 		go func() {
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 			defer cancel()
 			began := time.Now()
-			_, err := store.Do(ctx, logOp(kb.Key("log", randomID(t), false, ""), time.Minute, 5, 0))
+			_, err := store.Do(ctx, logOp(kb.Key("log", id, false, ""), time.Minute, 5, 0))
 			if !errors.Is(err, context.DeadlineExceeded) {
 				t.Errorf("error %v, want a deadline", err)
 			}

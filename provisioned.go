@@ -1,0 +1,61 @@
+package slidingratelimit
+
+import (
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"go.uber.org/zap"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// provisioned is what Provision builds from a Handler's configuration, once per
+// load: the engine and its policy, the templates and amounts compiled for
+// the hot path, the stores it holds, its metrics, logs and events. A
+// Handler's exported fields are its configuration; this is the rest.
+type provisioned struct {
+	ctx    caddy.Context
+	logger *zap.Logger
+	now    func() time.Time // tests inject a clock
+
+	policy     limiter.Policy // built by policy, once per load
+	lim        *limiter.Limiter
+	limits     []amount // Limit and Limits, in the policy's order
+	globals    []amount // GlobalLimit and GlobalLimits
+	cost       amount
+	concurrent amount
+	keyTmpl    template
+	regionTmpl template
+	headers    headerPlan
+	statusIn   func(int) bool
+
+	metrics *limiterMetrics
+	logs    logGates
+	events  *caddyevents.App
+	// top counts the keys it refuses; shared by the limiter's handlers,
+	// kept across reloads.
+	top *offenders
+
+	storeKey  string // the store's entry in the pool, released in Cleanup
+	localKey  string
+	breaker   *limiter.Breaker
+	memory    *limiter.MemoryStore
+	configID  any    // what tells this config from another in the registry
+	fingerprt string // the block's settings, for same-name checks
+}
+
+// newProvisioned starts what Provision builds, keeping the logger and the
+// clock a test set before Provision (to watch the log, to move time).
+func newProvisioned(ctx caddy.Context, pre *provisioned) *provisioned {
+	rt := &provisioned{ctx: ctx, logger: ctx.Logger(), now: time.Now, logs: newLogGates()}
+	if pre != nil {
+		if pre.logger != nil {
+			rt.logger = pre.logger
+		}
+		if pre.now != nil {
+			rt.now = pre.now
+		}
+	}
+	return rt
+}
