@@ -19,23 +19,25 @@ import (
 // positive integer is a 500: never "unlimited".
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
+	ph := placeholders(repl)
 	var in limiter.Input
-	var buf [2 * limiter.MaxWindows]int64
-	if err := h.resolve(repl, &in, buf[:0]); err != nil {
+	limits, scratch := ph.scratch()
+	in.Scratch = scratch
+	if err := h.resolve(repl, &in, limits); err != nil {
 		return h.badAmount(err)
 	}
 	d, err := h.rt.lim.Decide(r.Context(), &in)
 	if err != nil {
 		return h.badAmount(err)
 	}
-	h.observe(repl, &d)
+	h.observe(ph, &d)
 	h.trace(r.Context(), &d)
 	if !d.Pass {
-		return h.refuse(w, r, &d)
+		return h.refuse(w, r, &d, ph.valsBuf())
 	}
 	if d.Outcome != limiter.OutcomeUnavailable {
 		// Headers say what a store decided: none when none did (fail open).
-		h.rt.headers.write(w.Header(), &d)
+		h.rt.headers.writeInto(w.Header(), &d, ph.valsBuf())
 	}
 	switch {
 	case h.rt.statusIn != nil:
@@ -59,7 +61,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 }
 
 // resolve fills in the request's Input from the placeholders. buf backs
-// the limits, so a request allocates nothing for them.
+// the limits (the request's placeholder state, see scratch), so a request
+// allocates nothing of its own for them.
 func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) error {
 	in.Identity = h.rt.keyTmpl.expand(repl)
 	if h.rt.keyTmpl.empty(in.Identity) {

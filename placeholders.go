@@ -36,13 +36,27 @@ const phStateKey = phPrefix + "_state"
 // phState is what the placeholders show: the decision, formatted only when
 // a placeholder is used (a log line, handle_errors), so a request pays a
 // few field writes, not a dozen map insertions.
+//
+// It is also the request's scratch, so that a request allocates it once
+// and not each piece: the first limiter of the request to run resolves its
+// limits into it, has the engine build its Op in it (limiter.Scratch), and
+// makes its rate limit headers' value slices from it. A later limiter of
+// the same request allocates its own.
 type phState struct {
 	h    *Handler
 	d    limiter.Decision
 	near bool
+
+	limits   [2 * limiter.MaxWindows]int64
+	op       limiter.Scratch
+	vals     [4]string
+	used     bool // limits and op
+	valsUsed bool
 }
 
-// placeholders returns the request's state, registering it on first use.
+// placeholders returns the request's state, registering it on first use:
+// one provider function on the replacer, which also answers phStateKey, so
+// that the limiters of a route find it.
 func placeholders(repl *caddy.Replacer) *phState {
 	if v, ok := repl.Get(phStateKey); ok {
 		if s, ok := v.(*phState); ok {
@@ -50,9 +64,29 @@ func placeholders(repl *caddy.Replacer) *phState {
 		}
 	}
 	s := new(phState)
-	repl.Set(phStateKey, s)
 	repl.Map(s.get)
 	return s
+}
+
+// scratch is an empty buffer for a limiter's limits and the room for its
+// decision's Op: the state's own the first time, new ones after (the first
+// may still be in use).
+func (s *phState) scratch() ([]int64, *limiter.Scratch) {
+	if s.used {
+		return make([]int64, 0, len(s.limits)), nil
+	}
+	s.used = true
+	return s.limits[:0], &s.op
+}
+
+// valsBuf backs a response's rate limit header values: the state's own the
+// first time, nil after (write then makes its own).
+func (s *phState) valsBuf() *[4]string {
+	if s.valsUsed {
+		return nil
+	}
+	s.valsUsed = true
+	return &s.vals
 }
 
 // set shows a decision of h.
@@ -62,6 +96,9 @@ func (s *phState) set(h *Handler, d *limiter.Decision) {
 
 // get answers the placeholders.
 func (s *phState) get(key string) (any, bool) {
+	if key == phStateKey {
+		return s, true
+	}
 	name, ok := strings.CutPrefix(key, phPrefix)
 	if !ok || s.h == nil {
 		return nil, false

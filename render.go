@@ -10,7 +10,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
@@ -135,7 +134,11 @@ func appendRateLimit(b []byte, ws []limiter.WindowUsage) []byte {
 // do not change), and one array backs the headers' value slices, each
 // slice capped at its one value so that an append (by a later limiter or
 // handler) copies instead of writing into its neighbour.
-func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) {
+func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) { hp.writeInto(hdr, d, nil) }
+
+// writeInto is write with the array that backs the value slices given
+// (the request's, see valsBuf); nil makes one.
+func (hp *headerPlan) writeInto(hdr http.Header, d *limiter.Decision, arr *[4]string) {
 	var t *limiter.WindowUsage
 	if hp.legacy {
 		if t = d.Tightest(); t != nil {
@@ -147,8 +150,8 @@ func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) {
 	if t == nil && !hp.ietf {
 		return
 	}
-	var arr [160]byte
-	b := arr[:0]
+	var bytes [160]byte
+	b := bytes[:0]
 	var ends [4]int // the ends in b of the limit, remaining, policy and RateLimit values
 	if t != nil {
 		b = strconv.AppendInt(b, t.Limit, 10)
@@ -166,7 +169,10 @@ func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) {
 		ends[3] = len(b)
 	}
 	all := string(b)
-	vals := make([]string, 0, 4)
+	if arr == nil {
+		arr = new([4]string)
+	}
+	vals := arr[:0]
 	set := func(name, v string, add bool) {
 		if prev := hdr[name]; add && len(prev) > 0 {
 			hdr[name] = append(prev, v)
@@ -218,12 +224,12 @@ func ceilSeconds(d time.Duration) int64 {
 // banned, too many in flight), 413 (a cost that can never fit) or 503
 // (the store failed, fail closed); the gRPC way for gRPC requests; as a
 // Caddy error for handle_errors with `on_limit error`.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Decision) error {
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Decision, vals *[4]string) error {
 	status, body, err := refusal(d, h.Region != "")
 	hdr := w.Header()
 	switch status {
 	case http.StatusTooManyRequests:
-		h.rt.headers.write(hdr, d)
+		h.rt.headers.writeInto(hdr, d, vals)
 		hdr[hdrRetry] = []string{strconv.FormatInt(retryAfterSeconds(d), 10)}
 	case http.StatusServiceUnavailable:
 		hdr[hdrRetry] = []string{"1"}
@@ -332,10 +338,10 @@ func writeGRPC(w http.ResponseWriter, status int, d *limiter.Decision) error {
 	return nil
 }
 
-// observe renders the decision into metrics, placeholders, logs and events.
-func (h *Handler) observe(repl *caddy.Replacer, d *limiter.Decision) {
+// observe renders the decision into metrics, the request's placeholders
+// ph, logs and events.
+func (h *Handler) observe(ph *phState, d *limiter.Decision) {
 	h.rt.metrics.observe(d)
-	ph := placeholders(repl)
 	ph.set(h, d)
 	if d.Err != nil {
 		h.logStoreError(d)

@@ -267,7 +267,7 @@ func TestTopFindsTheHammeredKeyAmongAMillion(t *testing.T) {
 	var heap100k uint64
 	for i := 1; i <= 1_000_000; i++ {
 		d.Identity = "k_one_" + strconv.Itoa(i)
-		h.observe(repl, &d)
+		h.observe(placeholders(repl), &d)
 		if i%250 == 0 {
 			request(hot)
 		}

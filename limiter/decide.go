@@ -66,6 +66,10 @@ type Input struct {
 	Cost int64
 	// MaxConcurrent bounds the requests in flight, with Policy.Concurrency.
 	MaxConcurrent int64
+	// Scratch, when set, is where Decide builds the request's Op (its keys
+	// and windows, and the decision's windows), instead of an allocation
+	// of its own. See Scratch.
+	Scratch *Scratch
 }
 
 // WindowUsage is one window of a decision, ready to render.
@@ -448,16 +452,7 @@ func limitOf(in *Input, nb, i int) int64 {
 // op builds the request's Op (one allocation for its parts, windows and
 // keys).
 func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
-	type buf struct {
-		op    Op
-		parts [4]Part
-		wins  [4 * MaxWindows]Win
-		keys  [6]string
-		ban   BanOp
-		lease LeaseOp
-		ov    OverrideRef
-	}
-	b := new(buf)
+	b := in.Scratch.take()
 	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
 	op := &b.op
 	op.Mode, op.Cost = mode, max(in.Cost, 1)
@@ -465,12 +460,20 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		op.Now = now.UnixMicro()
 	}
 	op.Parts = b.parts[:len(l.parts)]
+	op.usageBuf, op.replyBuf = b.usage[:], b.reply[:]
+	wins, nw := b.wins[:], 0
+	for _, ps := range l.parts {
+		nw += len(ps.windows)
+	}
+	if nw > len(wins) {
+		wins = make([]Win, nw)
+	}
 	nb, k, wi := len(l.p.Windows), 0, 0
 	for pi, ps := range l.parts {
 		p := &op.Parts[pi]
 		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
 		k++
-		p.Windows = b.wins[wi : wi+len(ps.windows)]
+		p.Windows = wins[wi : wi+len(ps.windows) : wi+len(ps.windows)]
 		wi += len(ps.windows)
 		for j, i := range ps.windows {
 			w := &p.Windows[j]
@@ -690,7 +693,11 @@ func (l *Limiter) wait(ctx context.Context, d *Decision) bool {
 // windows builds the decision's windows from a reply (nil: unknown).
 func (l *Limiter) windows(in *Input, op *Op, r *Reply) []WindowUsage {
 	nb := len(l.p.Windows)
-	out := make([]WindowUsage, len(l.layout))
+	out := op.usageBuf
+	if len(out) < len(l.layout) {
+		out = make([]WindowUsage, len(l.layout))
+	}
+	out, op.usageBuf = out[:len(l.layout):len(l.layout)], nil
 	var wins [4 * MaxWindows]*Win
 	n := 0
 	for pi := range op.Parts {

@@ -213,7 +213,7 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	}
 	m := memDo{s: s, sh: sh, op: op, now: now, wall: wall,
 		peek: op.Mode == ModePeek, record: op.Mode == ModeRecord}
-	m.reply = Reply{Now: now, InFlight: -1, Usage: make([]Usage, 0, op.windows())}
+	m.reply = Reply{Now: now, InFlight: -1, Usage: op.usageFor(op.windows())}
 	if m.override() {
 		return m.reply, nil
 	}
@@ -414,16 +414,21 @@ func (m *memDo) recordHash(p *Part, k *memKey, pe []winEval, stale, recording bo
 		k = &memKey{}
 	}
 	var fresh []winState
+	if !stale && len(k.wins) == len(p.Windows) && !hasStale(k.wins, p.Windows) {
+		// The key holds these windows and no other: their new states
+		// replace the old in place (the records read only pe).
+		fresh = k.wins[:0]
+	}
 	var ttl int64
 	switch p.Kind {
 	case KindCounter:
-		fresh, ttl = ctrRecord(p.Windows, pe, c, nil)
+		fresh, ttl = ctrRecord(p.Windows, pe, c, fresh)
 	case KindFixed:
-		fresh, ttl = fixRecord(p.Windows, pe, fnow, c, nil)
+		fresh, ttl = fixRecord(p.Windows, pe, fnow, c, fresh)
 	case KindToken:
-		fresh, ttl = tbRecord(p.Windows, pe, fnow, c, nil)
+		fresh, ttl = tbRecord(p.Windows, pe, fnow, c, fresh)
 	default:
-		fresh, ttl = calRecord(p.Windows, pe, fnow, c, nil)
+		fresh, ttl = calRecord(p.Windows, pe, fnow, c, fresh)
 	}
 	if !stale {
 		for _, old := range k.wins {

@@ -77,6 +77,26 @@ type Op struct {
 	// Override, when set, is the identity's overrides hash: an active
 	// override there changes the limits of the windows it names.
 	Override *OverrideRef
+
+	// usageBuf, when set, backs the decision's windows (see
+	// Limiter.windows), so that a request's Op and its windows are one
+	// allocation. It is used once.
+	usageBuf []WindowUsage
+	// replyBuf, when set, backs the Usage of a store's reply (see
+	// usageFor). It is used once.
+	replyBuf []Usage
+}
+
+// usageFor is an empty Usage slice of capacity n for a reply: the Op's own
+// buffer the first time, a new slice after (a later call on the same Op,
+// count_only's record, must not overwrite a reply that may still be held,
+// by the deny cache for one).
+func (op *Op) usageFor(n int) []Usage {
+	if b := op.replyBuf; n <= cap(b) {
+		op.replyBuf = nil
+		return b[:0:n]
+	}
+	return make([]Usage, 0, n)
 }
 
 // OverrideRef points a request at its identity's overrides.
@@ -261,3 +281,38 @@ func (op *Op) windows() int {
 // maxWindowMicros bounds a duration window: ten years, far below what
 // doubles and durations hold.
 const maxWindowMicros = 10 * 366 * 24 * 3600 * 1e6
+
+// Scratch is room for one decision's Op: its parts, keys and windows, the
+// decision's windows and the store's reply. A caller that
+// allocates something per request anyway (Caddy's handler: the request's
+// placeholder state) can hold one in it and give it in Input.Scratch, and
+// Decide allocates none of its own for them. A Scratch serves one Decide
+// (the first one given it; later ones allocate), and what it holds lives
+// as long as the Decision does. The zero value is ready.
+type Scratch struct {
+	b    opBuf
+	used bool
+}
+
+// opBuf is an Op with what it points to, in one allocation.
+type opBuf struct {
+	op    Op
+	parts [4]Part
+	wins  [8]Win // the windows, when they are few (4 * MaxWindows is the most)
+	keys  [6]string
+	ban   BanOp
+	lease LeaseOp
+	ov    OverrideRef
+	usage [2]WindowUsage // the decision's windows, when they are few
+	reply [4]Usage       // the store's reply
+}
+
+// take returns the scratch's buffer the first time, a new one after (or
+// when s is nil).
+func (s *Scratch) take() *opBuf {
+	if s == nil || s.used {
+		return new(opBuf)
+	}
+	s.used = true
+	return &s.b
+}

@@ -223,7 +223,7 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 		return Reply{}, fmt.Errorf("%w: too large with no override", ErrBadReply)
 	}
 	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6] == 1
-	r.Usage = make([]Usage, nw)
+	r.Usage = op.usageFor(nw)[:nw]
 	denied := false
 	for j := range r.Usage {
 		u := Usage{Count: n[7+3*j], Retry: n[8+3*j], Reset: n[9+3*j]}
