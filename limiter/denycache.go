@@ -217,20 +217,20 @@ func (c *DenyCache) shrink(now int64, keep string) {
 // every key when tag is "". A denial decided before Forget returned is not
 // cached after it.
 func (c *DenyCache) Forget(tag string) {
-	c.gen.Add(1)
-	c.m.Range(func(k, v any) bool {
-		if tag == "" || HashTag(k.(string)) == tag {
-			c.drop(k.(string), v.(*denial))
-		}
-		return true
-	})
+	c.forget(func(t string) bool { return tag == "" || t == tag })
 }
 
 // forgetTags is Forget for several identities at once (one pass).
 func (c *DenyCache) forgetTags(tags map[string]bool) {
+	c.forget(func(t string) bool { return tags[t] })
+}
+
+// forget drops the denials whose identity's hash tag matches; a denial
+// decided before it is never cached after it (the generation moves on).
+func (c *DenyCache) forget(match func(tag string) bool) {
 	c.gen.Add(1)
 	c.m.Range(func(k, v any) bool {
-		if tags[HashTag(k.(string))] {
+		if match(HashTag(k.(string))) {
 			c.drop(k.(string), v.(*denial))
 		}
 		return true
