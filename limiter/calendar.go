@@ -110,3 +110,18 @@ func (p Period) Bounds(t time.Time, loc *time.Location) [4]int64 {
 	}
 	return b
 }
+
+// Longest is the longest the period can be (a DST change included).
+func (p Period) Longest() time.Duration {
+	switch p {
+	case PeriodHour:
+		return time.Hour + 30*time.Minute
+	case PeriodDay:
+		return 25 * time.Hour
+	case PeriodWeek:
+		return 7*24*time.Hour + time.Hour
+	case PeriodMonth:
+		return 31*24*time.Hour + time.Hour
+	}
+	return 0
+}

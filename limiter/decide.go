@@ -153,6 +153,8 @@ type Decision struct {
 	// Overridden is true when an operator's override changed a limit of
 	// this request's windows (their Limit is the override's).
 	Overridden bool
+	// At is the store's time of the decision (zero when no store decided).
+	At time.Time
 
 	done *pending
 }
@@ -219,6 +221,12 @@ type Limiter struct {
 	ovView  atomic.Pointer[indexView]
 	flight  flight                                          // requests between Decide and Done
 	sleep   func(ctx context.Context, d time.Duration) bool // the queue's wait in a simulation (export_test.go); nil: a timer
+	// g is the global ceiling kept in a ledger (Backend.Global); then
+	// parts and specs hold the ceiling as one share part, and sparts and
+	// sspecs as the static share's parts (fail local, cut off).
+	g              *global
+	sparts         []partSpec
+	sspecs         []KeySpec
 
 	closeOnce sync.Once
 }
@@ -251,6 +259,10 @@ type Backend struct {
 	// Notifier carries resets and lifted bans to every process sharing
 	// Store (nil: this process only).
 	Notifier Notifier
+	// Global, when set, keeps the global ceiling in a ledger every data
+	// centre shares (global_redis), and Store keeps this data centre's
+	// share of it (Base must be a ShareStore).
+	Global *Global
 }
 
 // New builds a Limiter. Close it when done.
@@ -287,6 +299,13 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	_, _ = rand.Read(id[:])
 	l := &Limiter{p: p, b: b, keys: kb, stack: b.Store, leaseNS: hex.EncodeToString(id[:]) + "-"}
 	l.plan()
+	if b.Global != nil {
+		g, err := newGlobal(l, *b.Global)
+		if err != nil {
+			return nil, err
+		}
+		l.g = g
+	}
 	if b.Remote && b.DenyCacheSize >= 0 {
 		l.cache = NewDenyCache(b.Store, b.DenyCacheSize, p.Now)
 		l.stack = l.cache
@@ -338,6 +357,9 @@ func (l *Limiter) plan() {
 			}
 		}
 	}
+	if l.b.Global != nil {
+		l.shareParts()
+	}
 	if l.p.Ban != nil {
 		// A dry run's would-be refusals ban no one: they count in a ban key
 		// of their own, which only dry runs read.
@@ -346,9 +368,11 @@ func (l *Limiter) plan() {
 			seg = "dryban"
 		}
 		l.specs = append(l.specs, KeySpec{Segment: seg})
+		l.sspecs = append(l.sspecs, KeySpec{Segment: seg})
 	}
 	if l.p.Concurrency {
 		l.specs = append(l.specs, KeySpec{Segment: "lease"})
+		l.sspecs = append(l.sspecs, KeySpec{Segment: "lease"})
 	}
 	l.names = make([]string, len(all))
 	l.wnames = make([]string, len(all))
@@ -366,6 +390,29 @@ func (l *Limiter) plan() {
 	}
 }
 
+// shareParts puts the global ceiling in one share part (its windows in the
+// order the layout gives them), and keeps its usual parts, under keys of
+// their own, for the static share.
+func (l *Limiter) shareParts() {
+	l.sparts = append([]partSpec(nil), l.parts...)
+	l.sspecs = append([]KeySpec(nil), l.specs...)
+	share := partSpec{kind: KindShare, global: true}
+	parts, specs := l.parts[:0:0], l.specs[:0:0]
+	for i, ps := range l.parts {
+		if ps.global {
+			share.windows = append(share.windows, ps.windows...)
+			l.sspecs[i].Segment = "static" + ps.kind.String()
+			continue
+		}
+		parts, specs = append(parts, ps), append(specs, l.specs[i])
+	}
+	l.parts = append(parts, share)
+	l.specs = append(specs, KeySpec{Segment: "share", Global: true})
+}
+
+// shareKey is the key of identity's share of the global ceiling.
+func (l *Limiter) shareKey(identity string) string { return l.keys.Global("share", identity) }
+
 // Close stops listening for notices and reading the overrides' index. It
 // may be called more than once.
 func (l *Limiter) Close() {
@@ -376,6 +423,9 @@ func (l *Limiter) Close() {
 		if l.ovStop != nil {
 			close(l.ovStop)
 			<-l.ovDone
+		}
+		if l.g != nil {
+			l.g.close()
 		}
 	})
 }
@@ -453,25 +503,33 @@ func limitOf(in *Input, nb, i int) int64 {
 // keys).
 func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	b := in.Scratch.take()
-	l.keys.Keys(b.keys[:len(l.specs)], l.specs, in.Identity, l.p.Regions, in.Region)
+	parts, specs, static := l.parts, l.specs, l.g != nil && l.g.usesStatic()
+	if static {
+		parts, specs = l.sparts, l.sspecs
+	}
+	l.keys.Keys(b.keys[:len(specs)], specs, in.Identity, l.p.Regions, in.Region)
 	op := &b.op
 	op.Mode, op.Cost = mode, max(in.Cost, 1)
 	if l.p.AppClock || !l.b.Remote {
 		op.Now = now.UnixMicro()
 	}
-	op.Parts = b.parts[:len(l.parts)]
+	op.Parts = b.parts[:len(parts)]
 	op.usageBuf, op.replyBuf = b.usage[:], b.reply[:]
 	wins, nw := b.wins[:], 0
-	for _, ps := range l.parts {
+	for _, ps := range parts {
 		nw += len(ps.windows)
 	}
 	if nw > len(wins) {
 		wins = make([]Win, nw)
 	}
 	nb, k, wi := len(l.p.Windows), 0, 0
-	for pi, ps := range l.parts {
+	for pi, ps := range parts {
 		p := &op.Parts[pi]
 		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
+		p.Lead, p.Claim = 0, 0
+		if ps.kind == KindShare {
+			p.Lead, p.Claim = l.g.lead(), l.g.claim()
+		}
 		k++
 		p.Windows = wins[wi : wi+len(ps.windows) : wi+len(ps.windows)]
 		wi += len(ps.windows)
@@ -479,7 +537,10 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 			w := &p.Windows[j]
 			win := l.window(i)
 			w.Limit = limitOf(in, nb, i)
-			if ps.kind == KindCalendar {
+			if static && i >= nb {
+				w.Limit = max(l.g.staticLimit(w.Limit), 1)
+			}
+			if win.Period != PeriodNone {
 				w.Name = win.Period.String()
 				w.Bounds = win.Period.Bounds(now, l.p.Location)
 			} else {
@@ -549,14 +610,27 @@ func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 		return l.finish(d), nil
 	}
 
+	if l.g != nil && l.g.usesStatic() && l.g.staticNone(in) {
+		return l.ledgerFailed(in, op, d, errStatic), nil
+	}
+
 	// A waiter's place, once taken, is given back on every way out.
 	defer func() {
 		if d.Queued {
 			l.waiters.Add(-1)
 		}
 	}()
+	asked := false // the ledger was asked for this request
 	for {
 		reply, store, err := l.ask(ctx, op)
+		if err == nil && reply.Share != 0 {
+			var gerr error
+			if op, asked, gerr = l.shared(ctx, in, op, &reply, mode, now, asked); gerr != nil {
+				return l.ledgerFailed(in, op, d, gerr), nil
+			} else if asked && reply.Share&ShareAsk != 0 {
+				continue // ask the store again with the grant
+			}
+		}
 		d.Took += l.p.Now().Sub(now)
 		d.Err, d.ErrKind = err, KindOf(err)
 		if store == nil {
@@ -577,6 +651,9 @@ func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 		}
 		d.Windows = l.windows(in, op, &reply)
 		d.Overridden = reply.Limits != nil
+		if reply.Now > 0 {
+			d.At = time.UnixMicro(reply.Now)
+		}
 		d.InFlight = reply.InFlight
 		d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
 		d.Banned, d.BanStarted = reply.Status == StatusBanned, reply.BanStarted
@@ -592,6 +669,44 @@ func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 		}
 		return l.finish(d), nil
 	}
+}
+
+// shared acts on what the store said of the request's share of the global
+// ceiling: a share that is short while the ledger said nothing is renewed
+// now, once per request (the caller asks the store again); a claim to
+// renew is renewed in the background. It returns the Op to ask next.
+func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
+	if r.Share&ShareAsk != 0 && !asked {
+		if err := l.g.fetch(ctx, in, r, l.shareKey(in.Identity), op.Cost); err != nil {
+			return op, true, err
+		}
+		return l.op(in, mode, now), true, nil
+	}
+	if r.Share&ShareRenew != 0 {
+		l.g.later(in, r)
+	}
+	if r.Status == StatusDenied && r.Share&ShareShort != 0 && (asked || r.Share&ShareAsk != 0) {
+		l.g.event(GlobalEvent{Kind: EventStarved})
+	}
+	r.Share &^= ShareAsk
+	return op, asked, nil
+}
+
+// ledgerFailed is the decision when the ledger could not renew a share
+// the request needs: the fail mode, as for the store (fail local: the
+// static share once the data centre is found cut off, and until then a
+// 503).
+func (l *Limiter) ledgerFailed(in *Input, op *Op, d Decision, err error) Decision {
+	d.Err, d.ErrKind = err, KindOf(err)
+	d.Outcome = OutcomeUnavailable
+	d.Source = SourceFailClosed
+	d.Pass = l.p.Fail == FailOpen
+	if d.Pass {
+		d.Source = SourceFailOpen
+		l.g.event(GlobalEvent{Kind: EventFailOpen})
+	}
+	d.Windows = l.windows(in, op, nil)
+	return l.finish(d)
 }
 
 // neverFits reports whether cost is above a window's capacity.

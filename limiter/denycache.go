@@ -122,6 +122,11 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 		return res, nil
 	}
 	until := start + retryOf(&res)*int64(time.Microsecond)
+	if res.Share&ShareShort != 0 {
+		// A share of a global ceiling may be renewed any time, by any node:
+		// its denials are not cached.
+		until = start
+	}
 	if until <= start {
 		return res, nil // a lease denial: no retry time to cache
 	}

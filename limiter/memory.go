@@ -65,6 +65,10 @@ type memKey struct {
 	// them); idx: a limiter's index of them (member → until, µs).
 	ov  map[string]string
 	idx map[string]int64
+	// share: a data centre's share of a global ceiling (share.go);
+	// standing: its standing with the ledger.
+	share    *shareState
+	standing *Standing
 }
 
 // MemoryOption configures a MemoryStore.
@@ -221,12 +225,15 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	var evbuf [2 * MaxWindows]winEval
 	keys := make([]*memKey, len(m.op.Parts))
 	restate := make([]bool, len(m.op.Parts)) // a token state under another interval or burst
-	evs, fits := m.checkParts(evbuf[:0], keys, restate)
+	evs, fits, others, shareFit := m.checkParts(evbuf[:0], keys, restate)
 	lease := m.checkLease()
 
 	allowed := m.record || (m.reply.BanLeft == 0 && fits && !m.reply.LeaseDenied)
 	recording := allowed && !m.peek && m.op.Mode != ModeCheckOnly
 	m.recordParts(evs, keys, restate, recording)
+	if !m.peek && !m.record {
+		m.shares(evs, keys, shareFit, m.reply.BanLeft == 0 && !m.reply.LeaseDenied && others, recording)
+	}
 	if allowed && !m.peek && m.op.Lease != nil && !m.record {
 		m.grantLease(lease)
 	}
@@ -238,7 +245,9 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		}
 	}
 	m.status(allowed)
-	m.countBan(ban, fits, evs)
+	if !(m.reply.Share&ShareAsk != 0 && others) {
+		m.countBan(ban, fits, evs)
+	}
 	for _, ev := range evs {
 		m.reply.Usage = append(m.reply.Usage, Usage{Count: ev.count, Retry: ev.retry, Reset: ev.reset})
 	}
@@ -301,9 +310,9 @@ func (m *memDo) checkBan() *memKey {
 // evaluations to evs, and sets each part's key (nil when it has no state)
 // and whether its token state is under another interval or burst. It
 // returns the evaluations and whether the cost fits every window.
-func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]winEval, bool) {
+func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) (_ []winEval, fits, others, shareFit bool) {
 	op := m.op
-	fits := true
+	fits, others, shareFit = true, true, true
 	fnow, fcost := float64(m.now), float64(op.Cost)
 	for i := range op.Parts {
 		p := &op.Parts[i]
@@ -317,6 +326,9 @@ func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]win
 		}
 		var ok bool
 		switch p.Kind {
+		case KindShare:
+			ok = m.shareCheck(p, k, pe)
+			shareFit = ok
 		case KindLog:
 			l := &logState{}
 			if k != nil {
@@ -334,9 +346,22 @@ func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) ([]win
 		}
 		if !ok {
 			fits = false
+			others = others && p.Kind == KindShare
 		}
 	}
-	return evs, fits
+	return evs, fits, others, shareFit
+}
+
+// shares writes the check's effect on its share parts (share.go).
+func (m *memDo) shares(evs []winEval, keys []*memKey, fit, demand, recording bool) {
+	off := 0
+	for i := range m.op.Parts {
+		p := &m.op.Parts[i]
+		if p.Kind == KindShare {
+			m.reply.Share |= m.shareAfter(p, p.Key, keys[i], evs[off:off+len(p.Windows)], fit, demand, recording)
+		}
+		off += len(p.Windows)
+	}
 }
 
 // checkLease returns the lease key (nil when it has none) and sets the
@@ -375,6 +400,9 @@ func (m *memDo) recordParts(evs []winEval, keys []*memKey, restate []bool, recor
 		pe := evs[off : off+len(p.Windows)]
 		off += len(p.Windows)
 		k := keys[i]
+		if p.Kind == KindShare {
+			continue
+		}
 		if p.Kind == KindLog {
 			if recording {
 				if k == nil {

@@ -36,10 +36,14 @@ const (
 	KindFixed    Kind = 3 // fixed_window: a hash, one counter per window
 	KindToken    Kind = 4 // token_bucket: a hash, one arrival time per window
 	KindCalendar Kind = 5 // calendar periods: a hash, one counter per period
+	// KindShare is a data centre's share of a global ceiling kept in a
+	// ledger (global_redis): a hash of grants; its windows are the
+	// ceiling's, for the reply.
+	KindShare Kind = 6
 )
 
 // kindNames are the kinds' segment in keys.
-var kindNames = [...]string{KindLog: "log", KindCounter: "counter", KindFixed: "fixed", KindToken: "token", KindCalendar: "calendar"}
+var kindNames = [...]string{KindLog: "log", KindCounter: "counter", KindFixed: "fixed", KindToken: "token", KindCalendar: "calendar", KindShare: "share"}
 
 func (k Kind) String() string {
 	if int(k) < len(kindNames) && kindNames[k] != "" {
@@ -114,6 +118,9 @@ type Part struct {
 	// Global marks the identity's global ceiling.
 	Global  bool
 	Windows []Win
+	// Lead and Claim are, for KindShare, how long ahead of need (µs) the
+	// share is renewed, and how long a renewal's claim lasts.
+	Lead, Claim int64
 }
 
 // Win is one window of a part.
@@ -190,7 +197,27 @@ type Reply struct {
 	// window's limit and burst as decided (burst 0: the limit), in order;
 	// nil otherwise.
 	Limits, Bursts []int64
+	// Share is, for an Op with a KindShare part, what the store said of the
+	// share (ShareRenew, ShareAsk, ShareShort).
+	Share ShareFlags
 }
+
+// ShareFlags are what a check says of a data centre's share of a global
+// ceiling.
+type ShareFlags uint8
+
+// The flags; their values are the script's (its reply's flags, less the
+// concurrency bound's 1).
+const (
+	// ShareRenew: the caller holds the claim to renew the share, in the
+	// background.
+	ShareRenew ShareFlags = 2
+	// ShareAsk: the share is short and the ledger said nothing of when it
+	// has room: the caller asks it now.
+	ShareAsk ShareFlags = 4
+	// ShareShort: the share did not hold the cost.
+	ShareShort ShareFlags = 8
+)
 
 // Usage is one window after a decision, in µs and units.
 type Usage struct {
@@ -239,13 +266,16 @@ func (op *Op) validate() error {
 	}
 	for i := range op.Parts {
 		p := &op.Parts[i]
-		if p.Key == "" || p.Kind < KindLog || p.Kind > KindCalendar || len(p.Windows) == 0 || len(p.Windows) > MaxWindows {
+		if p.Key == "" || p.Kind < KindLog || p.Kind > KindShare || len(p.Windows) == 0 || len(p.Windows) > MaxWindows {
 			return fmt.Errorf("%w: part %d (%q, %s, %d windows)", ErrInvalidOp, i, p.Key, p.Kind, len(p.Windows))
 		}
 		for j := range p.Windows {
 			w := &p.Windows[j]
 			if w.Limit <= 0 || w.Limit > MaxValue || w.Burst < 0 || w.Burst > MaxValue || w.Name == "" {
 				return fmt.Errorf("%w: window %q: limit %d, burst %d", ErrInvalidOp, w.Name, w.Limit, w.Burst)
+			}
+			if p.Kind == KindShare {
+				continue
 			}
 			if p.Kind == KindCalendar {
 				b := w.Bounds
@@ -255,6 +285,9 @@ func (op *Op) validate() error {
 			} else if w.Len < 1000 || w.Len > maxWindowMicros {
 				return fmt.Errorf("%w: window %q of %dµs", ErrInvalidOp, w.Name, w.Len)
 			}
+		}
+		if p.Kind == KindShare && (p.Lead < 0 || p.Claim <= 0 || op.Mode == ModeRecord || op.Mode == ModeCheckOnly) {
+			return fmt.Errorf("%w: share part (lead %d, claim %d, mode %d)", ErrInvalidOp, p.Lead, p.Claim, op.Mode)
 		}
 	}
 	if b := op.Ban; b != nil && (b.Key == "" || b.After <= 0 || b.Within <= 0 || b.For <= 0 || b.Wait < 0) {

@@ -222,7 +222,8 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 	if r.Status == StatusTooLarge && r.Limits == nil {
 		return Reply{}, fmt.Errorf("%w: too large with no override", ErrBadReply)
 	}
-	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6] == 1
+	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
+	r.Share = ShareFlags(n[6] &^ 1)
 	r.Usage = op.usageFor(nw)[:nw]
 	denied := false
 	for j := range r.Usage {
@@ -263,7 +264,7 @@ type check struct {
 // encode encodes op, with the deadline on Redis's clock.
 func (c *check) encode(op *Op, deadline int64) {
 	nw := op.windows()
-	nk, nargs := len(op.Parts), 11+3*len(op.Parts)+6*nw
+	nk, nargs := len(op.Parts), 11+5*len(op.Parts)+6*nw
 	if op.Ban != nil {
 		nk, nargs = nk+1, nargs+4
 	}
@@ -299,6 +300,9 @@ func (c *check) encode(op *Op, deadline int64) {
 			global = 1
 		}
 		c.args = append(c.args, int(p.Kind), len(p.Windows), global)
+		if p.Kind == KindShare {
+			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim))
+		}
 		for j := range p.Windows {
 			w := &p.Windows[j]
 			if p.Kind == KindCalendar {

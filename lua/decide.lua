@@ -42,7 +42,10 @@
 --        not recorded); 3 record (count_only after the response: the units
 --        are recorded, nothing checked); 4 release the lease.
 -- kind:  1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket,
---        5 calendar periods (fixed windows on the calendar).
+--        5 calendar periods (fixed windows on the calendar), 6 a data
+--        centre's share of the global ceiling (share.lua): its part header
+--        goes on with lead and claim (µs), and its windows are the global
+--        ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
 --        stalled network) is never charged; 0 for none, -1 for none but
@@ -68,14 +71,17 @@
 --        changed a limit ends (the limits change again then).
 --
 -- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
--- lease_denied, then count, retry, reset per window, in order}.
+-- flags, then count, retry, reset per window, in order}.
 --   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
 --                written), 4 too large under an override (nothing written)
 --   time         Redis TIME when it was read (clock redis, or a deadline), 0
 --                otherwise
 --   ban_left     µs the ban lasts (when banned)
 --   in_flight    leases held after the check (-1: no lease)
---   lease_denied 1 when the concurrency bound denied the request
+--   flags        the sum of: 1 the concurrency bound denied the request;
+--                and for a share of a global ceiling (kind 6, share.lua):
+--                2 the caller holds the claim to renew it, 4 it is short
+--                and the ledger said nothing (ask it now), 8 it is short
 -- When an override changed a limit, the reply goes on with limit and burst
 -- per window, in order (burst 0: the limit).
 -- A request is admitted when the key is not banned, every window of every
@@ -328,6 +334,10 @@ local function decide(a, k)
     local kind, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
     pglobal[p] = ARGV[a + 2] == "1"
     a = a + 3
+    if kind == 6 then
+      sh_lead[p], sh_claim[p] = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+      a = a + 2
+    end
     pkey[p], pkind[p], pj0[p] = KEYS[k], kind, nw + 1
     k = k + 1
     for _ = 1, n do
@@ -389,11 +399,13 @@ local function decide(a, k)
     end
   end
 
-  local fits = true
+  local fits, others = true, true
   for p = 1, nparts do
     local key, kind, j0, j1 = pkey[p], pkind[p], pj0[p], pj1[p]
     local ok
-    if kind == 1 then
+    if kind == 6 then
+      ok = share_check(p, key, j0, j1, cost)
+    elseif kind == 1 then
       ok, ptot[p], pnew[p], pmax[p] = log_check(key, j0, j1, now, cost, peek)
     else
       local v, f
@@ -412,6 +424,9 @@ local function decide(a, k)
     end
     if not ok then
       fits = false
+      if kind ~= 6 then
+        others = false
+      end
     end
   end
 
@@ -430,9 +445,21 @@ local function decide(a, k)
 
   local allowed = record or (banleft == 0 and fits and leasedenied == 0)
   local recording = allowed and not peek and mode ~= 2
+  -- shflags: the share's flags for the reply; asking: a share is short and
+  -- the caller asks the ledger now (not a refusal yet: no ban counts it).
+  local shflags, asking = 0, false
   for p = 1, nparts do
     local key, kind, j0, j1 = pkey[p], pkind[p], pj0[p], pj1[p]
-    if kind == 1 then
+    if kind == 6 then
+      if not peek and not record then
+        local demand = banleft == 0 and leasedenied == 0 and others
+        local f = share_after(p, key, j0, j1, cost, demand, recording)
+        shflags = shflags + f
+        if f % 8 >= 4 then
+          asking = true
+        end
+      end
+    elseif kind == 1 then
       if recording then
         log_record(key, j0, j1, now, cost, ptot[p], pnew[p], pmax[p])
       end
@@ -499,12 +526,12 @@ local function decide(a, k)
         retry = rty[j]
       end
     end
-    if retry > wait and ban_count(bkey, ban, 1, now, after, within, bfor) then
+    if retry > wait and not (asking and others) and ban_count(bkey, ban, 1, now, after, within, bfor) then
       status, banleft, started = 2, bfor, 1
     end
   end
 
-  local reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied}
+  local reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
   for j = 1, nw do
     reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
   end

@@ -6,6 +6,8 @@
 //	sliding_counter.lua   two counters per window, the previous weighted
 //	fixed_window.lua      a counter per window, and calendar periods
 //	token_bucket.lua      GCRA: one theoretical arrival time per window
+//	share.lua             a data centre's share of a global ceiling kept in
+//	                      a ledger (global_redis)
 //
 // decide.lua's header documents the calling convention and the reply; each
 // algorithm file documents its state, units and answers. override.lua keeps
@@ -33,10 +35,20 @@ var (
 	fixedWindow string
 	//go:embed token_bucket.lua
 	tokenBucket string
+	//go:embed share.lua
+	share string
 	// Override is override.lua: an identity's temporary overrides and a
 	// limiter's index of them (not on the request path).
 	//go:embed override.lua
 	Override string
+	// DCShare is dcshare.lua: a data centre's side of a global ceiling kept
+	// in a ledger (global_redis), off the request path.
+	//go:embed dcshare.lua
+	DCShare string
+	// Ledger is ledger.lua: the ledger of global ceilings every data centre
+	// shares (global_redis).
+	//go:embed ledger.lua
+	Ledger string
 )
 
 // The lines of decide.lua the algorithm files and the entry point replace.
@@ -51,7 +63,7 @@ var body = func() string {
 	if strings.Count(decide, algorithmsMarker) != 1 || strings.Count(decide, entryMarker) != 1 {
 		panic("lua: decide.lua must hold the @algorithms and @entry lines once each")
 	}
-	algs := slidingLog + "\n" + slidingCounter + "\n" + fixedWindow + "\n" + tokenBucket + "\n"
+	algs := slidingLog + "\n" + slidingCounter + "\n" + fixedWindow + "\n" + tokenBucket + "\n" + share + "\n"
 	b := strings.Replace(decide, algorithmsMarker, algs, 1)
 	return b[:strings.Index(b, entryMarker)]
 }()
@@ -97,5 +109,8 @@ var Files = map[string]string{
 	"sliding_counter.lua": slidingCounter,
 	"fixed_window.lua":    fixedWindow,
 	"token_bucket.lua":    tokenBucket,
+	"share.lua":           share,
 	"override.lua":        Override,
+	"dcshare.lua":         DCShare,
+	"ledger.lua":          Ledger,
 }

@@ -1,0 +1,479 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Global is a global ceiling kept in a ledger every data centre shares
+// (global_redis): Backend.Global. The data centre's store keeps its share of
+// each identity's ceiling (grants from the ledger), checked with the
+// region's windows in one call; grants are asked for ahead of need, in the
+// background, and only an identity's first request in a data centre (or one
+// whose share ran out while the ledger had room) waits for the ledger.
+type Global struct {
+	Ledger *Ledger
+	// Datacenter names this node's data centre (datacenter).
+	Datacenter string
+	// Timeout bounds one call of the ledger (default 1 s).
+	Timeout time.Duration
+	// Length is a grant's base length (default: the shortest global window
+	// / 60, within 50 ms and 1 s): longer when the ledger has room to spare.
+	Length time.Duration
+	// Beat is how long the data centre's membership lasts after the ledger
+	// heard it (fail local; default 2 s); Skew the clocks' skew allowed
+	// (default 1 s).
+	Beat, Skew time.Duration
+	// OnEvent, when set, is told of every ledger call and decision the
+	// ceiling changed (metrics).
+	OnEvent func(GlobalEvent)
+}
+
+// GlobalEvent is one thing the global ceiling did.
+type GlobalEvent struct {
+	Kind GlobalEventKind
+	// Units granted or returned; Took, a ledger call's round trip; Err, its
+	// error.
+	Units int64
+	Took  time.Duration
+	Err   error
+}
+
+// GlobalEventKind is what happened.
+type GlobalEventKind uint8
+
+// The events.
+const (
+	// EventGrant: a ledger call (grant or renewal) answered (Units granted,
+	// maybe 0); EventLedgerError: one failed.
+	EventGrant GlobalEventKind = iota
+	EventLedgerError
+	// EventReturn: Units given back to the ledger.
+	EventReturn
+	// EventRenewal: a renewal ahead of need started (in the background).
+	EventRenewal
+	// EventStarved: a request refused here while the ledger had room.
+	EventStarved
+	// EventFailOpen: a request passed by fail open without the ledger.
+	EventFailOpen
+	// EventStatic: the data centre went to its static share; EventNormal:
+	// it came back.
+	EventStatic
+	EventNormal
+	// EventBeat: the membership was renewed (Took).
+	EventBeat
+)
+
+// global is a Limiter's side of a Global.
+type global struct {
+	l   *Limiter
+	cfg Global
+	dc  ShareStore
+
+	length, beat, skew, timeout int64 // µs
+	wmax, glenMax               int64
+
+	rtt    atomic.Int64 // µs, the ledger's round trip (an average)
+	static atomic.Bool
+	polled atomic.Int64 // UnixMicro of the last read of the standing
+	n      atomic.Int64 // data centres the ledger knows
+
+	mu     sync.Mutex
+	flight map[string]*shareCall
+
+	held atomic.Int64 // units granted to this node's data centre, not ended (what this node deposited)
+
+	queue chan renewal
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+type shareCall struct {
+	done chan struct{}
+	err  error
+}
+
+type renewal struct {
+	in  Input
+	win []LedgerWindow
+}
+
+// errStatic: the data centre is in static mode (a node found it cut off).
+var errStatic = errors.New("limiter: the data centre is on its static share")
+
+func newGlobal(l *Limiter, cfg Global) (*global, error) {
+	if cfg.Ledger == nil || cfg.Datacenter == "" {
+		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis needs a ledger and a datacenter")}
+	}
+	dc, ok := l.b.Base.(ShareStore)
+	if !ok {
+		return nil, &PolicyError{Field: "global_redis", Err: ErrNoShareStore}
+	}
+	if len(l.p.GlobalWindows) == 0 {
+		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis keeps a global_limit: set one")}
+	}
+	if l.p.CountOnly != nil {
+		return nil, &PolicyError{Field: "global_redis", Err: errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")}
+	}
+	g := &global{l: l, cfg: cfg, dc: dc, flight: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
+	shortest, wmax := time.Duration(0), time.Duration(0)
+	for _, w := range l.p.GlobalWindows {
+		d := w.Duration
+		if w.Period != PeriodNone {
+			d = w.Period.Longest()
+		}
+		if shortest == 0 || d < shortest {
+			shortest = d
+		}
+		wmax = max(wmax, d)
+	}
+	if cfg.Length == 0 {
+		cfg.Length = min(max(shortest/60, 50*time.Millisecond), time.Second)
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = time.Second
+	}
+	if cfg.Beat == 0 {
+		cfg.Beat = 2 * time.Second
+	}
+	if cfg.Skew == 0 {
+		cfg.Skew = time.Second
+	}
+	g.cfg = cfg
+	g.length, g.beat, g.skew, g.timeout = cfg.Length.Microseconds(), cfg.Beat.Microseconds(), cfg.Skew.Microseconds(), cfg.Timeout.Microseconds()
+	g.wmax = wmax.Microseconds()
+	g.glenMax = max(g.length, min(16*g.length, shortest.Microseconds()/2))
+	g.rtt.Store(g.timeout / 4)
+	for range 4 {
+		g.wg.Add(1)
+		go g.renewer()
+	}
+	if l.p.Fail == FailLocal {
+		g.wg.Add(1)
+		go g.beater()
+	}
+	return g, nil
+}
+
+func (g *global) close() {
+	close(g.stop)
+	g.wg.Wait()
+}
+
+func (g *global) event(ev GlobalEvent) {
+	if g.cfg.OnEvent != nil {
+		g.cfg.OnEvent(ev)
+	}
+}
+
+// lead is how far ahead of need a share is renewed: two round trips to the
+// ledger and a margin.
+func (g *global) lead() int64 { return 2*g.rtt.Load() + 20_000 }
+
+// claim is how long a renewal's claim lasts: every call it makes, within
+// their timeouts.
+func (g *global) claim() int64 { return 2*g.timeout + 200_000 }
+
+// usesStatic reports whether requests go to the static share now: the data
+// centre is in static mode, as read within half a beat.
+func (g *global) usesStatic() bool {
+	return g.static.Load() && time.Now().UnixMicro()-g.polled.Load() < g.beat/2
+}
+
+// staticWait is how long no node of the data centre has asked the ledger
+// before the static share may be used: a membership (and a late call), then
+// every grant the ledger made before it lapsed has left every window.
+func (g *global) staticWait() int64 {
+	return g.beat + 2*g.timeout + g.glenMax + g.wmax + g.skew
+}
+
+// staticLimit is the static share of a limit: the limit over the data
+// centres the ledger knew (0: none).
+func (g *global) staticLimit(limit int64) int64 {
+	n := g.n.Load()
+	if n <= 0 {
+		return 0
+	}
+	return limit / n
+}
+
+// staticNone reports whether the static share of one of in's global
+// limits is nothing (fewer units than data centres).
+func (g *global) staticNone(in *Input) bool {
+	for _, v := range in.GlobalLimits {
+		if g.staticLimit(v) == 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (g *global) request(tag string) *LedgerRequest {
+	return &LedgerRequest{
+		Namespace: g.l.keys.Namespace(), Tag: tag, DC: g.cfg.Datacenter,
+		Deadline: time.Now().Add(g.cfg.Timeout),
+		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
+		Static: g.l.p.Fail == FailLocal,
+	}
+}
+
+func (g *global) standingKey() string { return g.l.keys.Namespace() + "ledger:standing" }
+
+// windows is the ceiling's windows for the ledger, under the limits of the
+// request (an override's, when the store applied one).
+func (g *global) windows(in *Input, r *Reply) []LedgerWindow {
+	nb := len(g.l.p.Windows)
+	now := g.l.p.Now()
+	out := make([]LedgerWindow, 0, len(g.l.p.GlobalWindows))
+	for i, w := range g.l.p.GlobalWindows {
+		lw := LedgerWindow{Name: g.l.wnames[nb+i], Limit: in.GlobalLimits[i]}
+		if r != nil && r.Limits != nil {
+			lw.Limit = r.Limits[g.l.layout[nb+i]]
+		}
+		if w.Period != PeriodNone {
+			lw.Name, lw.Calendar, lw.Bounds = w.Period.String(), true, w.Period.Bounds(now, g.l.p.Location)
+		} else {
+			lw.Len = w.Duration.Microseconds()
+		}
+		out = append(out, lw)
+	}
+	return out
+}
+
+// fetch renews the share of in's identity now (one per identity at a
+// time in this process: a second caller waits for the first).
+func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
+	tag := Tag(in.Identity)
+	g.mu.Lock()
+	if c := g.flight[tag]; c != nil {
+		g.mu.Unlock()
+		select {
+		case <-c.done:
+			return c.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c := &shareCall{done: make(chan struct{})}
+	g.flight[tag] = c
+	g.mu.Unlock()
+	c.err = g.renew(ctx, tag, key, g.windows(in, r), cost)
+	g.mu.Lock()
+	delete(g.flight, tag)
+	g.mu.Unlock()
+	close(c.done)
+	return c.err
+}
+
+// renew is one renewal: read the share, ask the ledger (returning the
+// grants that ended), keep what it grants.
+func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow, cost int64) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*g.cfg.Timeout)
+	defer cancel()
+	st, ok, err := g.dc.StandingDo(ctx, g.standingKey(), "send", 0)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		g.static.Store(true)
+		g.polled.Store(time.Now().UnixMicro())
+		return errStatic
+	}
+	_ = st
+	view, err := g.dc.ShareBegin(ctx, key)
+	if err != nil {
+		return err
+	}
+	req := g.request(tag)
+	req.Windows = wins
+	req.Rate = view.Rate
+	req.Length = g.length
+	req.Want = max(cost, (view.Rate*(g.length+g.lead())+999_999)/1_000_000)
+	var live int64
+	for _, gr := range view.Grants {
+		if gr.closed(view.Now) {
+			last := int64(0)
+			if gr.Last > 0 {
+				last = gr.Last - gr.Start
+			}
+			req.Returns = append(req.Returns, LedgerReturn{ID: gr.ID, Used: gr.Used, Last: last})
+		} else {
+			live += gr.Units - gr.Used
+		}
+	}
+	req.Want = max(req.Want-live, cost)
+	sent := time.Now()
+	rep, err := g.cfg.Ledger.Do(ctx, "grant", req)
+	took := time.Since(sent)
+	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
+		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now})
+		return err
+	}
+	g.rtt.Store((3*g.rtt.Load() + took.Microseconds()) / 4)
+	if rep.N > 0 {
+		g.n.Store(rep.N)
+	}
+	for _, r := range req.Returns {
+		g.event(GlobalEvent{Kind: EventReturn, Units: r.Used})
+	}
+	dep := Deposit{T0: view.Now, Retry: rep.Retry}
+	for _, r := range req.Returns {
+		dep.Returned = append(dep.Returned, r.ID)
+	}
+	if err == nil && rep.Units > 0 {
+		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
+	}
+	if rep.Waiting {
+		dep.Retry = max(rep.Retry, 1000)
+	}
+	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Took: took, Err: err})
+	if _, derr := g.dc.ShareDeposit(ctx, key, dep); derr != nil {
+		return derr
+	}
+	if err != nil {
+		return err
+	}
+	if dep.Units > 0 && g.l.cache != nil {
+		g.l.cache.Forget(tag)
+	}
+	return nil
+}
+
+// later queues a renewal ahead of need; a full queue drops it (the claim
+// expires, and a later request claims again).
+func (g *global) later(in *Input, r *Reply) {
+	rn := renewal{in: Input{Identity: in.Identity, GlobalLimits: append([]int64(nil), in.GlobalLimits...)}, win: g.windows(in, r)}
+	select {
+	case g.queue <- rn:
+		g.event(GlobalEvent{Kind: EventRenewal})
+	default:
+	}
+}
+
+func (g *global) renewer() {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case rn := <-g.queue:
+			tag := Tag(rn.in.Identity)
+			key := g.l.shareKey(rn.in.Identity)
+			g.mu.Lock()
+			busy := g.flight[tag] != nil
+			if !busy {
+				g.flight[tag] = &shareCall{done: make(chan struct{})}
+			}
+			c := g.flight[tag]
+			g.mu.Unlock()
+			if busy {
+				continue
+			}
+			c.err = g.renew(context.Background(), tag, key, rn.win, 1)
+			g.mu.Lock()
+			delete(g.flight, tag)
+			g.mu.Unlock()
+			close(c.done)
+		}
+	}
+}
+
+// beater keeps the data centre's membership (fail local): every quarter
+// beat it tells the ledger it is here; when it cannot, and no node of the
+// data centre could for long enough, the data centre goes to its static
+// share, and back when the ledger answers again.
+func (g *global) beater() {
+	defer g.wg.Done()
+	t := time.NewTicker(time.Duration(g.beat/4) * time.Microsecond)
+	defer t.Stop()
+	g.beatOnce()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+			g.beatOnce()
+		}
+	}
+}
+
+func (g *global) beatOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.Timeout)
+	defer cancel()
+	key := g.standingKey()
+	_, ok, err := g.dc.StandingDo(ctx, key, "send", 0)
+	if err != nil {
+		return // the data centre's store is down: its own fail mode applies
+	}
+	req := g.request("")
+	req.WasStatic = !ok
+	sent := time.Now()
+	rep, err := g.cfg.Ledger.Do(ctx, "beat", req)
+	took := time.Since(sent)
+	if err == nil {
+		g.event(GlobalEvent{Kind: EventBeat, Took: took})
+		g.n.Store(rep.N)
+		op := "poll"
+		if !ok {
+			op = "normal"
+		}
+		st, _, serr := g.dc.StandingDo(ctx, key, op, rep.N)
+		if serr == nil {
+			g.setStanding(st)
+		}
+		return
+	}
+	g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+	st, _, serr := g.dc.StandingDo(ctx, key, "static", g.staticWait())
+	if serr == nil {
+		g.setStanding(st)
+	}
+}
+
+func (g *global) setStanding(st Standing) {
+	was := g.static.Swap(st.Static)
+	g.polled.Store(time.Now().UnixMicro())
+	if st.N > 0 {
+		g.n.Store(st.N)
+	}
+	if st.Static && !was {
+		g.event(GlobalEvent{Kind: EventStatic})
+	} else if !st.Static && was {
+		g.event(GlobalEvent{Kind: EventNormal})
+	}
+}
+
+// Shares returns each data centre's share of identity's ceiling, as the
+// ledger sees it (nil without global_redis).
+func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, error) {
+	if l.g == nil {
+		return nil, nil
+	}
+	req := l.g.request(Tag(identity))
+	return l.g.cfg.Ledger.Show(ctx, req)
+}
+
+// GlobalState is what a node knows of its data centre's standing with the
+// ledger.
+type GlobalState struct {
+	Datacenter  string
+	Static      bool
+	Datacenters int64
+	RoundTrip   time.Duration
+}
+
+// GlobalState returns the node's view (ok false without global_redis).
+func (l *Limiter) GlobalState() (GlobalState, bool) {
+	if l.g == nil {
+		return GlobalState{}, false
+	}
+	return GlobalState{Datacenter: l.g.cfg.Datacenter, Static: l.g.static.Load(), Datacenters: l.g.n.Load(),
+		RoundTrip: time.Duration(l.g.rtt.Load()) * time.Microsecond}, true
+}
+
+func (g *global) String() string { return fmt.Sprintf("global(%s)", g.cfg.Datacenter) }

@@ -1,0 +1,294 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
+)
+
+// Ledger is the client of the ledger every data centre shares
+// (global_redis): lua/ledger.lua grants shares of identities' global
+// ceilings, takes them back and keeps the data centres' membership. Safe
+// for concurrent use; one Ledger serves every limiter of a process.
+type Ledger struct {
+	client Scripter
+	clock  offsetClock
+
+	mu       sync.Mutex
+	replicas int64 // connected replicas in the last reply: a grant waits for them
+	seen     map[string]string
+}
+
+// NewLedger returns a ledger over client (a Redis or Sentinel client; a
+// Cluster cannot hold the ledger: its membership and epoch keys would span
+// slots).
+func NewLedger(client Scripter) *Ledger {
+	return &Ledger{client: client, seen: map[string]string{}}
+}
+
+var ledgerScript = redis.NewScript(lua.Ledger)
+
+// LedgerWindow is one window of a global ceiling, as the ledger counts it.
+type LedgerWindow struct {
+	Name  string
+	Len   int64 // µs; for a calendar period, 0 and Bounds
+	Limit int64
+	// Bounds are, for a calendar period, three periods in a row around the
+	// caller's clock (Period.Bounds).
+	Bounds   [4]int64
+	Calendar bool
+}
+
+// LedgerReturn is a grant given back: the units used and their last use,
+// µs after the grant's start (0: unused).
+type LedgerReturn struct {
+	ID         string
+	Used, Last int64
+}
+
+// LedgerRequest is one call of the ledger.
+type LedgerRequest struct {
+	// Namespace is the limiter's key namespace; Tag the identity's hash tag
+	// (grant and show).
+	Namespace, Tag string
+	DC             string
+	// Deadline: the call does not run after it (on the ledger's clock).
+	Deadline time.Time
+	// QWait, Skew, Beat, WMax: see lua/ledger.lua (µs).
+	QWait, Skew, Beat, WMax int64
+	// Static: this data centre goes to a static share when cut off;
+	// WasStatic: it was in static mode.
+	Static, WasStatic bool
+	// Grant: units wanted, the grant's length (µs), the demand (units per
+	// second), the grants returned and the ceiling's windows.
+	Want, Length, Rate int64
+	Returns            []LedgerReturn
+	Windows            []LedgerWindow
+}
+
+// LedgerReply is the ledger's answer.
+type LedgerReply struct {
+	// Waiting: the ledger grants nothing until Retry passes (a new epoch,
+	// a failover).
+	Waiting bool
+	Now     int64
+	// Units granted (0: no room, or not asked) for Length µs, with ID;
+	// Retry µs until there may be room when fewer than wanted.
+	Units, Length, Retry int64
+	ID                   string
+	// N is the data centres the ledger knows; Replicas the ledger's.
+	N, Replicas int64
+	Epoch       string
+	// Counts are the units counted in each window after the grant.
+	Counts []int64
+}
+
+// ErrLedgerNotDurable: the ledger's replicas did not all acknowledge a
+// grant within the deadline; it is not used (the ledger still counts it).
+var ErrLedgerNotDurable = errors.New("limiter: a grant the ledger's replicas did not acknowledge")
+
+func (lg *Ledger) keys(req *LedgerRequest, op string) []string {
+	k := []string{req.Namespace + "ledger:members", req.Namespace + "ledger:epoch"}
+	if op != "beat" {
+		k = append(k, req.Namespace+"ledger:{"+req.Tag+"}", req.Namespace+"ledgerh:{"+req.Tag+"}")
+	}
+	return k
+}
+
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func (lg *Ledger) args(req *LedgerRequest, op string) []any {
+	lg.mu.Lock()
+	seen := lg.seen[req.Namespace]
+	lg.mu.Unlock()
+	deadline := int64(0)
+	if !req.Deadline.IsZero() {
+		deadline = max(lg.clock.deadline(req.Deadline), 0)
+	}
+	a := []any{op, req.DC, deadline, seen, req.QWait, req.Skew, req.Beat, b01(req.Static), b01(req.WasStatic), req.WMax}
+	if op != "grant" {
+		return a
+	}
+	a = append(a, req.Want, req.Length, req.Rate, len(req.Returns))
+	for _, r := range req.Returns {
+		a = append(a, r.ID, r.Used, r.Last)
+	}
+	a = append(a, len(req.Windows))
+	for _, w := range req.Windows {
+		if w.Calendar {
+			a = append(a, w.Name, 1, 0, w.Limit, w.Bounds[0], w.Bounds[1], w.Bounds[2], w.Bounds[3])
+		} else {
+			a = append(a, w.Name, 0, w.Len, w.Limit, 0, 0, 0, 0)
+		}
+	}
+	return a
+}
+
+// learn reads the ledger's clock once, so that every call carries a
+// deadline on it.
+func (lg *Ledger) learn(ctx context.Context) error {
+	if lg.clock.known.Load() {
+		return nil
+	}
+	tc, ok := lg.client.(interface {
+		Time(ctx context.Context) *redis.TimeCmd
+	})
+	if !ok {
+		return errors.New("limiter: the ledger's client cannot read TIME")
+	}
+	sent := time.Now()
+	t, err := tc.Time(ctx).Result()
+	if err != nil {
+		return err
+	}
+	lg.clock.sample(t.UnixMicro(), sent)
+	return nil
+}
+
+// Do runs op ("grant" or "beat") for req.
+func (lg *Ledger) Do(ctx context.Context, op string, req *LedgerRequest) (LedgerReply, error) {
+	if err := lg.learn(ctx); err != nil {
+		return LedgerReply{}, err
+	}
+	keys, args := lg.keys(req, op), lg.args(req, op)
+	lg.mu.Lock()
+	wait := lg.replicas
+	lg.mu.Unlock()
+	sent := time.Now()
+	raw, waited, err := lg.run(ctx, keys, args, op == "grant" && wait > 0, wait, req.Deadline)
+	if err != nil {
+		return LedgerReply{}, err
+	}
+	r, err := parseLedger(raw)
+	if err != nil {
+		return LedgerReply{}, err
+	}
+	lg.clock.sample(r.Now, sent)
+	lg.mu.Lock()
+	lg.replicas = r.Replicas
+	if r.Epoch != "" {
+		lg.seen[req.Namespace] = r.Epoch
+	}
+	lg.mu.Unlock()
+	if r.Units > 0 && waited < r.Replicas {
+		return r, fmt.Errorf("%w: %d of %d replicas", ErrLedgerNotDurable, waited, r.Replicas)
+	}
+	return r, nil
+}
+
+// run sends the script, and WAIT for the replicas when asked to, on one
+// connection.
+func (lg *Ledger) run(ctx context.Context, keys []string, args []any, wait bool, replicas int64, deadline time.Time) ([]any, int64, error) {
+	if !wait {
+		raw, err := ledgerScript.Run(ctx, lg.client, keys, args...).Slice()
+		return raw, 0, err
+	}
+	ms := int64(100)
+	if !deadline.IsZero() {
+		ms = max(time.Until(deadline).Milliseconds(), 1)
+	}
+	for _, sha := range []bool{true, false} {
+		p := lg.client.Pipeline()
+		var cmd *redis.Cmd
+		if sha {
+			cmd = ledgerScript.EvalSha(ctx, p, keys, args...)
+		} else {
+			cmd = ledgerScript.Eval(ctx, p, keys, args...)
+		}
+		w := p.Do(ctx, "WAIT", replicas, ms)
+		_, _ = p.Exec(ctx)
+		raw, err := cmd.Slice()
+		if err != nil && sha && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			continue
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		n, err := w.Int64()
+		if err != nil {
+			return raw, 0, nil // the grant stands in the ledger; not known durable
+		}
+		return raw, n, nil
+	}
+	return nil, 0, errors.New("limiter: the ledger's script could not be loaded")
+}
+
+func parseLedger(raw []any) (LedgerReply, error) {
+	if len(raw) < 2 {
+		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", ErrBadReply, len(raw))
+	}
+	n := func(i int) int64 {
+		if i >= len(raw) {
+			return 0
+		}
+		v, _ := raw[i].(int64)
+		return v
+	}
+	s := func(i int) string {
+		if i >= len(raw) {
+			return ""
+		}
+		v, _ := raw[i].(string)
+		return v
+	}
+	switch n(0) {
+	case 3:
+		return LedgerReply{}, ErrLate
+	case 0, 1:
+	default:
+		return LedgerReply{}, fmt.Errorf("%w: ledger status %d", ErrBadReply, n(0))
+	}
+	if len(raw) < 8 {
+		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", ErrBadReply, len(raw))
+	}
+	r := LedgerReply{Waiting: n(0) == 0, Now: n(1), Units: n(2), Length: n(3), Retry: n(4), N: n(5), Replicas: n(6), Epoch: s(7), ID: s(8)}
+	for i := 9; i < len(raw); i++ {
+		r.Counts = append(r.Counts, n(i))
+	}
+	if r.Units < 0 || r.Retry < 0 || r.Length < 0 || r.Units > 0 && (r.ID == "" || r.Length == 0) {
+		return LedgerReply{}, fmt.Errorf("%w: ledger grant %+v", ErrBadReply, r)
+	}
+	return r, nil
+}
+
+// LedgerShare is one data centre's part of an identity's ceiling, as the
+// ledger sees it.
+type LedgerShare struct {
+	Datacenter string
+	// Held: units granted and not ended; Counted: units counted in the
+	// longest window; Rate: the demand it last reported (per second).
+	Held, Counted, Rate int64
+}
+
+// Show returns each data centre's share of an identity's ceiling.
+func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, error) {
+	raw, err := ledgerScript.Run(ctx, lg.client, lg.keys(req, "show"), lg.args(req, "show")...).Slice()
+	if err != nil {
+		return nil, err
+	}
+	var out []LedgerShare
+	for i := 1; i+3 < len(raw); i += 4 {
+		name, _ := raw[i].(string)
+		h, _ := raw[i+1].(int64)
+		c, _ := raw[i+2].(int64)
+		r, _ := raw[i+3].(int64)
+		out = append(out, LedgerShare{Datacenter: name, Held: h, Counted: c, Rate: r})
+	}
+	return out, nil
+}
+
+// Reset forgets an identity's grants (an operator's reset).
+func (lg *Ledger) Reset(ctx context.Context, namespace, tag string) error {
+	return lg.client.Del(ctx, namespace+"ledger:{"+tag+"}", namespace+"ledgerh:{"+tag+"}").Err()
+}

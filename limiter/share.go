@@ -1,0 +1,394 @@
+package limiter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
+)
+
+// A data centre's share of an identity's global ceiling, when the ceiling
+// lives in a ledger every data centre shares (global_redis): the grants the
+// ledger gave this data centre, kept in its own store beside the region's
+// windows and checked with them in one call (a part of KindShare).
+// lua/share.lua and lua/dcshare.lua document the state; the MemoryStore
+// keeps the same, for one process.
+
+// shareSlots is how many grants a share holds at once.
+const shareSlots = 4
+
+// ShareGrant is one grant held in a share.
+type ShareGrant struct {
+	// Units granted and used; Deadline (µs, the store's clock) after which
+	// none is used; Start, the time read before the ledger was asked; Last,
+	// the last use (0: none); ID, the ledger's.
+	Units, Used, Deadline, Start, Last int64
+	ID                                 string
+}
+
+// closed reports whether no unit of g will be used after now.
+func (g *ShareGrant) closed(now int64) bool { return g.Deadline <= now || g.Used >= g.Units }
+
+// ShareView is a share as a renewal reads it before asking the ledger.
+type ShareView struct {
+	// Now is the store's clock when read (µs): a grant asked for after it
+	// is usable until Now + its length, never later.
+	Now int64
+	// Rate is the demand, units per second.
+	Rate   int64
+	Grants []ShareGrant
+}
+
+// Standing is a data centre's standing with the ledger, kept in its store.
+type Standing struct {
+	// Static is true in static mode (cut off from the ledger, fail local);
+	// Since when; Sent, the last time a node asked the ledger; N, the data
+	// centres the ledger knew; Now, the store's clock.
+	Static          bool
+	Since, Sent, N  int64
+	Now             int64
+	AllowedToStatic bool // filled by the caller
+}
+
+// ShareStore is a store that keeps shares of a global ceiling: the Redis
+// store and the in-process store.
+type ShareStore interface {
+	// ShareBegin reads a share before its renewal.
+	ShareBegin(ctx context.Context, key string) (ShareView, error)
+	// ShareDeposit empties the slots of the grants returned, releases the
+	// claim, keeps a grant of units (when > 0) usable until t0 + length,
+	// and records until when the ledger has no room (t0 + retry; retry 0:
+	// none). It returns the grant's slot, 0 when none was free.
+	ShareDeposit(ctx context.Context, key string, d Deposit) (int, error)
+	// StandingDo runs an operation on the data centre's standing: "send"
+	// (before asking the ledger: false when in static mode), "static"
+	// (arg: µs without an ask after which static mode starts), "normal"
+	// (arg: the data centres the ledger knows), "poll" (arg: the same, 0 to
+	// keep it).
+	StandingDo(ctx context.Context, key, op string, arg int64) (Standing, bool, error)
+}
+
+// Deposit is what a renewal writes into a share.
+type Deposit struct {
+	T0, Units, Length, Retry int64
+	ID                       string
+	Returned                 []string
+}
+
+// ---- the in-process store ------------------------------------------------
+
+// shareState is a share in the in-process store.
+type shareState struct {
+	g          [shareSlots]ShareGrant
+	has        [shareSlots]bool
+	full       int64 // f
+	claim      int64 // c
+	dw, dc, dp int64 // the demand, per second
+}
+
+func (st *shareState) held(now int64) (rem, soon, slen int64, closed bool, latest int64) {
+	latest = now
+	for i := range st.g {
+		if !st.has[i] {
+			continue
+		}
+		g := &st.g[i]
+		if !g.closed(now) {
+			rem += g.Units - g.Used
+			if soon == 0 || g.Deadline < soon {
+				soon, slen = g.Deadline, g.Deadline-g.Start
+			}
+		} else {
+			closed = true
+		}
+		latest = max(latest, g.Deadline)
+	}
+	return
+}
+
+func (st *shareState) rate(now int64) (rate, idx, dc, dp int64) {
+	idx = now / 1_000_000
+	switch st.dw {
+	case idx:
+		return max(st.dc, st.dp), idx, st.dc, st.dp
+	case idx - 1:
+		return st.dc, idx, 0, st.dc
+	}
+	return 0, idx, 0, 0
+}
+
+// shareCheck is share_check.
+func (m *memDo) shareCheck(p *Part, k *memKey, pe []winEval) bool {
+	t := m.s.now().UnixMicro()
+	st := &shareState{}
+	if k != nil && k.share != nil {
+		st = k.share
+	}
+	rem, soon, _, _, _ := st.held(t)
+	fits := rem >= m.op.Cost
+	for j := range pe {
+		pe[j] = winEval{count: max(p.Windows[j].Limit-rem, 0)}
+		if soon > 0 {
+			pe[j].reset = soon - t
+		}
+		if !fits {
+			pe[j].retry = 1
+			if st.full > t {
+				pe[j].retry = st.full - t
+			}
+		}
+	}
+	return fits
+}
+
+// shareAfter is share_after; it returns the flags.
+func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, demand, recording bool) ShareFlags {
+	t := m.s.now().UnixMicro()
+	if k == nil {
+		k = &memKey{}
+	}
+	if k.share == nil {
+		k.share = &shareState{}
+	}
+	st := k.share
+	cost := m.op.Cost
+	rate, idx, dc, dp := st.rate(t)
+	write := false
+	if demand {
+		dc += cost
+		rate = max(rate, dc)
+		st.dw, st.dc, st.dp = idx, dc, dp
+		write = true
+	}
+	rem, _, _, _, _ := st.held(t)
+	if recording {
+		for left := cost; left > 0; {
+			best := -1
+			for i := range st.g {
+				if st.has[i] && !st.g[i].closed(t) && (best < 0 || st.g[i].Deadline < st.g[best].Deadline) {
+					best = i
+				}
+			}
+			g := &st.g[best]
+			take := min(left, g.Units-g.Used)
+			g.Used += take
+			g.Last = t
+			left -= take
+		}
+		rem -= cost
+		for j := range pe {
+			pe[j].count = max(p.Windows[j].Limit-rem, 0)
+		}
+		write = true
+	}
+	_, soon, slen, closed, latest := st.held(t)
+	var flags ShareFlags
+	if !fit {
+		flags = ShareShort
+		if st.full <= t && demand {
+			flags |= ShareAsk
+		}
+	}
+	low := cost + int64(math.Ceil(float64(rate)*float64(p.Lead)/1e6))
+	more := demand && (rem < low || soon > 0 && float64(soon-t) < math.Max(float64(p.Lead), float64(slen)/2)) && st.full-t < p.Lead
+	if (flags&ShareAsk != 0 || closed || more) && st.claim <= t {
+		st.claim = t + p.Claim
+		flags |= ShareRenew
+		latest = max(latest, st.claim)
+		write = true
+	}
+	if write {
+		expire(k, (max(latest, st.full)-t+999)/1000+60000, m.wall)
+		m.s.put(m.sh, key, k)
+	}
+	return flags
+}
+
+// ShareBegin implements ShareStore.
+func (s *MemoryStore) ShareBegin(_ context.Context, key string) (ShareView, error) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := s.now().UnixMicro()
+	v := ShareView{Now: t}
+	if k := sh.get(key, time.Now().UnixNano()); k != nil && k.share != nil {
+		v.Rate, _, _, _ = k.share.rate(t)
+		for i := range k.share.g {
+			if k.share.has[i] {
+				v.Grants = append(v.Grants, k.share.g[i])
+			}
+		}
+	}
+	return v, nil
+}
+
+// ShareDeposit implements ShareStore.
+func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (int, error) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := s.now().UnixMicro()
+	wall := time.Now().UnixNano()
+	k := sh.get(key, wall)
+	if k == nil {
+		k = &memKey{}
+	}
+	if k.share == nil {
+		k.share = &shareState{}
+	}
+	st := k.share
+	free, ended := -1, -1
+	latest := t
+	for i := range st.g {
+		g := &st.g[i]
+		if st.has[i] && g.closed(t) && contains(d.Returned, g.ID) {
+			st.has[i], st.g[i] = false, ShareGrant{}
+		}
+		switch {
+		case !st.has[i]:
+			if free < 0 {
+				free = i
+			}
+		default:
+			if g.closed(t) && ended < 0 {
+				ended = i
+			}
+			latest = max(latest, g.Deadline)
+		}
+	}
+	st.claim, st.full = 0, 0
+	if d.Retry > 0 {
+		st.full = d.T0 + d.Retry
+	}
+	slot := 0
+	if d.Units > 0 {
+		i := free
+		if i < 0 {
+			i = ended
+		}
+		if i >= 0 {
+			st.g[i] = ShareGrant{Units: d.Units, Deadline: d.T0 + d.Length, Start: d.T0, ID: d.ID}
+			st.has[i] = true
+			slot = i + 1
+			latest = max(latest, d.T0+d.Length)
+		}
+	}
+	expire(k, (max(latest, st.full)-t+999)/1000+60000, wall)
+	s.put(sh, key, k)
+	return slot, nil
+}
+
+func contains(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// StandingDo implements ShareStore.
+func (s *MemoryStore) StandingDo(_ context.Context, key, op string, arg int64) (Standing, bool, error) {
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	t := s.now().UnixMicro()
+	wall := time.Now().UnixNano()
+	k := sh.get(key, wall)
+	if k == nil {
+		k = &memKey{}
+	}
+	if k.standing == nil {
+		k.standing = &Standing{}
+	}
+	st := k.standing
+	st.Now = t
+	ok := true
+	switch op {
+	case "send":
+		if st.Static {
+			return *st, false, nil
+		}
+		st.Sent = t
+	case "static":
+		if st.Sent == 0 {
+			st.Sent = t
+		}
+		if !st.Static && t >= st.Sent+arg {
+			st.Static, st.Since = true, t
+		}
+	case "normal":
+		st.Static, st.Sent, st.N = false, t, arg
+	case "poll":
+		if arg > 0 {
+			st.N = arg
+		}
+	default:
+		return Standing{}, false, fmt.Errorf("limiter: standing operation %q", op)
+	}
+	expire(k, 86_400_000, wall)
+	s.put(sh, key, k)
+	return *st, ok, nil
+}
+
+// ---- the Redis store -----------------------------------------------------
+
+var dcshareScript = redis.NewScript(lua.DCShare)
+
+// ShareBegin implements ShareStore.
+func (s *RedisStore) ShareBegin(ctx context.Context, key string) (ShareView, error) {
+	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, "begin").Slice()
+	if err != nil {
+		return ShareView{}, err
+	}
+	if len(raw) != 2+6*shareSlots {
+		return ShareView{}, fmt.Errorf("%w: share of %d values", ErrBadReply, len(raw))
+	}
+	n := func(i int) int64 { v, _ := raw[i].(int64); return v }
+	v := ShareView{Now: n(0), Rate: n(1)}
+	for i := range shareSlots {
+		o := 2 + 6*i
+		if n(o) == 0 {
+			continue
+		}
+		id, _ := raw[o+5].(string)
+		v.Grants = append(v.Grants, ShareGrant{Units: n(o), Used: n(o + 1), Deadline: n(o + 2), Start: n(o + 3), Last: n(o + 4), ID: id})
+	}
+	return v, nil
+}
+
+// ShareDeposit implements ShareStore.
+func (s *RedisStore) ShareDeposit(ctx context.Context, key string, d Deposit) (int, error) {
+	args := []any{"deposit", d.T0, d.Units, d.Length, d.ID, d.Retry, len(d.Returned)}
+	for _, id := range d.Returned {
+		args = append(args, id)
+	}
+	slot, err := dcshareScript.Run(ctx, s.client, []string{key}, args...).Int()
+	return slot, err
+}
+
+// StandingDo implements ShareStore.
+func (s *RedisStore) StandingDo(ctx context.Context, key, op string, arg int64) (Standing, bool, error) {
+	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, op, arg).Int64Slice()
+	if err != nil {
+		return Standing{}, false, err
+	}
+	if op == "send" {
+		if len(raw) != 2 {
+			return Standing{}, false, fmt.Errorf("%w: send of %d values", ErrBadReply, len(raw))
+		}
+		return Standing{Now: raw[1]}, raw[0] == 1, nil
+	}
+	if len(raw) != 5 {
+		return Standing{}, false, fmt.Errorf("%w: standing of %d values", ErrBadReply, len(raw))
+	}
+	return Standing{Static: raw[0] == 1, Since: raw[1], Sent: raw[2], N: raw[3], Now: raw[4]}, true, nil
+}
+
+// ErrNoShareStore: the backend's store cannot keep shares of a global
+// ceiling.
+var ErrNoShareStore = errors.New("limiter: the store cannot keep shares of a global ceiling")

@@ -1,0 +1,165 @@
+-- dcshare.lua: the data centre's side of a global ceiling kept in a ledger
+-- (global_redis), off the request path: what a renewal reads before it asks
+-- the ledger, what it writes after, and the data centre's standing with the
+-- ledger. share.lua documents the share's hash; every time here is this
+-- Redis's TIME in µs.
+--
+-- ARGV[1] is the operation:
+--   begin    KEYS[1] the share. Reply {now, rate, then per slot 1..4:
+--            n, u, d, s, l, g} (0 and "" for an empty slot): now is read
+--            before the ledger is asked, so a grant's deadline here (now +
+--            its length) falls before the ledger's end of it.
+--   deposit  KEYS[1] the share; ARGV t0 n len id retry nret ids...: the
+--            slots of the grants the ledger took back (ids) are emptied,
+--            the claim is released, a grant of n units (n > 0) goes into a
+--            free slot (or one whose grant has ended) with deadline t0 +
+--            len, and "f" becomes t0 + retry (0: none). Reply: the slot, or
+--            0 when every slot holds a live grant (the grant is not kept:
+--            the ledger counts it, nothing uses it).
+--   send     KEYS[1] the data centre's standing: before the ledger is asked
+--            (beat or grant). Reply {1, now} and "sent" set to now, or {0,
+--            now} when the data centre is in static mode (only a beat that
+--            says so may go).
+--   static   KEYS[1] the standing; ARGV wait: static mode starts when no
+--            node of the data centre asked the ledger for wait µs. Reply
+--            {mode, since, sent, n, now}.
+--   normal   KEYS[1] the standing; ARGV n: the ledger heard the data centre
+--            again (n data centres): static mode ends. Reply as static.
+--   poll     KEYS[1] the standing; ARGV n (0: keep): reply as static.
+--   mode 1 is static, 0 normal; n is the count of data centres the ledger
+--   knows, for the static share. The standing lives a day after its last
+--   write; lost (a Redis emptied), the last ask counts as just now.
+
+local function now()
+  local t = redis.call("TIME")
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local fields = {
+  "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
+  "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
+  "f", "c", "dw", "dc", "dp",
+}
+
+local function standing(key, t)
+  local v = redis.call("HMGET", key, "m", "since", "sent", "n")
+  return {tonumber(v[1]) or 0, tonumber(v[2]) or 0, tonumber(v[3]) or 0, tonumber(v[4]) or 0, t}
+end
+
+local op = ARGV[1]
+local key = KEYS[1]
+local t = now()
+
+if op == "begin" then
+  local v = redis.call("HMGET", key, unpack(fields))
+  local idx = math.floor(t / 1000000)
+  local w, c, pr = tonumber(v[27]), tonumber(v[28]) or 0, tonumber(v[29]) or 0
+  local rate = 0
+  if w == idx then
+    rate = math.max(c, pr)
+  elseif w == idx - 1 then
+    rate = c
+  end
+  local out = {t, rate}
+  for i = 0, 3 do
+    for j = 1, 5 do
+      out[#out + 1] = tonumber(v[i * 6 + j]) or 0
+    end
+    out[#out + 1] = v[i * 6 + 6] or ""
+  end
+  return out
+end
+
+if op == "deposit" then
+  local t0, n, len, id, retry = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
+  local nret = tonumber(ARGV[7])
+  local back = {}
+  for i = 1, nret do
+    back[ARGV[7 + i]] = true
+  end
+  local v = redis.call("HMGET", key, unpack(fields))
+  local free, ended = 0, 0
+  local latest = t
+  for i = 0, 3 do
+    local sn, su, sd, sg = tonumber(v[i * 6 + 1]), tonumber(v[i * 6 + 2]), tonumber(v[i * 6 + 3]), v[i * 6 + 6]
+    local slot = i + 1
+    if sn and back[sg] and (sd <= t or su >= sn) then
+      redis.call("HDEL", key, slot .. "n", slot .. "u", slot .. "d", slot .. "s", slot .. "l", slot .. "g")
+      sn = nil
+    end
+    if not sn then
+      if free == 0 then
+        free = slot
+      end
+    else
+      if (sd <= t or su >= sn) and ended == 0 then
+        ended = slot
+      end
+      latest = math.max(latest, sd)
+    end
+  end
+  local f = 0
+  if retry > 0 then
+    f = t0 + retry
+  end
+  redis.call("HSET", key, "c", 0, "f", f)
+  local slot = 0
+  if n > 0 then
+    slot = free
+    if slot == 0 then
+      slot = ended
+    end
+    if slot > 0 then
+      redis.call("HSET", key, slot .. "n", n, slot .. "u", 0, slot .. "d", t0 + len, slot .. "s", t0,
+        slot .. "l", 0, slot .. "g", id)
+      latest = math.max(latest, t0 + len)
+    end
+  end
+  redis.call("PEXPIRE", key, math.ceil((math.max(latest, f) - t) / 1000) + 60000)
+  return slot
+end
+
+if op == "send" then
+  local v = standing(key, t)
+  if v[1] == 1 then
+    return {0, t}
+  end
+  redis.call("HSET", key, "sent", t)
+  redis.call("PEXPIRE", key, 86400000)
+  return {1, t}
+end
+
+if op == "static" then
+  local wait = tonumber(ARGV[2])
+  local v = standing(key, t)
+  if v[3] == 0 then
+    -- No record of the last ask (a new or emptied Redis): it may have been
+    -- just now.
+    redis.call("HSET", key, "sent", t)
+    redis.call("PEXPIRE", key, 86400000)
+    v[3] = t
+  end
+  if v[1] == 0 and t >= v[3] + wait then
+    redis.call("HSET", key, "m", 1, "since", t)
+    redis.call("PEXPIRE", key, 86400000)
+    v[1], v[2] = 1, t
+  end
+  return v
+end
+
+if op == "normal" then
+  redis.call("HSET", key, "m", 0, "sent", t, "n", tonumber(ARGV[2]))
+  redis.call("PEXPIRE", key, 86400000)
+  return standing(key, t)
+end
+
+if op == "poll" then
+  local n = tonumber(ARGV[2])
+  if n > 0 then
+    redis.call("HSET", key, "n", n)
+    redis.call("PEXPIRE", key, 86400000)
+  end
+  return standing(key, t)
+end
+
+return redis.error_reply("dcshare: unknown operation " .. tostring(op))

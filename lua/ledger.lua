@@ -1,0 +1,396 @@
+-- ledger.lua: the ledger of global ceilings every data centre shares
+-- (global_redis). A data centre never admits a request under an identity's
+-- ceiling without a grant from here; a grant is units it may admit until a
+-- deadline, and the ledger counts them, in every window, as admitted at the
+-- grant's end: a unit granted at t and usable until e is counted in a
+-- window of length W until e + W. So for every window of a global_limit's
+-- length, the grants counted in it (and the static shares reserved, below)
+-- never exceed the limit, and neither do the requests the data centres
+-- admit under them, whatever the delays and the clocks of the data centres:
+-- a data centre measures a grant's deadline from a time it read before it
+-- asked (its own clock, a duration later), which is before the grant here.
+-- A grant that ends unused, or partly used, comes back: its count shrinks
+-- to the units used and its end to their last use.
+--
+-- Keys: KEYS[1] the data centres (members), KEYS[2] the ledger's epoch, and
+-- for grant and show KEYS[3] an identity's grants (a sorted set: grant id
+-- by its end, µs) and KEYS[4] its hash: "g<id>" = "<start> <units>" per
+-- grant, "<window>s", "<window>e", "<window>n" per calendar period (start,
+-- end, units granted in it), "r<dc>" and "a<dc>" (a data centre's demand,
+-- units per second, and when it said so), "seq" (the ids).
+--
+-- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
+-- wmax; then for grant: want len rate nret [id used last]... nwin
+-- [name kind len limit b0 b1 b2 b3]...; show takes nothing more.
+--   deadline  ledger TIME (µs) after which nothing runs (0: none): the
+--             caller gave up by then
+--   seen      the epoch the caller last saw here ("" never)
+--   qwait     how long a ledger that lost its grants waits before granting
+--             again (the longest window, the longest grant, the clock skew)
+--   skew      the clocks' skew: after a failover (a new server with the
+--             data), grants wait that long (its clock may be ahead)
+--   beat      how long a data centre's membership lasts after it was heard
+--   static    1 when the data centre goes to a static share when cut off
+--             (fail local); wasstatic 1 when it was in static mode
+--   wmax      the longest global window (µs)
+--   want      units asked for; len the grant's length (µs); rate the data
+--             centre's demand (units per second)
+--   id used last  a returned grant: the units used and the last use, µs
+--             after the grant's start (0: unused)
+--   kind      0 a duration window of len µs, 1 a calendar period: b0 < b1 <
+--             b2 < b3 the starts of three periods in a row and the end of
+--             the third, around the caller's clock (the one holding the
+--             ledger's clock is used)
+--
+-- The epoch: a ledger that lost its grants (restarted empty) cannot know
+-- what the data centres still hold, so when a caller has seen an earlier
+-- epoch it grants nothing for qwait; the first caller of a new ledger that
+-- never saw one starts it at once. A new server holding the data (a
+-- failover: its run_id changed) waits skew, and the ledger's clock never
+-- goes back (the most it read is kept).
+--
+-- Static shares: a data centre with static 1 that is not heard for beat µs
+-- may, after one more window and grant (it waits that long, on its side),
+-- admit floor(limit / n) per window on its own (n: the data centres known
+-- when it was last heard). From the moment its membership lapses until
+-- wmax + beat + skew after it is heard again, every grant here leaves that
+-- room.
+--
+-- Reply (grant): {status, now, units, len, retry, n, replicas, epoch, id,
+-- then per window the units counted in it after the grant}. status 1 granted
+-- (units may be 0: no room, retry µs until there may be), 0 waiting (a
+-- new epoch or a failover: retry until it ends), 3 late (nothing ran).
+-- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
+-- Reply (show): {now, then per data centre: name, units held (grants not
+-- ended), units counted (in the longest window), demand}.
+
+local function fmt(x)
+  return string.format("%.0f", x)
+end
+
+local t0 = redis.call("TIME")
+local t = tonumber(t0[1]) * 1000000 + tonumber(t0[2])
+local op, dc, deadline, seen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local qwait, skew, beat = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local static, wasstatic, wmax = ARGV[8] == "1", ARGV[9] == "1", tonumber(ARGV[10])
+if deadline > 0 and t > deadline then
+  return {3, t}
+end
+local mkey, ekey = KEYS[1], KEYS[2]
+
+-- The epoch.
+local run = string.match(redis.call("INFO", "server"), "run_id:(%w+)") or ""
+local ev = redis.call("HMGET", ekey, "id", "run", "q", "max")
+local epoch, q, most = ev[1], tonumber(ev[3]) or 0, tonumber(ev[4]) or 0
+if not epoch then
+  epoch = string.sub(run, 1, 12) .. string.format("%x", t)
+  if seen ~= "" then
+    q = t + qwait
+    redis.call("HSET", ekey, "o" .. seen, 1)
+  end
+  redis.call("HSET", ekey, "id", epoch, "run", run, "q", q)
+elseif ev[2] ~= run then
+  q = math.max(q, t + skew)
+  redis.call("HSET", ekey, "run", run, "q", q)
+end
+if seen ~= "" and seen ~= epoch and redis.call("HEXISTS", ekey, "o" .. seen) == 0 then
+  -- This caller held grants of an epoch the ledger lost, and another one
+  -- started this epoch without waiting: wait from now.
+  q = math.max(q, t + qwait)
+  redis.call("HSET", ekey, "q", q, "o" .. seen, 1)
+end
+local now = math.max(t, most)
+if now > most then
+  redis.call("HSET", ekey, "max", now)
+end
+redis.call("PEXPIRE", ekey, 30 * 86400000)
+
+-- The data centre's membership (an operator's show changes nothing).
+if op ~= "show" then
+  local mv = redis.call("HMGET", mkey, "l" .. dc, "e" .. dc)
+  if static then
+    local ends = tonumber(mv[2]) or 0
+    if wasstatic or (mv[1] and tonumber(mv[1]) < now) then
+      -- It may have been on its static share: its room stays reserved one
+      -- window (and a beat) after it is heard again.
+      ends = math.max(ends, now + wmax + beat + skew)
+    end
+    redis.call("HSET", mkey, "l" .. dc, now + beat, "s" .. dc, 1, "e" .. dc, ends)
+  else
+    redis.call("HSET", mkey, "l" .. dc, now + beat, "s" .. dc, 0)
+  end
+end
+local all = redis.call("HGETALL", mkey)
+local mem = {}
+local ndc = 0
+for i = 1, #all, 2 do
+  local f, v = all[i], all[i + 1]
+  local kind, name = string.sub(f, 1, 1), string.sub(f, 2)
+  if not mem[name] then
+    mem[name] = {}
+    ndc = ndc + 1
+  end
+  mem[name][kind] = tonumber(v)
+end
+if op ~= "show" then
+  redis.call("HSET", mkey, "n" .. dc, ndc)
+  redis.call("PEXPIRE", mkey, 30 * 86400000)
+end
+
+local replicas = tonumber(string.match(redis.call("INFO", "replication"), "connected_slaves:(%d+)")) or 0
+
+if op == "beat" then
+  local retry = 0
+  if now < q then
+    retry = q - now
+  end
+  return {1, now, 0, 0, retry, ndc, replicas, epoch}
+end
+
+local z, h = KEYS[3], KEYS[4]
+
+if op == "show" then
+  local ids = redis.call("ZRANGEBYSCORE", z, "(" .. fmt(now - wmax), "+inf", "WITHSCORES")
+  local held, counted = {}, {}
+  for i = 1, #ids, 2 do
+    local id, e = ids[i], tonumber(ids[i + 1])
+    local g = redis.call("HGET", h, "g" .. id)
+    if g then
+      local n = tonumber(string.match(g, " (%d+)$"))
+      local d = string.match(id, "^(.*)%.")
+      counted[d] = (counted[d] or 0) + n
+      if e > now then
+        held[d] = (held[d] or 0) + n
+      end
+    end
+  end
+  local out = {now}
+  for name, _ in pairs(mem) do
+    local r = tonumber(redis.call("HGET", h, "r" .. name)) or 0
+    out[#out + 1] = name
+    out[#out + 1] = held[name] or 0
+    out[#out + 1] = counted[name] or 0
+    out[#out + 1] = r
+  end
+  return out
+end
+
+if op ~= "grant" then
+  return redis.error_reply("ledger: unknown operation " .. tostring(op))
+end
+
+local want, len, rate = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
+local nret = tonumber(ARGV[14])
+local a = 15
+local rets = {}
+for i = 1, nret do
+  rets[i] = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])}
+  a = a + 3
+end
+local nwin = tonumber(ARGV[a])
+a = a + 1
+local wn, wk, wl, wlim, ws, we = {}, {}, {}, {}, {}, {}
+for j = 1, nwin do
+  wn[j], wk[j], wl[j], wlim[j] = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  if wk[j] == 1 then
+    local b0, b1, b2, b3 = tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6]), tonumber(ARGV[a + 7])
+    ws[j], we[j] = b1, b2
+    if now < b1 then
+      ws[j], we[j] = b0, b1
+    elseif now >= b2 then
+      ws[j], we[j] = b2, b3
+    end
+    wl[j] = we[j] - ws[j]
+  end
+  a = a + 8
+end
+
+-- Forget grants no window counts any more.
+local old = redis.call("ZRANGEBYSCORE", z, "-inf", fmt(now - wmax))
+for i = 1, #old do
+  redis.call("HDEL", h, "g" .. old[i])
+end
+if #old > 0 then
+  redis.call("ZREMRANGEBYSCORE", z, "-inf", fmt(now - wmax))
+end
+
+-- The calendar periods' counts.
+local cn = {}
+for j = 1, nwin do
+  if wk[j] == 1 then
+    local v = redis.call("HMGET", h, wn[j] .. "s", wn[j] .. "e", wn[j] .. "n")
+    cn[j] = 0
+    if tonumber(v[1]) == ws[j] then
+      cn[j] = tonumber(v[3]) or 0
+    end
+  end
+end
+
+-- Returns: a grant shrinks to what was used, and ends at its last use.
+for i = 1, nret do
+  local id, used, last = rets[i][1], rets[i][2], rets[i][3]
+  local g = redis.call("HGET", h, "g" .. id)
+  if g then
+    local gs, gn = string.match(g, "^(%d+) (%d+)$")
+    gs, gn = tonumber(gs), tonumber(gn)
+    if used < gn then
+      for j = 1, nwin do
+        if wk[j] == 1 and gs >= ws[j] and gs < we[j] then
+          cn[j] = math.max(cn[j] - (gn - used), 0)
+        end
+      end
+    end
+    if used <= 0 then
+      redis.call("ZREM", z, id)
+      redis.call("HDEL", h, "g" .. id)
+    else
+      local e = tonumber(redis.call("ZSCORE", z, id))
+      if e and gs + last < e then
+        redis.call("ZADD", z, gs + last, id)
+      end
+      if used < gn then
+        redis.call("HSET", h, "g" .. id, fmt(gs) .. " " .. fmt(used))
+      end
+    end
+  end
+end
+
+-- What each window counts: grants, and the static shares reserved.
+local ids = redis.call("ZRANGEBYSCORE", z, "(" .. fmt(now - wmax), "+inf", "WITHSCORES")
+local weights = {}
+if #ids > 0 then
+  local f = {}
+  for i = 1, #ids, 2 do
+    f[#f + 1] = "g" .. ids[i]
+  end
+  local gv = redis.call("HMGET", h, unpack(f))
+  for i = 1, #gv do
+    weights[i] = tonumber(string.match(gv[i] or "", " (%d+)$")) or 0
+  end
+end
+local count, first, room = {}, {}, {}
+local roomall, occ = false, 0
+for j = 1, nwin do
+  local c = 0
+  if wk[j] == 1 then
+    c = cn[j]
+  else
+    for i = 1, #ids, 2 do
+      local e = tonumber(ids[i + 1])
+      if e > now - wl[j] then
+        c = c + weights[(i + 1) / 2]
+        if not first[j] then
+          first[j] = e
+        end
+      end
+    end
+  end
+  local res = 0
+  for name, m in pairs(mem) do
+    if m.s == 1 and ((m.l or 0) < now or (m.e or 0) > now) then
+      res = res + math.floor(wlim[j] / math.max(m.n or ndc, 1))
+    end
+  end
+  count[j] = c
+  room[j] = math.max(wlim[j] - c - res, 0)
+  if not roomall or room[j] < roomall then
+    roomall = room[j]
+  end
+  occ = math.max(occ, (c + res) / wlim[j])
+end
+
+-- Max-min fair rates over the data centres asking now (units per second):
+-- capacity is the tightest window's limit per second.
+local cap = false
+for j = 1, nwin do
+  local c = wlim[j] * 1000000 / wl[j]
+  if not cap or c < cap then
+    cap = c
+  end
+end
+redis.call("HSET", h, "r" .. dc, rate, "a" .. dc, now)
+local recent = math.max(2 * len, 2000000)
+local dem = {}
+for name, _ in pairs(mem) do
+  local rv = redis.call("HMGET", h, "r" .. name, "a" .. name)
+  local r, at = tonumber(rv[1]), tonumber(rv[2])
+  if r and at and at > now - recent and r > 0 then
+    dem[#dem + 1] = {name, r}
+  end
+end
+table.sort(dem, function(x, y) return x[2] < y[2] end)
+local left, k, fair = cap, #dem, cap
+for i = 1, #dem do
+  local s = left / k
+  local alloc = math.min(dem[i][2], s)
+  if dem[i][1] == dc then
+    fair = s
+  end
+  left, k = left - alloc, k - 1
+end
+
+local glen = len
+if occ < 0.5 then
+  -- Room to spare: a longer grant spares renewals.
+  local shortest = false
+  for j = 1, nwin do
+    if not shortest or wl[j] < shortest then
+      shortest = wl[j]
+    end
+  end
+  glen = math.max(len, math.min(len * 16, math.floor(shortest / 2)))
+end
+for j = 1, nwin do
+  if wk[j] == 1 then
+    glen = math.min(glen, we[j] - now)
+  end
+end
+
+local units, retry, status, gid = 0, 0, 1, ""
+if now < q then
+  status, retry = 0, q - now
+elseif want > 0 then
+  local bound = math.max(math.ceil(fair * glen / 1000000 * 2), math.floor(roomall * fair / cap))
+  units = math.max(math.min(want, roomall, bound), 0)
+  if units > 0 then
+    local id = dc .. "." .. redis.call("HINCRBY", h, "seq", 1)
+    redis.call("ZADD", z, now + glen, id)
+    redis.call("HSET", h, "g" .. id, fmt(now) .. " " .. fmt(units))
+    for j = 1, nwin do
+      count[j] = count[j] + units
+      if wk[j] == 1 then
+        cn[j] = cn[j] + units
+      end
+    end
+    gid = id
+  end
+  if units < want then
+    for j = 1, nwin do
+      if room[j] - units < want - units then
+        local r
+        if wk[j] == 1 then
+          r = we[j] - now
+        elseif first[j] then
+          r = first[j] + wl[j] - now
+        else
+          r = 1000
+        end
+        retry = math.max(retry, r)
+      end
+    end
+    retry = math.max(retry, 1000)
+  end
+end
+for j = 1, nwin do
+  if wk[j] == 1 then
+    redis.call("HSET", h, wn[j] .. "s", ws[j], wn[j] .. "e", we[j], wn[j] .. "n", cn[j])
+  end
+end
+local ttl = math.ceil((2 * wmax + glen) / 1000) + 60000
+redis.call("PEXPIRE", z, ttl)
+redis.call("PEXPIRE", h, ttl)
+local out = {status, now, units, glen, retry, ndc, replicas, epoch, gid}
+for j = 1, nwin do
+  out[#out + 1] = count[j]
+end
+return out
