@@ -224,9 +224,9 @@ type Limiter struct {
 	// g is the global ceiling kept in a ledger (Backend.Global); then
 	// parts and specs hold the ceiling as one share part, and sparts and
 	// sspecs as the static share's parts (fail local, cut off).
-	g              *global
-	sparts         []partSpec
-	sspecs         []KeySpec
+	g      *global
+	sparts []partSpec
+	sspecs []KeySpec
 
 	closeOnce sync.Once
 }
