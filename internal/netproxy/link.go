@@ -186,11 +186,13 @@ func (pp *pipe) deliver() {
 		if len(bufs) == 0 {
 			continue // all dropped by a cut
 		}
-		if _, err := bufs.WriteTo(pp.dst); err != nil {
+		// Counted first, so a reader that has the bytes sees them counted.
+		pp.l.p.bytes[pp.dir].Add(int64(n))
+		if written, err := bufs.WriteTo(pp.dst); err != nil {
+			pp.l.p.bytes[pp.dir].Add(written - int64(n))
 			pp.l.close()
 			return
 		}
-		pp.l.p.bytes[pp.dir].Add(int64(n))
 	}
 }
 

@@ -230,3 +230,31 @@ func chaos(t *testing.T, p *Proxy) {
 		t.Errorf("Stats after Close = %+v, want nothing open or in flight", st)
 	}
 }
+
+// TestBackPressure: a connection holds at most about 4 MiB in flight per
+// direction; beyond that the proxy stops reading and the sender's writes
+// block, as on a full TCP window.
+func TestBackPressure(t *testing.T) {
+	t.Parallel()
+	p := newProxy(t, startEcho(t))
+	p.SetDelay(time.Minute, 0)
+	c := dial(t, p.Addr())
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, 64<<20))
+		wrote <- err
+	}()
+	waitFor(t, "4 MiB in flight", func() bool { return p.Stats().InFlightUp >= maxQueued })
+	select {
+	case err := <-wrote:
+		t.Fatalf("a 64 MiB write through a full proxy returned (%v), want it blocked", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if st := p.Stats(); st.InFlightUp > maxQueued+readSize {
+		t.Fatalf("%d bytes in flight, want at most %d", st.InFlightUp, maxQueued+readSize)
+	}
+	_ = c.Close()
+	if err := <-wrote; err == nil {
+		t.Fatal("the blocked write succeeded after Close")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -278,6 +279,9 @@ func TestCloseLeavesNothing(t *testing.T) {
 		if err := p.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
+		if left := proxyGoroutines(); len(left) > 0 {
+			t.Fatalf("Close returned with %d goroutines of the proxy still running:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
 		if err := p.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}
@@ -293,4 +297,19 @@ func TestCloseLeavesNothing(t *testing.T) {
 		}
 	})
 	goleak.VerifyNone(t, ignore)
+}
+
+// proxyGoroutines returns the stacks of the goroutines running a method of
+// Proxy or pipe (the accept loop, serve, read, deliver), at once, without
+// waiting for them to end.
+func proxyGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	var left []string
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "netproxy.(*Proxy).") || strings.Contains(g, "netproxy.(*pipe).") {
+			left = append(left, g)
+		}
+	}
+	return left
 }
