@@ -15,7 +15,7 @@ import (
 // startEcho starts a TCP echo server on 127.0.0.1 (what a connection sends
 // comes back; at the client's FIN it closes) and returns its address. The
 // test's cleanup closes it and waits for its goroutines.
-func startEcho(t *testing.T) string {
+func startEcho(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -61,7 +61,7 @@ func startEcho(t *testing.T) string {
 }
 
 // newProxy starts a proxy to target, closed at the test's cleanup.
-func newProxy(t *testing.T, target string) *Proxy {
+func newProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
 	p, err := New(target)
 	if err != nil {
@@ -76,7 +76,7 @@ func newProxy(t *testing.T, target string) *Proxy {
 }
 
 // dial connects to addr; the connection is closed at the test's cleanup.
-func dial(t *testing.T, addr string) net.Conn {
+func dial(t testing.TB, addr string) net.Conn {
 	t.Helper()
 	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 	if err != nil {

@@ -48,6 +48,17 @@
 // sides), like a path that drops its state: a client sees "connection reset
 // by peer" (or EOF) on its next read.
 //
+// # With go-redis
+//
+// A go-redis command through a cut path fails at the context's deadline
+// only with Options.ContextTimeoutEnabled (as the plugin sets it); without
+// it the read waits for ReadTimeout (3s by default). The error is the
+// socket's "i/o timeout" (it wraps os.ErrDeadlineExceeded and its Timeout()
+// is true), not context.DeadlineExceeded itself. go-redis closes a
+// connection whose read timed out, so after Heal the next command dials a
+// new connection (Stats.Accepted grows by one) and no stream is left with a
+// hole; connections idle during the cut are reused as they are.
+//
 // The proxy listens on 127.0.0.1 only and forwards only to a loopback IP.
 package netproxy
 
