@@ -28,10 +28,10 @@
 // during a cut (so a sender's writes do not block) and discards what it
 // reads, like a dead path drops packets; bytes in flight when the cut began
 // are dropped too, at once (they do not hold up the bytes read after a
-// Heal). Heal delivers the bytes read after it. Unlike a real TCP path, which would
-// retransmit, the dropped bytes are gone for good, so a connection that
-// carried data during a cut has a hole in its stream: a request with no
-// reply, or a reply with no request. A client that timed out and closed
+// Heal). Heal delivers the bytes read after it. Unlike a real TCP path,
+// which would retransmit, the dropped bytes are gone for good, so a
+// connection that carried data during a cut has a hole in its stream: a
+// request with no reply, or a reply with no request. A client that timed out and closed
 // its connection (go-redis does so after a read timeout) is not hurt; one
 // that keeps using the connection would be confused. Connections that were
 // idle during the cut, and connections opened during it that sent nothing,
