@@ -410,8 +410,18 @@ func (l *Limiter) shareParts() {
 	l.specs = append(specs, KeySpec{Segment: "share", Global: true})
 }
 
-// shareKey is the key of identity's share of the global ceiling.
-func (l *Limiter) shareKey(identity string) string { return l.keys.Global("share", identity) }
+// shareKey is the key of the share of in's identity under in's global
+// limits: grants made under other limits (before a reload, another
+// placeholder value) are not used under these.
+func (l *Limiter) shareKey(in *Input) string {
+	b := make([]byte, 0, 64)
+	b = append(b, l.keys.Global("share", in.Identity)...)
+	for _, v := range in.GlobalLimits {
+		b = append(b, ':')
+		b = strconv.AppendInt(b, v, 10)
+	}
+	return string(b)
+}
 
 // Close stops listening for notices and reading the overrides' index. It
 // may be called more than once.
@@ -528,7 +538,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
 		p.Lead, p.Claim = 0, 0
 		if ps.kind == KindShare {
-			p.Lead, p.Claim = l.g.lead(), l.g.claim()
+			p.Key, p.Lead, p.Claim = l.shareKey(in), l.g.lead(), l.g.claim()
 		}
 		k++
 		p.Windows = wins[wi : wi+len(ps.windows) : wi+len(ps.windows)]
@@ -677,7 +687,7 @@ func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 // renew is renewed in the background. It returns the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
-		if err := l.g.fetch(ctx, in, r, l.shareKey(in.Identity), op.Cost); err != nil {
+		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
 			return op, true, err
 		}
 		return l.op(in, mode, now), true, nil

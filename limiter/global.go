@@ -79,6 +79,11 @@ type global struct {
 
 	rtt    atomic.Int64 // µs, the ledger's round trip (an average)
 	static atomic.Bool
+	// suspect (fail local): a call of the ledger failed; until a probe
+	// (PING, which changes nothing there) answers, this node sends the
+	// ledger nothing that could renew the data centre's membership, so
+	// that the static share's wait, counted from the last such call, ends.
+	suspect atomic.Bool
 	polled atomic.Int64 // UnixMicro of the last read of the standing
 	n      atomic.Int64 // data centres the ledger knows
 
@@ -90,6 +95,8 @@ type global struct {
 	queue chan renewal
 	stop  chan struct{}
 	wg    sync.WaitGroup
+
+	hook func(stage string) // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit
 }
 
 type shareCall struct {
@@ -98,12 +105,16 @@ type shareCall struct {
 }
 
 type renewal struct {
-	in  Input
-	win []LedgerWindow
+	identity, key string
+	win           []LedgerWindow
 }
 
 // errStatic: the data centre is in static mode (a node found it cut off).
 var errStatic = errors.New("limiter: the data centre is on its static share")
+
+// ErrLedgerUnreachable: a call of the ledger failed, and this node waits
+// for it to answer a probe before it asks again.
+var ErrLedgerUnreachable = errors.New("limiter: the ledger did not answer; waiting for it to answer again")
 
 func newGlobal(l *Limiter, cfg Global) (*global, error) {
 	if cfg.Ledger == nil || cfg.Datacenter == "" {
@@ -179,10 +190,16 @@ func (g *global) lead() int64 { return 2*g.rtt.Load() + 20_000 }
 func (g *global) claim() int64 { return 2*g.timeout + 200_000 }
 
 // usesStatic reports whether requests go to the static share now: the data
-// centre is in static mode, as read within half a beat.
+// centre is in static mode, as read within staticFresh.
 func (g *global) usesStatic() bool {
-	return g.static.Load() && time.Now().UnixMicro()-g.polled.Load() < g.beat/2
+	return g.static.Load() && time.Now().UnixMicro()-g.polled.Load() < g.staticFresh()
 }
+
+// staticFresh is how old a read of the standing may be for a request to
+// use the static share: a beat's round of reads, each after a probe that
+// may take the timeout. The ledger keeps a data centre's static share
+// reserved that long (and the skew) after the data centre is heard again.
+func (g *global) staticFresh() int64 { return g.beat/2 + 2*g.timeout }
 
 // staticWait is how long no node of the data centre has asked the ledger
 // before the static share may be used: a membership (and a late call), then
@@ -217,6 +234,7 @@ func (g *global) request(tag string) *LedgerRequest {
 		Namespace: g.l.keys.Namespace(), Tag: tag, DC: g.cfg.Datacenter,
 		Deadline: time.Now().Add(g.cfg.Timeout),
 		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
+		Tail: g.staticFresh() + g.skew,
 		Static: g.l.p.Fail == FailLocal,
 	}
 }
@@ -272,6 +290,9 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 // renew is one renewal: read the share, ask the ledger (returning the
 // grants that ended), keep what it grants.
 func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow, cost int64) error {
+	if g.suspect.Load() {
+		return ErrLedgerUnreachable
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*g.cfg.Timeout)
 	defer cancel()
 	st, ok, err := g.dc.StandingDo(ctx, g.standingKey(), "send", 0)
@@ -291,7 +312,10 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 	req := g.request(tag)
 	req.Windows = wins
 	req.Rate = view.Rate
-	req.Length = g.length
+	// A grant is usable here from its arrival, half a round trip after the
+	// ledger made it, to Length after view.Now, half a round trip before:
+	// the base length, and the round trip.
+	req.Length = g.length + 2*g.rtt.Load()
 	req.Want = max(cost, (view.Rate*(g.length+g.lead())+999_999)/1_000_000)
 	var live int64
 	for _, gr := range view.Grants {
@@ -307,10 +331,22 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 	}
 	req.Want = max(req.Want-live, cost)
 	sent := time.Now()
-	rep, err := g.cfg.Ledger.Do(ctx, "grant", req)
+	if !g.cfg.Ledger.clock.known.Load() {
+		// The first call learns the ledger's clock first, in a timeout of
+		// its own.
+		lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+		_ = g.cfg.Ledger.learn(lctx)
+		lcancel()
+	}
+	lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	rep, err := g.cfg.Ledger.Do(lctx, "grant", req)
+	lcancel()
 	took := time.Since(sent)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
 		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+		if g.l.p.Fail == FailLocal && IsUnavailable(err) {
+			g.suspect.Store(true)
+		}
 		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now})
 		return err
 	}
@@ -332,6 +368,9 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 		dep.Retry = max(rep.Retry, 1000)
 	}
 	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Took: took, Err: err})
+	if g.hook != nil {
+		g.hook("granted")
+	}
 	if _, derr := g.dc.ShareDeposit(ctx, key, dep); derr != nil {
 		return derr
 	}
@@ -347,7 +386,7 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 // later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
 func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{in: Input{Identity: in.Identity, GlobalLimits: append([]int64(nil), in.GlobalLimits...)}, win: g.windows(in, r)}
+	rn := renewal{identity: in.Identity, key: g.l.shareKey(in), win: g.windows(in, r)}
 	select {
 	case g.queue <- rn:
 		g.event(GlobalEvent{Kind: EventRenewal})
@@ -362,8 +401,7 @@ func (g *global) renewer() {
 		case <-g.stop:
 			return
 		case rn := <-g.queue:
-			tag := Tag(rn.in.Identity)
-			key := g.l.shareKey(rn.in.Identity)
+			tag, key := Tag(rn.identity), rn.key
 			g.mu.Lock()
 			busy := g.flight[tag] != nil
 			if !busy {
@@ -406,6 +444,16 @@ func (g *global) beatOnce() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.Timeout)
 	defer cancel()
 	key := g.standingKey()
+	if g.suspect.Load() {
+		g.toStatic(ctx, key)
+		pctx, pcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+		err := g.cfg.Ledger.Ping(pctx)
+		pcancel()
+		if err != nil {
+			return
+		}
+		g.suspect.Store(false)
+	}
 	_, ok, err := g.dc.StandingDo(ctx, key, "send", 0)
 	if err != nil {
 		return // the data centre's store is down: its own fail mode applies
@@ -413,7 +461,9 @@ func (g *global) beatOnce() {
 	req := g.request("")
 	req.WasStatic = !ok
 	sent := time.Now()
-	rep, err := g.cfg.Ledger.Do(ctx, "beat", req)
+	lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	rep, err := g.cfg.Ledger.Do(lctx, "beat", req)
+	lcancel()
 	took := time.Since(sent)
 	if err == nil {
 		g.event(GlobalEvent{Kind: EventBeat, Took: took})
@@ -429,8 +479,17 @@ func (g *global) beatOnce() {
 		return
 	}
 	g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
-	st, _, serr := g.dc.StandingDo(ctx, key, "static", g.staticWait())
-	if serr == nil {
+	if IsUnavailable(err) {
+		g.suspect.Store(true)
+	}
+	g.toStatic(ctx, key)
+}
+
+// toStatic asks the data centre's store for static mode: it starts once no
+// node of the data centre asked the ledger for the static wait.
+func (g *global) toStatic(ctx context.Context, key string) {
+	st, _, err := g.dc.StandingDo(ctx, key, "static", g.staticWait())
+	if err == nil {
 		g.setStanding(st)
 	}
 }

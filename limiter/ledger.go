@@ -60,8 +60,8 @@ type LedgerRequest struct {
 	DC             string
 	// Deadline: the call does not run after it (on the ledger's clock).
 	Deadline time.Time
-	// QWait, Skew, Beat, WMax: see lua/ledger.lua (µs).
-	QWait, Skew, Beat, WMax int64
+	// QWait, Skew, Beat, WMax, Tail: see lua/ledger.lua (µs).
+	QWait, Skew, Beat, WMax, Tail int64
 	// Static: this data centre goes to a static share when cut off;
 	// WasStatic: it was in static mode.
 	Static, WasStatic bool
@@ -116,7 +116,7 @@ func (lg *Ledger) args(req *LedgerRequest, op string) []any {
 	if !req.Deadline.IsZero() {
 		deadline = max(lg.clock.deadline(req.Deadline), 0)
 	}
-	a := []any{op, req.DC, deadline, seen, req.QWait, req.Skew, req.Beat, b01(req.Static), b01(req.WasStatic), req.WMax}
+	a := []any{op, req.DC, deadline, seen, req.QWait, req.Skew, req.Beat, b01(req.Static), b01(req.WasStatic), req.WMax, req.Tail}
 	if op != "grant" {
 		return a
 	}
@@ -269,6 +269,13 @@ type LedgerShare struct {
 	// Held: units granted and not ended; Counted: units counted in the
 	// longest window; Rate: the demand it last reported (per second).
 	Held, Counted, Rate int64
+}
+
+// Ping asks the ledger for its clock, which changes nothing there: a
+// probe of whether it answers.
+func (lg *Ledger) Ping(ctx context.Context) error {
+	lg.clock.known.Store(false)
+	return lg.learn(ctx)
 }
 
 // Show returns each data centre's share of an identity's ceiling.

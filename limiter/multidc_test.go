@@ -1,14 +1,18 @@
 package limiter_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"os"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/netproxy"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -23,51 +27,77 @@ type mdcWorld struct {
 	lg     *limiter.Ledger
 	dcs    []*mdcDC
 
-	mu       sync.Mutex
-	admitted []time.Time // every admission under the global ceiling
-	events   map[limiter.GlobalEventKind]int
+	mu          sync.Mutex
+	admitted    []time.Time // every admission under the global ceiling
+	perDC       map[string][]time.Time
+	unavailable map[string]int
+	failOpen    int
+	staticAt    time.Time // the first node to go to its static share
+	events      map[limiter.GlobalEventKind]int
 }
 
 type mdcDC struct {
 	name  string
 	srv   *redistest.Server
+	proxy *netproxy.Proxy // to the ledger
+	lg    *limiter.Ledger
 	nodes []*limiter.Limiter
 }
 
 type mdcOpts struct {
 	dcs, nodes int
 	policy     limiter.Policy
-	ledgerAddr func(dc int) string // the ledger's address as dc sees it (a proxy); default the ledger
-	length     time.Duration
+	// delay is the one-way delay between data centre i and the ledger
+	// (through a proxy each; nil: no proxy).
+	delay  func(dc int) time.Duration
+	length time.Duration
+	beat   time.Duration
+	skew   time.Duration
+	lto    time.Duration // the ledger's timeout (default 1 s)
 }
 
 func newMDCWorld(t *testing.T, o mdcOpts) *mdcWorld {
 	t.Helper()
-	w := &mdcWorld{t: t, ledger: redistest.Start(t), events: map[limiter.GlobalEventKind]int{}}
+	w := &mdcWorld{t: t, ledger: redistest.Start(t), events: map[limiter.GlobalEventKind]int{},
+		perDC: map[string][]time.Time{}, unavailable: map[string]int{}}
 	for i := range o.dcs {
 		dc := &mdcDC{name: fmt.Sprintf("dc%d", i), srv: redistest.Start(t)}
 		addr := w.ledger.Addr()
-		if o.ledgerAddr != nil {
-			addr = o.ledgerAddr(i)
+		if o.delay != nil {
+			px, err := netproxy.New(addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { px.Close() })
+			d := o.delay(i)
+			px.SetDelay(d, d)
+			dc.proxy, addr = px, px.Addr()
 		}
-		lc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		lc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, Protocol: 2, DisableIdentity: true})
 		t.Cleanup(func() { lc.Close() })
-		lg := limiter.NewLedger(lc)
+		dc.lg = limiter.NewLedger(lc)
 		for range o.nodes {
-			dc.nodes = append(dc.nodes, w.node(dc, lg, o))
+			dc.nodes = append(dc.nodes, w.node(dc, o))
 		}
 		w.dcs = append(w.dcs, dc)
 	}
 	return w
 }
 
-func (w *mdcWorld) node(dc *mdcDC, lg *limiter.Ledger, o mdcOpts) *limiter.Limiter {
+func (w *mdcWorld) node(dc *mdcDC, o mdcOpts) *limiter.Limiter {
 	c := redis.NewClient(&redis.Options{Addr: dc.srv.Addr()})
 	w.t.Cleanup(func() { c.Close() })
 	b := productionStack(w.t, c)
-	b.Global = &limiter.Global{Ledger: lg, Datacenter: dc.name, Length: o.length, Timeout: time.Second,
+	b.Global = &limiter.Global{Ledger: dc.lg, Datacenter: dc.name, Length: o.length, Timeout: cmp.Or(o.lto, time.Second),
+		Beat: o.beat, Skew: o.skew,
 		OnEvent: func(ev limiter.GlobalEvent) {
+			if debugMDC && (ev.Kind == limiter.EventStatic || ev.Kind == limiter.EventNormal || ev.Kind == limiter.EventLedgerError) {
+				w.t.Logf("%s %s: %+v", time.Now().Format("05.000"), dc.name, ev)
+			}
 			w.mu.Lock()
+			if ev.Kind == limiter.EventStatic && w.staticAt.IsZero() {
+				w.staticAt = time.Now()
+			}
 			w.events[ev.Kind]++
 			w.mu.Unlock()
 		}}
@@ -80,35 +110,64 @@ func (w *mdcWorld) node(dc *mdcDC, lg *limiter.Ledger, o mdcOpts) *limiter.Limit
 }
 
 // hammer sends requests of identity id from every node of every data
-// centre until stop, recording the admitted ones.
+// centre until ctx ends, recording the admitted ones (a pass by fail open
+// is counted apart: the operator chose it).
 func (w *mdcWorld) hammer(ctx context.Context, id string, global int64, gap time.Duration) {
 	var wg sync.WaitGroup
 	for _, dc := range w.dcs {
-		for _, n := range dc.nodes {
+		for ni := range dc.nodes {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				in := &limiter.Input{Identity: id, Region: dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{global}}
-				for ctx.Err() == nil {
-					d, err := n.Decide(ctx, in)
-					if err != nil {
-						w.t.Error(err)
-						return
-					}
-					if d.Pass {
-						w.mu.Lock()
-						w.admitted = append(w.admitted, d.At)
-						w.mu.Unlock()
-					}
-					if gap > 0 {
-						time.Sleep(gap)
-					}
-				}
+				w.send(ctx, dc, ni, id, global, gap)
 			}()
 		}
 	}
 	wg.Wait()
 }
+
+func (w *mdcWorld) send(ctx context.Context, dc *mdcDC, ni int, id string, global int64, gap time.Duration) {
+	in := &limiter.Input{Identity: id, Region: dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{global}}
+	for ctx.Err() == nil {
+		w.mu.Lock()
+		n := dc.nodes[ni]
+		w.mu.Unlock()
+		d, err := n.Decide(ctx, in)
+		if err != nil {
+			w.t.Error(err)
+			return
+		}
+		w.mu.Lock()
+		switch {
+		case d.Pass && d.Source == limiter.SourceFailOpen:
+			w.failOpen++
+		case d.Pass:
+			w.admitted = append(w.admitted, d.At)
+			w.perDC[dc.name] = append(w.perDC[dc.name], d.At)
+		case d.Outcome == limiter.OutcomeUnavailable:
+			w.unavailable[dc.name]++
+		}
+		w.mu.Unlock()
+		if gap > 0 {
+			time.Sleep(gap)
+		}
+	}
+}
+
+// since returns dc's admissions after t.
+func (w *mdcWorld) since(dc string, t time.Time) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, a := range w.perDC[dc] {
+		if a.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
+var debugMDC = os.Getenv("DEBUG_MDC") != ""
 
 // overAdmitted is the most admissions in any window of length win, less
 // limit (0 or less: the ceiling held).
@@ -146,5 +205,171 @@ func TestGlobalCeilingAcrossDatacenters(t *testing.T) {
 	// Little left unused: the ceiling admits about limit per window.
 	if min := int64(2 * limit); int64(len(w.admitted)) < min {
 		t.Fatalf("admitted %d in 5 s, want at least %d", len(w.admitted), min)
+	}
+}
+
+// mdcFault is one fault scenario: what happens at which time, and what
+// must hold after.
+type mdcFault struct {
+	name  string
+	fail  limiter.FailMode
+	run   time.Duration
+	fault func(w *mdcWorld, start time.Time)
+	check func(t *testing.T, w *mdcWorld, start time.Time)
+}
+
+// mdcPolicy: the ceiling of the fault tests, 300 per 2 s.
+const mdcLimit, mdcWin = 300, 2 * time.Second
+
+func mdcOptions(fail limiter.FailMode) mdcOpts {
+	p := limiter.Policy{Name: "mdc", Regions: true, Windows: []limiter.Window{{Duration: time.Minute}},
+		GlobalWindows: []limiter.Window{{Duration: mdcWin}}, Timeout: time.Second, Fail: fail}
+	return mdcOpts{dcs: 3, nodes: 2, policy: p, length: 100 * time.Millisecond, beat: 400 * time.Millisecond,
+		skew: 100 * time.Millisecond, lto: 600 * time.Millisecond,
+		// 10, 50 and 125 ms each way: round trips of 20 to 250 ms.
+		delay: func(dc int) time.Duration { return []time.Duration{10, 50, 125}[dc] * time.Millisecond }}
+}
+
+// at runs f at start+d, or not when ctx ends first.
+func at(ctx context.Context, start time.Time, d time.Duration, f func()) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(time.Until(start.Add(d))):
+		f()
+	}
+}
+
+func TestGlobalCeilingFaults(t *testing.T) {
+	t.Parallel()
+	cut := func(from, to time.Duration) func(w *mdcWorld, start time.Time) {
+		return func(w *mdcWorld, start time.Time) {
+			at(context.Background(), start, from, w.dcs[2].proxy.Cut)
+			at(context.Background(), start, to, w.dcs[2].proxy.Heal)
+		}
+	}
+	recovers := func(from time.Duration) func(t *testing.T, w *mdcWorld, start time.Time) {
+		return func(t *testing.T, w *mdcWorld, start time.Time) {
+			if n := w.since("dc2", start.Add(from)); n == 0 {
+				t.Errorf("dc2 admitted nothing after %v: it did not recover (unavailable %v)", from, w.unavailable)
+			}
+		}
+	}
+	faults := []mdcFault{
+		{name: "latency", run: 5 * time.Second, check: func(t *testing.T, w *mdcWorld, start time.Time) {
+			// Windows wholly inside the run, after the first: most of the
+			// ceiling is used.
+			if n := len(w.admitted); n < 2*mdcLimit {
+				t.Errorf("admitted %d in 5 s, want at least %d", n, 2*mdcLimit)
+			}
+		}},
+		{name: "cut-off/closed", fail: limiter.FailClosed, run: 8 * time.Second, fault: cut(1500*time.Millisecond, 4500*time.Millisecond),
+			check: func(t *testing.T, w *mdcWorld, start time.Time) {
+				if w.unavailable["dc2"] == 0 {
+					t.Errorf("dc2 cut off for 3 s with fail closed: no 503")
+				}
+				recovers(6500*time.Millisecond)(t, w, start)
+			}},
+		{name: "cut-off/local", fail: limiter.FailLocal, run: 12 * time.Second, fault: cut(1*time.Second, 9*time.Second),
+			check: func(t *testing.T, w *mdcWorld, start time.Time) {
+				// The static share: after the wait, dc2 admits on its own.
+				if w.events[limiter.EventStatic] == 0 {
+					t.Errorf("no node of dc2 went to its static share (events %v)", w.events)
+				}
+				from := start.Add(7 * time.Second)
+				n := 0
+				for _, a := range w.perDC["dc2"] {
+					if a.After(from) && a.Before(start.Add(9*time.Second)) {
+						n++
+					}
+				}
+				if n == 0 {
+					t.Errorf("dc2 admitted nothing on its static share between 7 and 9 s")
+				}
+				recovers(10500*time.Millisecond)(t, w, start)
+			}},
+		{name: "cut-off/open", fail: limiter.FailOpen, run: 8 * time.Second, fault: cut(1500*time.Millisecond, 3500*time.Millisecond),
+			check: func(t *testing.T, w *mdcWorld, start time.Time) {
+				if w.failOpen == 0 || w.events[limiter.EventFailOpen] == 0 {
+					t.Errorf("fail open: %d passes, %d counted", w.failOpen, w.events[limiter.EventFailOpen])
+				}
+				recovers(6 * time.Second)(t, w, start)
+			}},
+		{name: "ledger-restarted-empty", run: 10 * time.Second,
+			fault: func(w *mdcWorld, start time.Time) {
+				at(context.Background(), start, 2*time.Second, w.ledger.Restart)
+			},
+			check: func(t *testing.T, w *mdcWorld, start time.Time) {
+				if n := len(w.admitted); n == 0 {
+					t.Fatal("nothing admitted")
+				}
+				for _, dc := range []string{"dc0", "dc1", "dc2"} {
+					if w.since(dc, start.Add(8*time.Second)) == 0 {
+						t.Errorf("%s admitted nothing 6 s after the ledger restarted", dc)
+					}
+				}
+			}},
+		{name: "node-killed-holding-a-grant", run: 6 * time.Second,
+			fault: func(w *mdcWorld, start time.Time) {
+				at(context.Background(), start, 1500*time.Millisecond, func() {
+					// The next grant node 0 of dc0 gets is never deposited:
+					// its process died between the ledger's reply and the
+					// share. A new node takes its place.
+					old := w.dcs[0].nodes[0]
+					limiter.SetGlobalHook(old, func(stage string) {
+						if stage == "granted" {
+							runtime.Goexit()
+						}
+					})
+					time.Sleep(500 * time.Millisecond)
+					n := w.node(w.dcs[0], mdcOptions(limiter.FailClosed))
+					w.mu.Lock()
+					w.dcs[0].nodes[0] = n
+					w.mu.Unlock()
+				})
+			},
+			check: recoversDC("dc0", 4*time.Second)},
+	}
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			t.Parallel()
+			w := newMDCWorld(t, mdcOptions(f.fail))
+			ctx, cancel := context.WithTimeout(context.Background(), f.run)
+			defer cancel()
+			start := time.Now()
+			if f.fault != nil {
+				go f.fault(w, start)
+			}
+			w.hammer(ctx, "viral", mdcLimit, 2*time.Millisecond)
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			over, when := overAdmitted(w.admitted, mdcWin, mdcLimit)
+			per := map[string][]int{}
+			for dc, ts := range w.perDC {
+				per[dc] = make([]int, int(f.run/time.Second)+1)
+				for _, a := range ts {
+					if i := int(a.Sub(start) / time.Second); i >= 0 && i < len(per[dc]) {
+						per[dc][i]++
+					}
+				}
+			}
+			t.Logf("admitted %d (%d per window at most), per second %v, unavailable %v, fail open %d; events %v; static at %v",
+				len(w.admitted), over+mdcLimit, per, w.unavailable, w.failOpen, w.events, w.staticAt.Sub(start))
+			if over > 0 {
+				t.Fatalf("%d over the ceiling in the window ending %v (%v after the start)", over, when, when.Sub(start))
+			}
+			if f.check != nil {
+				w.mu.Unlock()
+				f.check(t, w, start)
+				w.mu.Lock()
+			}
+		})
+	}
+}
+
+func recoversDC(dc string, from time.Duration) func(t *testing.T, w *mdcWorld, start time.Time) {
+	return func(t *testing.T, w *mdcWorld, start time.Time) {
+		if w.since(dc, start.Add(from)) == 0 {
+			t.Errorf("%s admitted nothing after %v", dc, from)
+		}
 	}
 }

@@ -20,7 +20,7 @@
 -- units per second, and when it said so), "seq" (the ids).
 --
 -- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
--- wmax; then for grant: want len rate nret [id used last]... nwin
+-- wmax tail; then for grant: want len rate nret [id used last]... nwin
 -- [name kind len limit b0 b1 b2 b3]...; show takes nothing more.
 --   deadline  ledger TIME (µs) after which nothing runs (0: none): the
 --             caller gave up by then
@@ -33,6 +33,8 @@
 --   static    1 when the data centre goes to a static share when cut off
 --             (fail local); wasstatic 1 when it was in static mode
 --   wmax      the longest global window (µs)
+--   tail      how long after the data centre is heard again one of its
+--             nodes may still use its static share (µs)
 --   want      units asked for; len the grant's length (µs); rate the data
 --             centre's demand (units per second)
 --   id used last  a returned grant: the units used and the last use, µs
@@ -53,8 +55,7 @@
 -- may, after one more window and grant (it waits that long, on its side),
 -- admit floor(limit / n) per window on its own (n: the data centres known
 -- when it was last heard). From the moment its membership lapses until
--- wmax + beat + skew after it is heard again, every grant here leaves that
--- room.
+-- wmax + tail after it is heard again, every grant here leaves that room.
 --
 -- Reply (grant): {status, now, units, len, retry, n, replicas, epoch, id,
 -- then per window the units counted in it after the grant}. status 1 granted
@@ -72,7 +73,7 @@ local t0 = redis.call("TIME")
 local t = tonumber(t0[1]) * 1000000 + tonumber(t0[2])
 local op, dc, deadline, seen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local qwait, skew, beat = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local static, wasstatic, wmax = ARGV[8] == "1", ARGV[9] == "1", tonumber(ARGV[10])
+local static, wasstatic, wmax, tail = ARGV[8] == "1", ARGV[9] == "1", tonumber(ARGV[10]), tonumber(ARGV[11])
 if deadline > 0 and t > deadline then
   return {3, t}
 end
@@ -113,7 +114,7 @@ if op ~= "show" then
     if wasstatic or (mv[1] and tonumber(mv[1]) < now) then
       -- It may have been on its static share: its room stays reserved one
       -- window (and a beat) after it is heard again.
-      ends = math.max(ends, now + wmax + beat + skew)
+      ends = math.max(ends, now + wmax + tail)
     end
     redis.call("HSET", mkey, "l" .. dc, now + beat, "s" .. dc, 1, "e" .. dc, ends)
   else
@@ -179,9 +180,9 @@ if op ~= "grant" then
   return redis.error_reply("ledger: unknown operation " .. tostring(op))
 end
 
-local want, len, rate = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13])
-local nret = tonumber(ARGV[14])
-local a = 15
+local want, len, rate = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local nret = tonumber(ARGV[15])
+local a = 16
 local rets = {}
 for i = 1, nret do
   rets[i] = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])}
@@ -268,6 +269,15 @@ if #ids > 0 then
     weights[i] = tonumber(string.match(gv[i] or "", " (%d+)$")) or 0
   end
 end
+-- jf: the tightest duration window (the least limit per µs), where each
+-- data centre's part (bydc) is counted for fairness.
+local jf, jr = false, false
+for j = 1, nwin do
+  if wk[j] == 0 and (not jr or wlim[j] / wl[j] < jr) then
+    jf, jr = j, wlim[j] / wl[j]
+  end
+end
+local bydc = {}
 local count, first, room = {}, {}, {}
 local roomall, occ = false, 0
 for j = 1, nwin do
@@ -278,9 +288,14 @@ for j = 1, nwin do
     for i = 1, #ids, 2 do
       local e = tonumber(ids[i + 1])
       if e > now - wl[j] then
-        c = c + weights[(i + 1) / 2]
+        local wt = weights[(i + 1) / 2]
+        c = c + wt
         if not first[j] then
           first[j] = e
+        end
+        if j == jf then
+          local d = string.match(ids[i], "^(.*)%.") or ""
+          bydc[d] = (bydc[d] or 0) + wt
         end
       end
     end
@@ -320,13 +335,29 @@ for name, _ in pairs(mem) do
 end
 table.sort(dem, function(x, y) return x[2] < y[2] end)
 local left, k, fair = cap, #dem, cap
+local fairof = {}
 for i = 1, #dem do
   local s = left / k
   local alloc = math.min(dem[i][2], s)
+  fairof[dem[i][1]] = alloc
   if dem[i][1] == dc then
     fair = s
   end
   left, k = left - alloc, k - 1
+end
+-- Max-min fair in the window: a data centre's allowance is its fair part
+-- of the tightest window less what it holds there; room others are
+-- allowed is kept for them (while they ask), the rest is anyone's.
+local allow, others = false, 0
+if jf then
+  for name, fr in pairs(fairof) do
+    local a = math.max(math.floor(fr / cap * wlim[jf]) - (bydc[name] or 0), 0)
+    if name == dc then
+      allow = a
+    else
+      others = others + a
+    end
+  end
 end
 
 local glen = len
@@ -351,6 +382,9 @@ if now < q then
   status, retry = 0, q - now
 elseif want > 0 then
   local bound = math.max(math.ceil(fair * glen / 1000000 * 2), math.floor(roomall * fair / cap))
+  if allow then
+    bound = math.max(allow, roomall - others)
+  end
   units = math.max(math.min(want, roomall, bound), 0)
   if units > 0 then
     local id = dc .. "." .. redis.call("HINCRBY", h, "seq", 1)
