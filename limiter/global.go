@@ -84,8 +84,8 @@ type global struct {
 	// ledger nothing that could renew the data centre's membership, so
 	// that the static share's wait, counted from the last such call, ends.
 	suspect atomic.Bool
-	polled atomic.Int64 // UnixMicro of the last read of the standing
-	n      atomic.Int64 // data centres the ledger knows
+	polled  atomic.Int64 // UnixMicro of the last read of the standing
+	n       atomic.Int64 // data centres the ledger knows
 
 	mu     sync.Mutex
 	flight map[string]*shareCall
@@ -234,7 +234,7 @@ func (g *global) request(tag string) *LedgerRequest {
 		Namespace: g.l.keys.Namespace(), Tag: tag, DC: g.cfg.Datacenter,
 		Deadline: time.Now().Add(g.cfg.Timeout),
 		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
-		Tail: g.staticFresh() + g.skew,
+		Tail:   g.staticFresh() + g.skew,
 		Static: g.l.p.Fail == FailLocal,
 	}
 }

@@ -292,7 +292,7 @@ func TestGlobalCeilingFaults(t *testing.T) {
 				if w.failOpen == 0 || w.events[limiter.EventFailOpen] == 0 {
 					t.Errorf("fail open: %d passes, %d counted", w.failOpen, w.events[limiter.EventFailOpen])
 				}
-				recovers(6 * time.Second)(t, w, start)
+				recovers(6*time.Second)(t, w, start)
 			}},
 		{name: "ledger-restarted-empty", run: 10 * time.Second,
 			fault: func(w *mdcWorld, start time.Time) {
