@@ -191,37 +191,47 @@ func (lg *Ledger) Do(ctx context.Context, op string, req *LedgerRequest) (Ledger
 // connection.
 func (lg *Ledger) run(ctx context.Context, keys []string, args []any, wait bool, replicas int64, deadline time.Time) ([]any, int64, error) {
 	if !wait {
-		raw, err := ledgerScript.Run(ctx, lg.client, keys, args...).Slice()
+		raw, err := lg.eval(ctx, keys, args)
 		return raw, 0, err
 	}
+	// WAIT gives up at a quarter of the time left, so that its reply (how many
+	// replicas have the grant, and how many there are now: a failover
+	// changes both) comes back within the deadline.
 	ms := int64(100)
 	if !deadline.IsZero() {
-		ms = max(time.Until(deadline).Milliseconds(), 1)
+		ms = max(time.Until(deadline).Milliseconds()/4, 1)
 	}
-	for _, sha := range []bool{true, false} {
-		p := lg.client.Pipeline()
-		var cmd *redis.Cmd
-		if sha {
-			cmd = ledgerScript.EvalSha(ctx, p, keys, args...)
-		} else {
-			cmd = ledgerScript.Eval(ctx, p, keys, args...)
-		}
-		w := p.Do(ctx, "WAIT", replicas, ms)
-		_, _ = p.Exec(ctx)
-		raw, err := cmd.Slice()
-		if err != nil && sha && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-			continue
-		}
-		if err != nil {
-			return nil, 0, err
-		}
-		n, err := w.Int64()
-		if err != nil {
-			return raw, 0, nil // the grant stands in the ledger; not known durable
-		}
-		return raw, n, nil
+	p := lg.client.Pipeline()
+	cmd := ledgerScript.EvalSha(ctx, p, keys, args...)
+	w := p.Do(ctx, "WAIT", replicas, ms)
+	_, _ = p.Exec(ctx)
+	raw, err := cmd.Slice()
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		// A server without the script (restarted, or a replica promoted):
+		// load it, and wait for nothing this time (a grant then is not
+		// known durable, and not used); the reply says how many replicas
+		// there are now.
+		raw, err = ledgerScript.Eval(ctx, lg.client, keys, args...).Slice()
+		return raw, 0, err
 	}
-	return nil, 0, errors.New("limiter: the ledger's script could not be loaded")
+	if err != nil {
+		return nil, 0, err
+	}
+	n, err := w.Int64()
+	if err != nil {
+		return raw, 0, nil // the grant stands in the ledger; not known durable
+	}
+	return raw, n, nil
+}
+
+// eval runs the script by its SHA, and by its text when the server does
+// not have it (which loads it): one round trip, two the first time.
+func (lg *Ledger) eval(ctx context.Context, keys []string, args []any) ([]any, error) {
+	raw, err := ledgerScript.EvalSha(ctx, lg.client, keys, args...).Slice()
+	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		raw, err = ledgerScript.Eval(ctx, lg.client, keys, args...).Slice()
+	}
+	return raw, err
 }
 
 func parseLedger(raw []any) (LedgerReply, error) {
@@ -280,7 +290,7 @@ func (lg *Ledger) Ping(ctx context.Context) error {
 
 // Show returns each data centre's share of an identity's ceiling.
 func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, error) {
-	raw, err := ledgerScript.Run(ctx, lg.client, lg.keys(req, "show"), lg.args(req, "show")...).Slice()
+	raw, err := lg.eval(ctx, lg.keys(req, "show"), lg.args(req, "show"))
 	if err != nil {
 		return nil, err
 	}

@@ -4,14 +4,19 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
+	"net"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/netproxy"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -27,8 +32,14 @@ type mdcWorld struct {
 	lg     *limiter.Ledger
 	dcs    []*mdcDC
 
+	vip, replProxy *netproxy.Proxy // the ledger's one address (opts.vip): a failover moves it
+	replica        *redistest.Server
+	limit          atomic.Int64 // the global limit requests carry now (a reload changes it)
+	offset         func(dc int) time.Duration
+
 	mu          sync.Mutex
 	admitted    []time.Time // every admission under the global ceiling
+	limits      []int64     // the limit each was decided under
 	perDC       map[string][]time.Time
 	unavailable map[string]int
 	failOpen    int
@@ -54,26 +65,40 @@ type mdcOpts struct {
 	beat   time.Duration
 	skew   time.Duration
 	lto    time.Duration // the ledger's timeout (default 1 s)
+	// vip puts one proxy in front of the ledger (its address for every
+	// data centre), and replica a replica behind a proxy of its own.
+	vip, replica bool
+	// offset is data centre i's clock against the store's (clock app).
+	offset func(dc int) time.Duration
 }
 
 func newMDCWorld(t *testing.T, o mdcOpts) *mdcWorld {
 	t.Helper()
-	w := &mdcWorld{t: t, ledger: redistest.Start(t), events: map[limiter.GlobalEventKind]int{},
-		perDC: map[string][]time.Time{}, unavailable: map[string]int{}}
+	// Diskless replication, at once: a replica is online within moments.
+	w := &mdcWorld{t: t, ledger: redistest.Start(t, "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"), events: map[limiter.GlobalEventKind]int{},
+		perDC: map[string][]time.Time{}, unavailable: map[string]int{}, offset: o.offset}
+	ledgerAddr := w.ledger.Addr()
+	if o.vip {
+		w.vip = w.proxy(ledgerAddr)
+		ledgerAddr = w.vip.Addr()
+	}
+	if o.replica {
+		w.replProxy = w.proxy(w.ledger.Addr())
+		host, port, _ := net.SplitHostPort(w.replProxy.Addr())
+		w.replica = redistest.Start(t, "--replicaof", host, port)
+		waitReplicas(t, w.ledger, 1)
+	}
 	for i := range o.dcs {
 		dc := &mdcDC{name: fmt.Sprintf("dc%d", i), srv: redistest.Start(t)}
-		addr := w.ledger.Addr()
+		addr := ledgerAddr
 		if o.delay != nil {
-			px, err := netproxy.New(addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { px.Close() })
+			px := w.proxy(addr)
 			d := o.delay(i)
 			px.SetDelay(d, d)
 			dc.proxy, addr = px, px.Addr()
 		}
-		lc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, Protocol: 2, DisableIdentity: true})
+		lc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: true, Protocol: 2, DisableIdentity: true,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 		t.Cleanup(func() { lc.Close() })
 		dc.lg = limiter.NewLedger(lc)
 		for range o.nodes {
@@ -84,6 +109,27 @@ func newMDCWorld(t *testing.T, o mdcOpts) *mdcWorld {
 	return w
 }
 
+func (w *mdcWorld) proxy(target string) *netproxy.Proxy {
+	px, err := netproxy.New(target)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.t.Cleanup(func() { px.Close() })
+	return px
+}
+
+// waitReplicas waits until srv has n replicas online.
+func waitReplicas(t *testing.T, srv *redistest.Server, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for strings.Count(srv.CLI(t, "INFO", "replication"), "state=online") < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no %d replicas after 10 s", srv.Addr(), n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 func (w *mdcWorld) node(dc *mdcDC, o mdcOpts) *limiter.Limiter {
 	c := redis.NewClient(&redis.Options{Addr: dc.srv.Addr()})
 	w.t.Cleanup(func() { c.Close() })
@@ -91,7 +137,7 @@ func (w *mdcWorld) node(dc *mdcDC, o mdcOpts) *limiter.Limiter {
 	b.Global = &limiter.Global{Ledger: dc.lg, Datacenter: dc.name, Length: o.length, Timeout: cmp.Or(o.lto, time.Second),
 		Beat: o.beat, Skew: o.skew,
 		OnEvent: func(ev limiter.GlobalEvent) {
-			if debugMDC && (ev.Kind == limiter.EventStatic || ev.Kind == limiter.EventNormal || ev.Kind == limiter.EventLedgerError) {
+			if debugMDC && (ev.Kind == limiter.EventGrant || ev.Kind == limiter.EventStatic || ev.Kind == limiter.EventNormal || ev.Kind == limiter.EventLedgerError) {
 				w.t.Logf("%s %s: %+v", time.Now().Format("05.000"), dc.name, ev)
 			}
 			w.mu.Lock()
@@ -101,12 +147,25 @@ func (w *mdcWorld) node(dc *mdcDC, o mdcOpts) *limiter.Limiter {
 			w.events[ev.Kind]++
 			w.mu.Unlock()
 		}}
-	l, err := limiter.New(o.policy, b)
+	p := o.policy
+	if o.offset != nil {
+		off := o.offset(slices.Index(w.dcNames(), dc.name))
+		p.AppClock, p.Now = true, func() time.Time { return time.Now().Add(off) }
+	}
+	l, err := limiter.New(p, b)
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	w.t.Cleanup(l.Close)
 	return l
+}
+
+func (w *mdcWorld) dcNames() []string {
+	var names []string
+	for i := range len(w.dcs) + 1 {
+		names = append(names, fmt.Sprintf("dc%d", i))
+	}
+	return names
 }
 
 // hammer sends requests of identity id from every node of every data
@@ -127,8 +186,16 @@ func (w *mdcWorld) hammer(ctx context.Context, id string, global int64, gap time
 }
 
 func (w *mdcWorld) send(ctx context.Context, dc *mdcDC, ni int, id string, global int64, gap time.Duration) {
-	in := &limiter.Input{Identity: id, Region: dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{global}}
+	var off time.Duration
+	if w.offset != nil {
+		off = w.offset(slices.Index(w.dcNames(), dc.name))
+	}
 	for ctx.Err() == nil {
+		limit := global
+		if l := w.limit.Load(); l > 0 {
+			limit = l
+		}
+		in := &limiter.Input{Identity: id, Region: dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
 		w.mu.Lock()
 		n := dc.nodes[ni]
 		w.mu.Unlock()
@@ -142,8 +209,11 @@ func (w *mdcWorld) send(ctx context.Context, dc *mdcDC, ni int, id string, globa
 		case d.Pass && d.Source == limiter.SourceFailOpen:
 			w.failOpen++
 		case d.Pass:
-			w.admitted = append(w.admitted, d.At)
-			w.perDC[dc.name] = append(w.perDC[dc.name], d.At)
+			// The store's time: a node's own clock runs off by off.
+			at := d.At.Add(-off)
+			w.admitted = append(w.admitted, at)
+			w.limits = append(w.limits, limit)
+			w.perDC[dc.name] = append(w.perDC[dc.name], at)
 		case d.Outcome == limiter.OutcomeUnavailable:
 			w.unavailable[dc.name]++
 		}
@@ -168,6 +238,28 @@ func (w *mdcWorld) since(dc string, t time.Time) int {
 }
 
 var debugMDC = os.Getenv("DEBUG_MDC") != ""
+
+// overAdmittedUnder is, over every admission, the admissions in the window
+// of length win that ends with it less the limit it was decided under (0 or
+// less: every decision held its ceiling).
+func overAdmittedUnder(at []time.Time, limits []int64, win time.Duration) (int64, time.Time) {
+	idx := make([]int, len(at))
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortFunc(idx, func(a, b int) int { return at[a].Compare(at[b]) })
+	worst, when := int64(math.MinInt64), time.Time{}
+	j := 0
+	for i := range idx {
+		for at[idx[j]].Add(win).Compare(at[idx[i]]) <= 0 {
+			j++
+		}
+		if o := int64(i-j+1) - limits[idx[i]]; o > worst {
+			worst, when = o, at[idx[i]]
+		}
+	}
+	return worst, when
+}
 
 // overAdmitted is the most admissions in any window of length win, less
 // limit (0 or less: the ceiling held).
@@ -213,6 +305,7 @@ func TestGlobalCeilingAcrossDatacenters(t *testing.T) {
 type mdcFault struct {
 	name  string
 	fail  limiter.FailMode
+	opts  []func(*mdcOpts)
 	run   time.Duration
 	fault func(w *mdcWorld, start time.Time)
 	check func(t *testing.T, w *mdcWorld, start time.Time)
@@ -221,13 +314,20 @@ type mdcFault struct {
 // mdcPolicy: the ceiling of the fault tests, 300 per 2 s.
 const mdcLimit, mdcWin = 300, 2 * time.Second
 
-func mdcOptions(fail limiter.FailMode) mdcOpts {
+func mdcOptions(fail limiter.FailMode, opts ...func(*mdcOpts)) mdcOpts {
 	p := limiter.Policy{Name: "mdc", Regions: true, Windows: []limiter.Window{{Duration: time.Minute}},
 		GlobalWindows: []limiter.Window{{Duration: mdcWin}}, Timeout: time.Second, Fail: fail}
-	return mdcOpts{dcs: 3, nodes: 2, policy: p, length: 100 * time.Millisecond, beat: 400 * time.Millisecond,
-		skew: 100 * time.Millisecond, lto: 600 * time.Millisecond,
+	o := mdcOpts{dcs: 3, nodes: 2, policy: p, length: 100 * time.Millisecond, beat: 400 * time.Millisecond,
+		skew: 100 * time.Millisecond,
+		// The ledger's timeout: a new connection's HELLO, the call and the
+		// replicas' WAIT, at 250 ms a round trip.
+		lto: time.Second,
 		// 10, 50 and 125 ms each way: round trips of 20 to 250 ms.
 		delay: func(dc int) time.Duration { return []time.Duration{10, 50, 125}[dc] * time.Millisecond }}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
 }
 
 // at runs f at start+d, or not when ctx ends first.
@@ -269,23 +369,25 @@ func TestGlobalCeilingFaults(t *testing.T) {
 				}
 				recovers(6500*time.Millisecond)(t, w, start)
 			}},
-		{name: "cut-off/local", fail: limiter.FailLocal, run: 12 * time.Second, fault: cut(1*time.Second, 9*time.Second),
+		{name: "cut-off/local", fail: limiter.FailLocal, run: 16 * time.Second, fault: cut(1*time.Second, 10*time.Second),
 			check: func(t *testing.T, w *mdcWorld, start time.Time) {
 				// The static share: after the wait, dc2 admits on its own.
 				if w.events[limiter.EventStatic] == 0 {
 					t.Errorf("no node of dc2 went to its static share (events %v)", w.events)
 				}
-				from := start.Add(7 * time.Second)
+				from := start.Add(8 * time.Second)
 				n := 0
 				for _, a := range w.perDC["dc2"] {
-					if a.After(from) && a.Before(start.Add(9*time.Second)) {
+					if a.After(from) && a.Before(start.Add(10*time.Second)) {
 						n++
 					}
 				}
 				if n == 0 {
-					t.Errorf("dc2 admitted nothing on its static share between 7 and 9 s")
+					t.Errorf("dc2 admitted nothing on its static share between 8 and 10 s")
 				}
-				recovers(10500*time.Millisecond)(t, w, start)
+				// Back, its static share stays reserved a window and the
+				// tail (2.3 s) after the ledger heard it again.
+				recovers(14800*time.Millisecond)(t, w, start)
 			}},
 		{name: "cut-off/open", fail: limiter.FailOpen, run: 8 * time.Second, fault: cut(1500*time.Millisecond, 3500*time.Millisecond),
 			check: func(t *testing.T, w *mdcWorld, start time.Time) {
@@ -321,18 +423,55 @@ func TestGlobalCeilingFaults(t *testing.T) {
 						}
 					})
 					time.Sleep(500 * time.Millisecond)
-					n := w.node(w.dcs[0], mdcOptions(limiter.FailClosed))
+					n := w.node(w.dcs[0], mdcOptions(0))
 					w.mu.Lock()
 					w.dcs[0].nodes[0] = n
 					w.mu.Unlock()
 				})
 			},
 			check: recoversDC("dc0", 4*time.Second)},
+		{name: "reload-lowers-then-raises-the-limit", run: 8 * time.Second,
+			fault: func(w *mdcWorld, start time.Time) {
+				at(context.Background(), start, 2500*time.Millisecond, func() { w.limit.Store(mdcLimit / 3) })
+				at(context.Background(), start, 5*time.Second, func() { w.limit.Store(mdcLimit) })
+			},
+			check: recoversDC("dc0", 6*time.Second)},
+		{name: "clocks-a-second-apart", run: 5 * time.Second,
+			opts: []func(*mdcOpts){func(o *mdcOpts) {
+				o.offset = func(dc int) time.Duration { return []time.Duration{-time.Second, 0, time.Second}[dc] }
+			}},
+			check: func(t *testing.T, w *mdcWorld, start time.Time) {
+				if n := len(w.admitted); n < 2*mdcLimit {
+					t.Errorf("admitted %d in 5 s, want at least %d", n, 2*mdcLimit)
+				}
+			}},
+		{name: "ledger-failover-with-writes-lost", run: 10 * time.Second,
+			opts: []func(*mdcOpts){func(o *mdcOpts) { o.vip, o.replica = true, true }},
+			fault: func(w *mdcWorld, start time.Time) {
+				// Replication stops (the grants since are not on the
+				// replica), then the replica is promoted and the ledger's
+				// address moves to it.
+				at(context.Background(), start, 2*time.Second, w.replProxy.Cut)
+				at(context.Background(), start, 4*time.Second, func() {
+					w.replica.CLI(w.t, "REPLICAOF", "NO", "ONE")
+					if err := w.vip.SetTarget(w.replica.Addr()); err != nil {
+						w.t.Error(err)
+					}
+					w.vip.Reset()
+				})
+			},
+			check: func(t *testing.T, w *mdcWorld, start time.Time) {
+				for _, dc := range []string{"dc0", "dc1", "dc2"} {
+					if w.since(dc, start.Add(7*time.Second)) == 0 {
+						t.Errorf("%s admitted nothing 3 s after the failover", dc)
+					}
+				}
+			}},
 	}
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			t.Parallel()
-			w := newMDCWorld(t, mdcOptions(f.fail))
+			w := newMDCWorld(t, mdcOptions(f.fail, f.opts...))
 			ctx, cancel := context.WithTimeout(context.Background(), f.run)
 			defer cancel()
 			start := time.Now()
@@ -342,7 +481,7 @@ func TestGlobalCeilingFaults(t *testing.T) {
 			w.hammer(ctx, "viral", mdcLimit, 2*time.Millisecond)
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			over, when := overAdmitted(w.admitted, mdcWin, mdcLimit)
+			over, when := overAdmittedUnder(w.admitted, w.limits, mdcWin)
 			per := map[string][]int{}
 			for dc, ts := range w.perDC {
 				per[dc] = make([]int, int(f.run/time.Second)+1)

@@ -73,6 +73,19 @@ import (
 	"time"
 )
 
+// SetTarget points the connections accepted from now on at target (a
+// failover behind one address); connections open now stay where they are
+// (Reset closes them).
+func (p *Proxy) SetTarget(target string) error {
+	if err := checkLoopback(target); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.target = target
+	p.mu.Unlock()
+	return nil
+}
+
 // ErrNotLoopback is the error New wraps when the target is not a loopback
 // IP address and port.
 var ErrNotLoopback = errors.New("target must be a loopback IP address and port, such as 127.0.0.1:6379")
@@ -99,7 +112,7 @@ type Stats struct {
 // methods are safe to call from several goroutines.
 type Proxy struct {
 	ln     net.Listener
-	target string
+	target string // under mu
 	ctx    context.Context // cancelled by Close: stops dials in progress
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the accept loop and every connection's goroutines
@@ -365,7 +378,10 @@ func (p *Proxy) serve(l *link) {
 	defer p.wg.Done()
 	defer p.unregister(l)
 	d := net.Dialer{Timeout: dialTimeout}
-	s, err := d.DialContext(p.ctx, "tcp", p.target)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	s, err := d.DialContext(p.ctx, "tcp", target)
 	if err != nil {
 		// The client sees the close, but not while the path is cut.
 		p.waitHealed(l.done)
