@@ -36,11 +36,13 @@ type Global struct {
 // GlobalEvent is one thing the global ceiling did.
 type GlobalEvent struct {
 	Kind GlobalEventKind
-	// Units granted or returned; Took, a ledger call's round trip; Err, its
-	// error.
-	Units int64
-	Took  time.Duration
-	Err   error
+	// Units granted (EventGrant) or given back unused (EventReturn), and a
+	// grant's Length (usable here until Length after the renewal began);
+	// Took, a ledger call's round trip; Err, its error.
+	Units  int64
+	Length time.Duration
+	Took   time.Duration
+	Err    error
 }
 
 // GlobalEventKind is what happened.
@@ -89,8 +91,6 @@ type global struct {
 
 	mu     sync.Mutex
 	flight map[string]*shareCall
-
-	held atomic.Int64 // units granted to this node's data centre, not ended (what this node deposited)
 
 	queue chan renewal
 	stop  chan struct{}
@@ -158,7 +158,7 @@ func newGlobal(l *Limiter, cfg Global) (*global, error) {
 	g.length, g.beat, g.skew, g.timeout = cfg.Length.Microseconds(), cfg.Beat.Microseconds(), cfg.Skew.Microseconds(), cfg.Timeout.Microseconds()
 	g.wmax = wmax.Microseconds()
 	g.glenMax = max(g.length, min(16*g.length, shortest.Microseconds()/2))
-	g.rtt.Store(g.timeout / 4)
+	g.rtt.Store(g.timeout / 10) // a first guess; each call's round trip corrects it
 	for range 4 {
 		g.wg.Add(1)
 		go g.renewer()
@@ -354,8 +354,10 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 	if rep.N > 0 {
 		g.n.Store(rep.N)
 	}
-	for _, r := range req.Returns {
-		g.event(GlobalEvent{Kind: EventReturn, Units: r.Used})
+	for _, gr := range view.Grants {
+		if gr.closed(view.Now) {
+			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
+		}
 	}
 	dep := Deposit{T0: view.Now, Retry: rep.Retry}
 	for _, r := range req.Returns {
@@ -367,7 +369,7 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 	if rep.Waiting {
 		dep.Retry = max(rep.Retry, 1000)
 	}
-	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Took: took, Err: err})
+	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond, Took: took, Err: err})
 	if g.hook != nil {
 		g.hook("granted")
 	}

@@ -25,9 +25,10 @@ type Ledger struct {
 	seen     map[string]string
 }
 
-// NewLedger returns a ledger over client (a Redis or Sentinel client; a
-// Cluster cannot hold the ledger: its membership and epoch keys would span
-// slots).
+// NewLedger returns a ledger over client: a Redis, Sentinel or Cluster
+// client. Every key of the ledger has one hash tag, {ledger}: on a Cluster
+// it lives on one slot (the membership, the epoch and every identity's
+// grants are read in one script), so one shard serves it.
 func NewLedger(client Scripter) *Ledger {
 	return &Ledger{client: client, seen: map[string]string{}}
 }
@@ -94,11 +95,20 @@ type LedgerReply struct {
 var ErrLedgerNotDurable = errors.New("limiter: a grant the ledger's replicas did not acknowledge")
 
 func (lg *Ledger) keys(req *LedgerRequest, op string) []string {
-	k := []string{req.Namespace + "ledger:members", req.Namespace + "ledger:epoch"}
+	k := []string{req.Namespace + "{ledger}:members", req.Namespace + "{ledger}:epoch"}
 	if op != "beat" {
-		k = append(k, req.Namespace+"ledger:{"+req.Tag+"}", req.Namespace+"ledgerh:{"+req.Tag+"}")
+		k = append(k, req.Namespace+"{ledger}:g:"+req.Tag, req.Namespace+"{ledger}:h:"+req.Tag)
 	}
 	return k
+}
+
+// node is the client for a call: on a Cluster, the master of the ledger's
+// slot (a WAIT must reach the server that took the write).
+func (lg *Ledger) node(ctx context.Context, namespace string) (Scripter, error) {
+	if cc, ok := lg.client.(*redis.ClusterClient); ok {
+		return cc.MasterForKey(ctx, namespace+"{ledger}:members")
+	}
+	return lg.client, nil
 }
 
 func b01(b bool) int {
@@ -166,7 +176,11 @@ func (lg *Ledger) Do(ctx context.Context, op string, req *LedgerRequest) (Ledger
 	wait := lg.replicas
 	lg.mu.Unlock()
 	sent := time.Now()
-	raw, waited, err := lg.run(ctx, keys, args, op == "grant" && wait > 0, wait, req.Deadline)
+	node, err := lg.node(ctx, req.Namespace)
+	if err != nil {
+		return LedgerReply{}, err
+	}
+	raw, waited, err := lg.run(ctx, node, keys, args, op == "grant" && wait > 0, wait, req.Deadline)
 	if err != nil {
 		return LedgerReply{}, err
 	}
@@ -189,9 +203,9 @@ func (lg *Ledger) Do(ctx context.Context, op string, req *LedgerRequest) (Ledger
 
 // run sends the script, and WAIT for the replicas when asked to, on one
 // connection.
-func (lg *Ledger) run(ctx context.Context, keys []string, args []any, wait bool, replicas int64, deadline time.Time) ([]any, int64, error) {
+func (lg *Ledger) run(ctx context.Context, node Scripter, keys []string, args []any, wait bool, replicas int64, deadline time.Time) ([]any, int64, error) {
 	if !wait {
-		raw, err := lg.eval(ctx, keys, args)
+		raw, err := eval(ctx, node, keys, args)
 		return raw, 0, err
 	}
 	// WAIT gives up at a quarter of the time left, so that its reply (how many
@@ -201,7 +215,7 @@ func (lg *Ledger) run(ctx context.Context, keys []string, args []any, wait bool,
 	if !deadline.IsZero() {
 		ms = max(time.Until(deadline).Milliseconds()/4, 1)
 	}
-	p := lg.client.Pipeline()
+	p := node.Pipeline()
 	cmd := ledgerScript.EvalSha(ctx, p, keys, args...)
 	w := p.Do(ctx, "WAIT", replicas, ms)
 	_, _ = p.Exec(ctx)
@@ -211,7 +225,7 @@ func (lg *Ledger) run(ctx context.Context, keys []string, args []any, wait bool,
 		// load it, and wait for nothing this time (a grant then is not
 		// known durable, and not used); the reply says how many replicas
 		// there are now.
-		raw, err = ledgerScript.Eval(ctx, lg.client, keys, args...).Slice()
+		raw, err = ledgerScript.Eval(ctx, node, keys, args...).Slice()
 		return raw, 0, err
 	}
 	if err != nil {
@@ -226,10 +240,10 @@ func (lg *Ledger) run(ctx context.Context, keys []string, args []any, wait bool,
 
 // eval runs the script by its SHA, and by its text when the server does
 // not have it (which loads it): one round trip, two the first time.
-func (lg *Ledger) eval(ctx context.Context, keys []string, args []any) ([]any, error) {
-	raw, err := ledgerScript.EvalSha(ctx, lg.client, keys, args...).Slice()
+func eval(ctx context.Context, c Scripter, keys []string, args []any) ([]any, error) {
+	raw, err := ledgerScript.EvalSha(ctx, c, keys, args...).Slice()
 	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
-		raw, err = ledgerScript.Eval(ctx, lg.client, keys, args...).Slice()
+		raw, err = ledgerScript.Eval(ctx, c, keys, args...).Slice()
 	}
 	return raw, err
 }
@@ -290,7 +304,7 @@ func (lg *Ledger) Ping(ctx context.Context) error {
 
 // Show returns each data centre's share of an identity's ceiling.
 func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, error) {
-	raw, err := lg.eval(ctx, lg.keys(req, "show"), lg.args(req, "show"))
+	raw, err := eval(ctx, lg.client, lg.keys(req, "show"), lg.args(req, "show"))
 	if err != nil {
 		return nil, err
 	}
@@ -307,5 +321,5 @@ func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, 
 
 // Reset forgets an identity's grants (an operator's reset).
 func (lg *Ledger) Reset(ctx context.Context, namespace, tag string) error {
-	return lg.client.Del(ctx, namespace+"ledger:{"+tag+"}", namespace+"ledgerh:{"+tag+"}").Err()
+	return lg.client.Del(ctx, namespace+"{ledger}:g:"+tag, namespace+"{ledger}:h:"+tag).Err()
 }

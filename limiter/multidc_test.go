@@ -70,6 +70,8 @@ type mdcOpts struct {
 	vip, replica bool
 	// offset is data centre i's clock against the store's (clock app).
 	offset func(dc int) time.Duration
+	// cluster keeps the ledger on a Redis Cluster of 3 (no proxies).
+	cluster bool
 }
 
 func newMDCWorld(t *testing.T, o mdcOpts) *mdcWorld {
@@ -88,8 +90,22 @@ func newMDCWorld(t *testing.T, o mdcOpts) *mdcWorld {
 		w.replica = redistest.Start(t, "--replicaof", host, port)
 		waitReplicas(t, w.ledger, 1)
 	}
+	var cluster *redistest.Cluster
+	if o.cluster {
+		cluster = redistest.StartCluster(t, 3)
+	}
 	for i := range o.dcs {
 		dc := &mdcDC{name: fmt.Sprintf("dc%d", i), srv: redistest.Start(t)}
+		if cluster != nil {
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+			t.Cleanup(func() { cc.Close() })
+			dc.lg = limiter.NewLedger(cc)
+			for range o.nodes {
+				dc.nodes = append(dc.nodes, w.node(dc, o))
+			}
+			w.dcs = append(w.dcs, dc)
+			continue
+		}
 		addr := ledgerAddr
 		if o.delay != nil {
 			px := w.proxy(addr)
@@ -297,6 +313,27 @@ func TestGlobalCeilingAcrossDatacenters(t *testing.T) {
 	// Little left unused: the ceiling admits about limit per window.
 	if min := int64(2 * limit); int64(len(w.admitted)) < min {
 		t.Fatalf("admitted %d in 5 s, want at least %d", len(w.admitted), min)
+	}
+}
+
+// TestGlobalCeilingOnAClusterLedger: the ledger on a Redis Cluster (its
+// keys on one slot) holds the ceiling as one Redis does.
+func TestGlobalCeilingOnAClusterLedger(t *testing.T) {
+	t.Parallel()
+	o := mdcOptions(limiter.FailClosed)
+	o.delay, o.cluster = nil, true
+	w := newMDCWorld(t, o)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	w.hammer(ctx, "viral", mdcLimit, time.Millisecond)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	over, when := overAdmitted(w.admitted, mdcWin, mdcLimit)
+	if over > 0 {
+		t.Fatalf("%d over the ceiling in the window ending %v", over, when)
+	}
+	if n := len(w.admitted); n < 2*mdcLimit {
+		t.Fatalf("admitted %d in 3 s, want at least %d (events %v)", n, 2*mdcLimit, w.events)
 	}
 }
 

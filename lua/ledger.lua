@@ -12,7 +12,8 @@
 -- A grant that ends unused, or partly used, comes back: its count shrinks
 -- to the units used and its end to their last use.
 --
--- Keys: KEYS[1] the data centres (members), KEYS[2] the ledger's epoch, and
+-- Keys (one hash tag, {ledger}: on a Cluster, one slot): KEYS[1] the data
+-- centres (members), KEYS[2] the ledger's epoch, and
 -- for grant and show KEYS[3] an identity's grants (a sorted set: grant id
 -- by its end, µs) and KEYS[4] its hash: "g<id>" = "<start> <units>" per
 -- grant, "<window>s", "<window>e", "<window>n" per calendar period (start,
