@@ -94,31 +94,56 @@ func initMetrics() {
 			Namespace: ns, Subsystem: sub, Name: "empty_keys_total",
 			Help: "Requests whose key resolved to nothing (every placeholder empty or unknown): they share one budget of the limiter.",
 		}, []string{"limiter"})
-		dcLabels := []string{"limiter", "datacenter"}
-		counter := func(name, help string) *prometheus.CounterVec {
-			return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, dcLabels)
-		}
-		metrics.grants = counter("global_grants_total", "Grants of a share of an identity's global ceiling the ledger (global_redis) gave this node's data centre.")
-		metrics.grantedUnits = counter("global_granted_units_total", "Units the ledger granted this node's data centre, over every grant.")
-		metrics.returns = counter("global_returns_total", "Grants this node gave back to the ledger once they ended (spent or expired).")
-		metrics.returnedUnits = counter("global_returned_units_total", "Units the grants given back had used, as reported to the ledger.")
-		metrics.renewals = counter("global_renewals_total", "Renewals of a share started ahead of need, in the background.")
-		metrics.starved = counter("global_starved_total", "Requests refused here by the data centre's share while the ledger had room for them.")
-		metrics.failOpenGlobal = counter("global_fail_open_total", "Requests passed by fail open because the ledger could not renew the share they needed.")
-		metrics.ledgerErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "ledger_errors_total",
-			Help: "Ledger (global_redis) calls that failed, by kind: timeout, connection, auth, script, other, not_durable (a grant its replicas did not acknowledge).",
-		}, []string{"limiter", "datacenter", "kind"})
-		metrics.ledgerTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "ledger_round_trip_seconds",
-			Help:    "Round trip of one ledger (global_redis) call: a grant, a renewal or a membership beat, failed ones included.",
-			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
-		}, dcLabels)
+		initGlobalMetrics()
 		metrics.collectors = []prometheus.Collector{metrics.requests, metrics.storeErrs, metrics.checkTime,
 			metrics.nearLimit, metrics.windowDeny, metrics.bans, metrics.queued, metrics.queueWait, metrics.emptyKeys,
 			metrics.grants, metrics.grantedUnits, metrics.returns, metrics.returnedUnits, metrics.renewals, metrics.starved,
 			metrics.failOpenGlobal, metrics.ledgerErrs, metrics.ledgerTime, &metrics.scrape}
 	})
+}
+
+// initGlobalMetrics builds the collectors of the global ceiling across
+// data centres (global_redis), labelled with the limiter and this node's
+// data centre.
+func initGlobalMetrics() {
+	dc := []string{"limiter", "datacenter"}
+	metrics.grants = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_grants_total",
+		Help: "Grants of a share of an identity's global ceiling the ledger (global_redis) gave this node's data centre.",
+	}, dc)
+	metrics.grantedUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_granted_units_total",
+		Help: "Units the ledger granted this node's data centre, over every grant.",
+	}, dc)
+	metrics.returns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_returns_total",
+		Help: "Grants this node gave back to the ledger once they ended (spent or expired).",
+	}, dc)
+	metrics.returnedUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_returned_units_total",
+		Help: "Units the grants given back had used, as reported to the ledger.",
+	}, dc)
+	metrics.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_renewals_total",
+		Help: "Renewals of a share started ahead of need, in the background.",
+	}, dc)
+	metrics.starved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_starved_total",
+		Help: "Requests refused here by the data centre's share while the ledger had room for them.",
+	}, dc)
+	metrics.failOpenGlobal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_fail_open_total",
+		Help: "Requests passed by fail open because the ledger could not renew the share they needed.",
+	}, dc)
+	metrics.ledgerErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "ledger_errors_total",
+		Help: "Ledger (global_redis) calls that failed, by kind: timeout, connection, auth, script, other, not_durable (a grant its replicas did not acknowledge).",
+	}, append(dc, "kind"))
+	metrics.ledgerTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "ledger_round_trip_seconds",
+		Help:    "Round trip of one ledger (global_redis) call: a grant, a renewal or a membership beat, failed ones included.",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	}, dc)
 }
 
 // registerMetrics registers the collectors on reg, ignoring the error of a
