@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -254,5 +256,89 @@ func TestHeldShareEstimate(t *testing.T) {
 	now = now.Add(time.Second)
 	if got := s.units(); got != 0 {
 		t.Fatalf("held %d after every grant's length, want 0", got)
+	}
+}
+
+// TestGlobalRedisParses: the issue's block, and global_redis's long form,
+// come out as the JSON config says.
+func TestGlobalRedisParses(t *testing.T) {
+	t.Parallel()
+	h := parseBlock(t, `sliding_ratelimit {
+	name api
+	key {http.request.header.X-API-Key}
+	region {http.request.header.X-Region}
+	limit 100 1m
+	global_limit 1000 1m
+	redis redis://redis.eu-west.internal:6379
+	global_redis redis://ledger.internal:6379
+	datacenter eu-west
+}`)
+	got, _ := json.Marshal(h)
+	want := `{"name":"api","key":"{http.request.header.X-API-Key}","region":"{http.request.header.X-Region}",` +
+		`"limits":[{"limit":100,"window":60000000000}],"global_limits":[{"limit":1000,"window":60000000000}],` +
+		`"redis":{"url":"redis://redis.eu-west.internal:6379"},"global_redis":{"url":"redis://ledger.internal:6379"},"datacenter":"eu-west"}`
+	if string(got) != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	if err := h.Validate(); err != nil {
+		t.Errorf("the issue's block: %v", err)
+	}
+
+	h = parseBlock(t, `sliding_ratelimit {
+	region {http.request.header.X-Region}
+	limit 100 1m
+	global_limit 1000 1m
+	global_redis {
+		address 10.0.0.1:26379 10.0.0.2:26379
+		sentinel ledger
+		sentinel_password spw
+		username limiter
+		password {env.LEDGER_PASSWORD}
+		db 3
+		tls {
+			ca /etc/ca.pem
+		}
+		dial_timeout 300ms
+		timeout 2s
+		pool_size 8
+	}
+	datacenter us-east.1
+}`)
+	g := h.GlobalRedis
+	if g == nil || len(g.Addresses) != 2 || g.Sentinel != "ledger" || g.SentinelPassword != "spw" || g.Username != "limiter" ||
+		g.Password != "{env.LEDGER_PASSWORD}" || g.DB != 3 || g.TLS == nil || g.TLS.CA != "/etc/ca.pem" ||
+		g.DialTimeout != caddy.Duration(300*time.Millisecond) || g.Timeout != caddy.Duration(2*time.Second) || g.PoolSize != 8 || h.Redis != nil {
+		t.Fatalf("global_redis block: %+v", g)
+	}
+	if err := h.Validate(); err != nil {
+		t.Errorf("a Sentinel ledger without redis: %v", err)
+	}
+}
+
+// TestGlobalRedisLoadErrorsWithoutALine: what only loading finds in a
+// global_redis (a URL from {env.*}, a TLS file) names the limiter and
+// global_redis.
+func TestGlobalRedisLoadErrorsWithoutALine(t *testing.T) {
+	t.Setenv("SLIDING_RATELIMIT_TEST_LEDGER", "ledger.internal:6379")
+	missing := filepath.Join(t.TempDir(), "missing-ca.pem")
+	for _, c := range []struct{ ledger, want string }{
+		{"global_redis {env.SLIDING_RATELIMIT_TEST_LEDGER}",
+			"sliding_ratelimit: limiter files: global_redis.url: bad URL 'ledger.internal:6379': it needs a scheme: write redis://ledger.internal:6379"},
+		{"global_redis {\n\t\t\taddress localhost:6379\n\t\t\ttls {\n\t\t\t\tca " + missing + "\n\t\t\t}\n\t\t}",
+			"sliding_ratelimit: limiter files: global_redis tls ca: open " + missing + ": no such file or directory"},
+	} {
+		src := ":8080 {\n\tsliding_ratelimit {\n\t\tname files\n\t\tregion {header.X-Region}\n\t\tlimit 5 1m\n\t\tglobal_limit 9 1m\n\t\tdatacenter eu\n\t\t" +
+			c.ledger + "\n\t}\n\trespond ok\n}\n"
+		out, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(src), nil)
+		if err != nil {
+			t.Fatalf("adapt: %v", err)
+		}
+		var cfg caddy.Config
+		if err := json.Unmarshal(out, &cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := validateConfig(&cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("loading gives %v, want %q", err, c.want)
+		}
 	}
 }
