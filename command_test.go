@@ -49,6 +49,18 @@ api     sliding_log   100/1m, 1000/1h, global {http.vars.tier}/1m  {http.request
 per_ip  token_bucket  5/10s                                        {http.vars.client_ip}            -                               memory  open    dry run; 2 instances
 `,
 	}, {
+		name: "list, a global ceiling across data centres",
+		json: `[{"name":"api","algorithm":"sliding_log","windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"key":"{http.request.header.X-API-Key}","region":"{http.request.header.X-Region}","store":"redis","datacenter":"eu-west","fail":"local","instances":1}]`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var ls []limiterInfo
+			decode(t, js, &ls)
+			return writeLimiters(out, ls)
+		},
+		want: `
+NAME  ALGORITHM    LIMITS                  KEY                              REGION                          STORE  FAIL   NOTES
+api   sliding_log  100/1m, global 1000/1m  {http.request.header.X-API-Key}  {http.request.header.X-Region}  redis  local  global ceiling across data centres, this one eu-west
+`,
+	}, {
 		name: "list, none",
 		json: `[]`,
 		write: func(t *testing.T, out io.Writer, js string) error {

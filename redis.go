@@ -458,6 +458,10 @@ func acquireLedger(cfg *RedisConfig, log *zap.Logger) (ledgerEntry, string, erro
 		if err != nil {
 			return nil, err
 		}
+		if cfg.DialTimeout == 0 {
+			// A ledger may be 250 ms away, and TLS takes round trips.
+			opts.DialTimeout = cfg.ledgerTimeout()
+		}
 		client := redis.NewUniversalClient(opts)
 		target := cfg.target()
 		go func() {

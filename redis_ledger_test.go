@@ -164,6 +164,11 @@ func checkShares(t *testing.T, h *Handler, name string) {
 	if g.Datacenter != h.Datacenter || g.Static || g.SharesError != "" {
 		t.Errorf("admin GET global %+v, want this node's %s, not static, the ledger answering", g, h.Datacenter)
 	}
+	for _, l := range listLimiters() {
+		if l.Name == name && l.Datacenter != h.Datacenter {
+			t.Errorf("the listing gives %s the datacenter %q, want %q", name, l.Datacenter, h.Datacenter)
+		}
+	}
 	var sum int64
 	for _, s := range g.Shares {
 		sum += s.Counted
