@@ -16,6 +16,7 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
@@ -346,4 +347,90 @@ func TestGlobalRedisLoadErrorsWithoutALine(t *testing.T) {
 			t.Errorf("loading gives %v, want %q", err, c.want)
 		}
 	}
+}
+
+// TestGlobalRedisLedgerDown: a ledger that refuses connections, fail
+// open: requests that need a share pass, counted as fail-open passes and
+// ledger errors by kind; the admin GET says the ledger did not answer.
+// Fail closed: 503.
+func TestGlobalRedisLedgerDown(t *testing.T) {
+	t.Parallel()
+	port, err := redistest.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := uniqueName()
+	h := parseBlock(t, ledgerDownBlock(name, port))
+	provision(t, h, nil)
+	for range 3 {
+		if o := mustServe(t, h, map[string]string{"X-API-Key": "k", "X-Region": "r"}); o.code != http.StatusOK || o.source != "fail_open" {
+			t.Fatalf("ledger down, fail open: status %d from %q, want 200 from fail_open", o.code, o.source)
+		}
+	}
+	closed := parseBlock(t, strings.Replace(ledgerDownBlock(uniqueName(), port), "fail open", "fail closed", 1))
+	provision(t, closed, nil)
+	if o := mustServe(t, closed, map[string]string{"X-API-Key": "k", "X-Region": "r"}); o.code != http.StatusServiceUnavailable || o.source != "fail_closed" {
+		t.Fatalf("ledger down, fail closed: status %d from %q, want 503 from fail_closed", o.code, o.source)
+	}
+	if got := gather(t, "caddy_sliding_ratelimit_global_fail_open_total", name); len(got) != 1 || got[0] != 3 {
+		t.Errorf("global_fail_open_total %v, want [3]", got)
+	}
+	var errs float64
+	for _, v := range gather(t, "caddy_sliding_ratelimit_ledger_errors_total", name) {
+		errs += v
+	}
+	if got := gatherLabel(t, "caddy_sliding_ratelimit_ledger_errors_total", name, "kind", "connection"); errs < 3 || got < 3 {
+		t.Errorf("ledger_errors_total %v in all, %v of kind connection; want at least 3 connection errors", errs, got)
+	}
+	_, body := adminGet(t, name, "key=k&region=r")
+	var u usageInfo
+	if err := json.Unmarshal([]byte(body), &u); err != nil {
+		t.Fatal(err)
+	}
+	if u.Global == nil || u.Global.SharesError == "" {
+		t.Errorf("admin GET with the ledger down: %s, want global.shares_error", body)
+	}
+}
+
+// ledgerDownBlock is a limiter of a ledger at port, where nobody listens.
+func ledgerDownBlock(name string, port int) string {
+	return `sliding_ratelimit {
+	name ` + name + `
+	key {http.request.header.X-API-Key}
+	region {http.request.header.X-Region}
+	limit 10 1m
+	global_limit 20 1m
+	global_redis redis://127.0.0.1:` + fmt.Sprint(port) + `
+	datacenter solo
+	fail open
+}`
+}
+
+// gatherLabel is the value of metric for the limiter name whose label
+// has value v.
+func gatherLabel(t *testing.T, metric, name, label, v string) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	if err := registerMetrics(reg); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != metric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["limiter"] == name && labels[label] == v && m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return 0
 }
