@@ -193,10 +193,10 @@ type Handler struct {
 	// (pipeline, scripts) or key_prefix (the ledger's keys take the
 	// limiter's namespace, from Redis's key_prefix and Name: give them the
 	// same in every data centre). Its timeout bounds one ledger call
-	// (default 1s), and its dial_timeout defaults to that timeout. Needs Datacenter and a global limit; refused with
-	// CountOnly. Without Redis, this node's in-process store keeps its data
-	// centre's share: each node is then a data centre of its own, with a
-	// Datacenter of its own.
+	// (default 1s), and its dial_timeout defaults to that timeout. Needs
+	// Datacenter and a global limit; refused with CountOnly. Without Redis,
+	// this node's in-process store keeps its data centre's share: each node
+	// is then a data centre of its own, with a Datacenter of its own.
 	GlobalRedis *RedisConfig `json:"global_redis,omitempty"`
 
 	// Datacenter names this node's data centre in the ledger (GlobalRedis):

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
 // ledgerBlock is a limiter with a global ceiling of 20 a minute kept in a
@@ -433,4 +434,41 @@ func gatherLabel(t *testing.T, metric, name, label, v string) float64 {
 		}
 	}
 	return 0
+}
+
+// TestGlobalEventMetrics: each event of the global ceiling lands in its
+// series, under the limiter and this node's data centre.
+func TestGlobalEventMetrics(t *testing.T) {
+	t.Parallel()
+	name := uniqueName()
+	m := newLimiterMetrics(name, "redis")
+	m.global = newGlobalMetrics(name, "eu-west", []limiter.Window{{Duration: time.Minute}})
+	for _, ev := range []limiter.GlobalEvent{
+		{Kind: limiter.EventGrant, Units: 7, Took: time.Millisecond},
+		{Kind: limiter.EventGrant, Units: 0, Took: time.Millisecond}, // no room: not a grant
+		{Kind: limiter.EventGrant, Err: limiter.ErrLedgerNotDurable, Took: time.Millisecond},
+		{Kind: limiter.EventLedgerError, Err: context.DeadlineExceeded, Took: time.Second},
+		{Kind: limiter.EventReturn, Units: 4},
+		{Kind: limiter.EventRenewal}, {Kind: limiter.EventRenewal},
+		{Kind: limiter.EventStarved},
+		{Kind: limiter.EventFailOpen},
+		{Kind: limiter.EventBeat, Took: time.Millisecond},
+	} {
+		m.globalEvent(ev)
+	}
+	for metric, want := range map[string]float64{
+		"caddy_sliding_ratelimit_global_grants_total": 1, "caddy_sliding_ratelimit_global_granted_units_total": 7,
+		"caddy_sliding_ratelimit_global_returns_total": 1, "caddy_sliding_ratelimit_global_returned_units_total": 4,
+		"caddy_sliding_ratelimit_global_renewals_total": 2, "caddy_sliding_ratelimit_global_starved_total": 1,
+		"caddy_sliding_ratelimit_global_fail_open_total": 1,
+	} {
+		if got := gatherLabel(t, metric, name, "datacenter", "eu-west"); got != want {
+			t.Errorf("%s = %v, want %v", metric, got, want)
+		}
+	}
+	for kind, want := range map[string]float64{"timeout": 1, "not_durable": 1, "connection": 0} {
+		if got := gatherLabel(t, "caddy_sliding_ratelimit_ledger_errors_total", name, "kind", kind); got != want {
+			t.Errorf("ledger_errors_total{kind=%q} = %v, want %v", kind, got, want)
+		}
+	}
 }
