@@ -147,10 +147,12 @@ type limiterInfo struct {
 	Key       string       `json:"key"`
 	Region    string       `json:"region,omitempty"`
 	Store     string       `json:"store"`
-	Fail      string       `json:"fail"`
-	Ban       *BanConfig   `json:"ban,omitempty"`
-	DryRun    bool         `json:"dry_run,omitempty"`
-	Instances int          `json:"instances"`
+	// Datacenter is this node's, with global_redis.
+	Datacenter string     `json:"datacenter,omitempty"`
+	Fail       string     `json:"fail"`
+	Ban        *BanConfig `json:"ban,omitempty"`
+	DryRun     bool       `json:"dry_run,omitempty"`
+	Instances  int        `json:"instances"`
 }
 
 // windowInfo is one window: its limit (a number, or the placeholder that
@@ -179,6 +181,36 @@ type usageInfo struct {
 	BanLeft        int64         `json:"ban_left,omitempty"`
 	InFlight       *int64        `json:"in_flight,omitempty"`
 	Windows        []windowUsage `json:"windows"`
+	// Global is, with global_redis, this node's standing with the ledger
+	// and each data centre's share of the key's global ceiling.
+	Global *globalInfo `json:"global,omitempty"`
+}
+
+// globalInfo is the global ceiling across data centres, for one key: this
+// node's view (GlobalState) and the ledger's (Shares).
+type globalInfo struct {
+	// Datacenter is this node's; Static whether it is on its static
+	// share (cut off from the ledger, fail local); Datacenters how many
+	// the ledger knows; RoundTripMS the ledger's round trip, an average.
+	Datacenter  string  `json:"datacenter"`
+	Static      bool    `json:"static"`
+	Datacenters int64   `json:"datacenters"`
+	RoundTripMS float64 `json:"round_trip_ms"`
+	// Shares are each data centre's share of the key's ceiling, as the
+	// ledger sees it; SharesError why the ledger did not tell.
+	Shares      []shareInfo `json:"shares"`
+	SharesError string      `json:"shares_error,omitempty"`
+}
+
+// shareInfo is one data centre's part of a key's global ceiling: Held,
+// the units granted it and not ended; Counted, the units counted in the
+// longest global window; Rate, the demand it last reported (units per
+// second).
+type shareInfo struct {
+	Datacenter string `json:"datacenter"`
+	Held       int64  `json:"held"`
+	Counted    int64  `json:"counted"`
+	Rate       int64  `json:"rate"`
 }
 
 // resetInfo is the answer of a reset.
@@ -196,6 +228,11 @@ type resetInfo struct {
 	Windows            []windowInfo `json:"windows"`
 	Ban                bool         `json:"ban,omitempty"`
 	OtherNodesNotified bool         `json:"other_nodes_notified"`
+	// Ledger: with global_redis, the key's grants in the ledger were
+	// forgotten too (its count in the global ceiling, for every data
+	// centre); LedgerError why not.
+	Ledger      bool   `json:"ledger,omitempty"`
+	LedgerError string `json:"ledger_error,omitempty"`
 }
 
 type windowUsage struct {
@@ -282,6 +319,7 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 			u.Windows = append(u.Windows, windowUsage{Policy: w.Policy, Global: w.Global, Count: w.Count,
 				Limit: w.Limit, Remaining: w.Remaining, Reset: ceilSeconds(w.Reset)})
 		}
+		u.Global = globalUsage(ctx, h, key)
 		return writeJSON(w, u)
 	case http.MethodDelete:
 		// Every live instance of the limiter on this node; the store once;
@@ -296,10 +334,39 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 				notified = n
 			}
 		}
-		return writeJSON(w, resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, RegionTemplate: h.Region,
-			Reset: true, Windows: windowInfos(h), Ban: h.Ban != nil, OtherNodesNotified: notified})
+		ri := resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, RegionTemplate: h.Region,
+			Reset: true, Windows: windowInfos(h), Ban: h.Ban != nil, OtherNodesNotified: notified}
+		if h.rt.ledger != nil {
+			// The ledger once: every data centre's grants of the key.
+			if err := h.rt.ledger.Reset(ctx, h.rt.lim.Keys().Namespace(), limiter.Tag(key)); err != nil {
+				ri.LedgerError = err.Error()
+			} else {
+				ri.Ledger = true
+			}
+		}
+		return writeJSON(w, ri)
 	}
 	return caddy.APIError{HTTPStatus: http.StatusMethodNotAllowed, Err: errors.New("GET or DELETE")}
+}
+
+// globalUsage is the key's global ceiling across data centres (nil
+// without global_redis): a ledger that does not answer is said, not a
+// failed GET (that is when an operator looks).
+func globalUsage(ctx context.Context, h *Handler, key string) *globalInfo {
+	st, ok := h.rt.lim.GlobalState()
+	if !ok {
+		return nil
+	}
+	g := &globalInfo{Datacenter: st.Datacenter, Static: st.Static, Datacenters: st.Datacenters,
+		RoundTripMS: float64(st.RoundTrip.Microseconds()) / 1000, Shares: []shareInfo{}}
+	shares, err := h.rt.lim.Shares(ctx, key)
+	if err != nil {
+		g.SharesError = err.Error()
+	}
+	for _, s := range shares {
+		g.Shares = append(g.Shares, shareInfo{Datacenter: s.Datacenter, Held: s.Held, Counted: s.Counted, Rate: s.Rate})
+	}
+	return g
 }
 
 // adminInput is the Input of a key as the admin GET asks about it: static
@@ -356,7 +423,7 @@ func listLimiters() []limiterInfo {
 		h := hs[len(hs)-1]
 		info := limiterInfo{
 			Name: name, Algorithm: h.rt.lim.Policy().Algorithm.String(), Key: h.Key, Region: h.Region,
-			Store: h.storeName(), Fail: h.Fail, Ban: h.Ban, DryRun: h.DryRun, Instances: len(hs),
+			Store: h.storeName(), Datacenter: h.Datacenter, Fail: h.Fail, Ban: h.Ban, DryRun: h.DryRun, Instances: len(hs),
 		}
 		info.Windows = windowInfos(h)
 		out = append(out, info)

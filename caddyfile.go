@@ -135,6 +135,13 @@ func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
 //			key_prefix   <string>
 //			scripts      functions | eval
 //		}
+//		global_redis  <url>
+//		global_redis {
+//			address      <host:port> | <sentinel host:port>...
+//			sentinel     <master_name>
+//			...          the redis block's: sentinel_password, username, password, db, tls, dial_timeout, timeout (default 1s), pool_size
+//		}
+//		datacenter    <name>
 //	}
 //
 // A limit is required: `limit <n>` with `window`, or `limit <n> <window>`,
@@ -173,7 +180,7 @@ func repeatable(sub string) bool { return sub == "limit" || sub == "global_limit
 // subdirective reads one subdirective of the block.
 func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[string]caddyfile.Token) error {
 	switch sub {
-	case "name", "algorithm", "key", "region", "timezone", "jitter", "cost", "max_concurrent":
+	case "name", "algorithm", "key", "region", "timezone", "jitter", "cost", "max_concurrent", "datacenter":
 		return h.stringSub(d, sub)
 	case "limit", "global_limit":
 		return h.limitSub(d, sub, pos)
@@ -219,9 +226,14 @@ func (h *Handler) subdirective(d *caddyfile.Dispenser, sub string, pos map[strin
 		}
 	case "deny_cache":
 		return h.denyCacheSub(d)
-	case "redis":
-		h.Redis = new(RedisConfig)
-		return h.Redis.unmarshalCaddyfile(d, pos)
+	case "redis", "global_redis":
+		c := new(RedisConfig)
+		if sub == "redis" {
+			h.Redis = c
+		} else {
+			h.GlobalRedis = c
+		}
+		return c.unmarshalCaddyfile(d, pos, sub)
 	default:
 		return d.Errf("unrecognized sliding_ratelimit subdirective '%s'", sub)
 	}
@@ -251,6 +263,8 @@ func (h *Handler) stringSub(d *caddyfile.Dispenser, sub string) error {
 		h.Cost = Amount(v)
 	case "max_concurrent":
 		h.MaxConcurrent = Amount(v)
+	case "datacenter":
+		h.Datacenter = v
 	}
 	return nil
 }
@@ -419,32 +433,34 @@ func (h *Handler) checkParsed(start caddyfile.Token, pos map[string]caddyfile.To
 	return at.WrapErr(err)
 }
 
-// unmarshalCaddyfile reads `redis <url>` or a `redis { ... }` block.
-func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, pos map[string]caddyfile.Token) error {
+// unmarshalCaddyfile reads `<dir> <url>` or a `<dir> { ... }` block, dir
+// being redis or global_redis (the same forms).
+func (c *RedisConfig) unmarshalCaddyfile(d *caddyfile.Dispenser, pos map[string]caddyfile.Token, dir string) error {
 	if d.NextArg() {
 		c.URL = d.Val()
-		pos["redis.url"] = d.Token()
+		pos[dir+".url"] = d.Token()
 		if d.NextArg() {
 			return d.ArgErr()
 		}
 	}
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
-		if first, seen := pos["redis."+sub]; seen && sub != "address" {
-			return d.Errf("redis %s given twice (first on line %d): give it once", sub, first.Line)
+		if first, seen := pos[dir+"."+sub]; seen && sub != "address" {
+			return d.Errf("%s %s given twice (first on line %d): give it once", dir, sub, first.Line)
 		}
-		if _, seen := pos["redis."+sub]; !seen {
-			pos["redis."+sub] = d.Token()
+		if _, seen := pos[dir+"."+sub]; !seen {
+			pos[dir+"."+sub] = d.Token()
 		}
-		if err := c.subdirective(d, sub); err != nil {
+		if err := c.subdirective(d, sub, dir); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// subdirective reads one subdirective of a `redis { ... }` block.
-func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub string) error {
+// subdirective reads one subdirective of a `redis { ... }` (or
+// `global_redis { ... }`) block.
+func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub, dir string) error {
 	switch sub {
 	case "address":
 		if !d.NextArg() {
@@ -459,7 +475,7 @@ func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub string) error {
 		c.Cluster = true
 	case "tls":
 		c.TLS = new(RedisTLS)
-		return c.TLS.unmarshalCaddyfile(d)
+		return c.TLS.unmarshalCaddyfile(d, dir)
 	case "sentinel", "sentinel_password", "username", "password", "key_prefix", "scripts":
 		v, err := oneArg(d)
 		if err != nil {
@@ -474,7 +490,7 @@ func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub string) error {
 		}
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || sub == "pool_size" && n == 0 {
-			return d.Errf("redis %s must be a %s integer, got '%s'", sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)
+			return d.Errf("%s %s must be a %s integer, got '%s'", dir, sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)
 		}
 		if sub == "db" {
 			c.DB = n
@@ -488,7 +504,7 @@ func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub string) error {
 		}
 		dur, err := caddy.ParseDuration(v)
 		if err != nil || dur <= 0 {
-			return d.Errf("redis %s: bad duration '%s'", sub, v)
+			return d.Errf("%s %s: bad duration '%s'", dir, sub, v)
 		}
 		if sub == "timeout" {
 			c.Timeout = caddy.Duration(dur)
@@ -496,15 +512,15 @@ func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub string) error {
 			c.DialTimeout = caddy.Duration(dur)
 		}
 	case "pipeline":
-		return c.pipelineSub(d)
+		return c.pipelineSub(d, dir)
 	default:
-		return d.Errf("unrecognized sliding_ratelimit redis subdirective '%s'", sub)
+		return d.Errf("unrecognized sliding_ratelimit %s subdirective '%s'", dir, sub)
 	}
 	return nil
 }
 
 // pipelineSub reads `pipeline <n> | off`.
-func (c *RedisConfig) pipelineSub(d *caddyfile.Dispenser) error {
+func (c *RedisConfig) pipelineSub(d *caddyfile.Dispenser, dir string) error {
 	v, err := oneArg(d)
 	if err != nil {
 		return err
@@ -515,7 +531,7 @@ func (c *RedisConfig) pipelineSub(d *caddyfile.Dispenser) error {
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 || n > 64 {
-		return d.Errf("redis pipeline must be off or 1 to 64, got '%s'", v)
+		return d.Errf("%s pipeline must be off or 1 to 64, got '%s'", dir, v)
 	}
 	c.Pipeline = n
 	return nil
@@ -523,10 +539,10 @@ func (c *RedisConfig) pipelineSub(d *caddyfile.Dispenser) error {
 
 // unmarshalCaddyfile reads `tls`, `tls insecure_skip_verify` or a
 // `tls { ca; cert; key; server_name; insecure_skip_verify }` block.
-func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
+func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser, dir string) error {
 	for d.NextArg() {
 		if d.Val() != "insecure_skip_verify" {
-			return d.Errf("redis tls: unknown option '%s'", d.Val())
+			return d.Errf("%s tls: unknown option '%s'", dir, d.Val())
 		}
 		t.InsecureSkipVerify = true
 	}
@@ -534,7 +550,7 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	for nesting := d.Nesting(); d.NextBlock(nesting); {
 		sub := d.Val()
 		if line, ok := seen[sub]; ok {
-			return d.Errf("redis tls %s given twice (first on line %d): give it once", sub, line)
+			return d.Errf("%s tls %s given twice (first on line %d): give it once", dir, sub, line)
 		}
 		seen[sub] = d.Line()
 		if sub == "insecure_skip_verify" {
@@ -555,7 +571,7 @@ func (t *RedisTLS) unmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case "server_name":
 			t.ServerName = v
 		default:
-			return d.Errf("unrecognized sliding_ratelimit redis tls subdirective '%s'", sub)
+			return d.Errf("unrecognized sliding_ratelimit %s tls subdirective '%s'", dir, sub)
 		}
 	}
 	return nil

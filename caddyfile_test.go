@@ -378,6 +378,32 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"redis address without a value", "limit 5\nwindow 1m\nredis {\n@address\n}", "wrong argument count"},
 		{"redis cluster with a value", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@cluster yes\n}", "wrong argument count"},
 		{"redis URL with more", "limit 5\nwindow 1m\n@redis redis://localhost:6379 extra", "wrong argument count"},
+		// global_redis: the redis block's forms and checks, naming global_redis.
+		{"global_redis without datacenter", "%[1]s@global_redis redis://localhost:6380", "global_redis needs datacenter <name>"},
+		{"datacenter without global_redis", "%[1]s@datacenter eu-west", "datacenter names this node's data centre in the ledger of global_redis, and this limiter has no global_redis"},
+		{"datacenter with a space", "%[1]sglobal_redis redis://localhost:6380\n@datacenter \"eu west\"", "datacenter 'eu west' must be 1 to 64 letters, digits, '_', '-' or '.' (no spaces, braces or colons)"},
+		{"datacenter with braces", "%[1]sglobal_redis redis://localhost:6380\n@datacenter eu{west}", "datacenter 'eu{west}' must be 1 to 64 letters"},
+		{"datacenter given twice", "%[1]sglobal_redis redis://localhost:6380\ndatacenter eu\n@datacenter us", "datacenter given twice"},
+		{"global_redis without global_limit", "region {header.X-Region}\nlimit 5 1m\n@global_redis redis://localhost:6380\ndatacenter eu", "global_redis keeps the global_limit's windows across data centres, and this limiter has no global_limit"},
+		{"global_redis with count_only", "%[1]scount_only status 401\n@global_redis redis://localhost:6380\ndatacenter eu", "global_redis cannot keep a ceiling across data centres exactly with count_only"},
+		{"global_redis on a cluster", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:7000\n@cluster\n}", "global_redis: a Redis Cluster cannot hold the ledger: its membership and epoch keys would span slots; give one Redis or a Sentinel group"},
+		{"global_redis on cluster addresses", "%[1]sdatacenter eu\nglobal_redis {\n@address localhost:7000 localhost:7001\n}", "a Redis Cluster cannot hold the ledger"},
+		{"bad global_redis URL", "%[1]sdatacenter eu\n@global_redis http://localhost:6380", "global_redis: bad URL 'http://localhost:6380'"},
+		{"global_redis URL without a scheme", "%[1]sdatacenter eu\n@global_redis localhost:6380", "global_redis: bad URL 'localhost:6380': it needs a scheme: write redis://localhost:6380"},
+		{"global_redis without address", "%[1]sdatacenter eu\n@global_redis {\ntimeout 1s\n}", "global_redis: needs a URL or an address"},
+		{"global_redis bad timeout", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@timeout forever\n}", "global_redis timeout: bad duration 'forever'"},
+		{"global_redis option twice", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\ntimeout 1s\n@timeout 2s\n}", "global_redis timeout given twice"},
+		{"global_redis unknown subdirective", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@replicas 2\n}", "unrecognized sliding_ratelimit global_redis subdirective 'replicas'"},
+		{"global_redis tls unknown option", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@tls verify\n}", "global_redis tls: unknown option 'verify'"},
+		{"global_redis tls cert without key", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@tls {\ncert /c.pem\n}\n}", "global_redis: tls: cert and key go together"},
+		{"global_redis sentinel with a URL", "%[1]sdatacenter eu\nglobal_redis redis://localhost:6380 {\n@sentinel mymaster\n}", "global_redis: sentinel needs the Sentinels' addresses"},
+		{"global_redis key_prefix", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@key_prefix rl:\n}", "key_prefix does not apply to the ledger"},
+		{"global_redis pipeline", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@pipeline 4\n}", "pipeline does not apply to the ledger"},
+		{"global_redis scripts", "%[1]sdatacenter eu\nglobal_redis {\naddress localhost:6380\n@scripts eval\n}", "scripts does not apply to the ledger"},
+		{"global_redis given twice", "%[1]sdatacenter eu\nglobal_redis redis://a:6380\n@global_redis redis://b:6380", "global_redis given twice"},
+	}
+	for i := range cases {
+		cases[i].body = strings.ReplaceAll(cases[i].body, "%[1]s", "region {header.X-Region}\nlimit 5 1m\nglobal_limit 50 1m\n")
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -465,6 +491,22 @@ func TestBadJSON(t *testing.T) {
 		{"window unused", Handler{Limits: []LimitConfig{{Limit: "10", Window: caddy.Duration(time.Second)}}, Window: caddy.Duration(time.Minute)},
 			"sliding_ratelimit: limiter default: window is the window of limit <n>"},
 		{"burst without token_bucket", Handler{Limit: "5", Window: caddy.Duration(time.Minute), Burst: 9}, "sliding_ratelimit: limiter default: burst is the capacity of algorithm token_bucket"},
+		{"global_redis without datacenter", Handler{Name: "api", Region: "{r}", Limit: "5", GlobalLimit: "50", Window: caddy.Duration(time.Minute), GlobalRedis: &RedisConfig{URL: "redis://localhost:6380"}},
+			"sliding_ratelimit: limiter api: global_redis needs datacenter <name>"},
+		{"global_redis on a cluster", Handler{Name: "api", Region: "{r}", Limit: "5", GlobalLimit: "50", Window: caddy.Duration(time.Minute), Datacenter: "eu",
+			GlobalRedis: &RedisConfig{Addresses: []string{"a:7000", "b:7000"}}},
+			"sliding_ratelimit: limiter api: global_redis.addresses: a Redis Cluster cannot hold the ledger"},
+		{"global_redis bad address", Handler{Name: "api", Region: "{r}", Limit: "5", GlobalLimit: "50", Window: caddy.Duration(time.Minute), Datacenter: "eu",
+			GlobalRedis: &RedisConfig{Addresses: []string{"ledger"}}},
+			"sliding_ratelimit: limiter api: global_redis.addresses: bad address 'ledger'"},
+		{"datacenter without global_redis", Handler{Name: "api", Limit: "5", Window: caddy.Duration(time.Minute), Datacenter: "eu"},
+			"sliding_ratelimit: limiter api: datacenter names this node's data centre"},
+		{"bad datacenter", Handler{Name: "api", Region: "{r}", Limit: "5", GlobalLimit: "50", Window: caddy.Duration(time.Minute), Datacenter: "eu:1",
+			GlobalRedis: &RedisConfig{URL: "redis://localhost:6380"}},
+			"sliding_ratelimit: limiter api: datacenter 'eu:1' must be 1 to 64 letters"},
+		{"global_redis without global_limit", Handler{Name: "api", Region: "{r}", Limit: "5", Window: caddy.Duration(time.Minute), Datacenter: "eu",
+			GlobalRedis: &RedisConfig{URL: "redis://localhost:6380"}},
+			"sliding_ratelimit: limiter api: global_redis keeps the global_limit's windows"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -247,6 +247,9 @@ func writeLimiters(out io.Writer, ls []limiterInfo) error {
 		if b := l.Ban; b != nil {
 			notes = append(notes, fmt.Sprintf("ban %s after %d within %s", shortDuration(time.Duration(b.For)), b.After, shortDuration(time.Duration(b.Within))))
 		}
+		if l.Datacenter != "" {
+			notes = append(notes, "global ceiling across data centres, this one "+l.Datacenter)
+		}
 		if l.Instances > 1 {
 			notes = append(notes, fmt.Sprintf("%d instances", l.Instances))
 		}
@@ -277,17 +280,54 @@ func writeUsage(out io.Writer, u *usageInfo) error {
 	if u.InFlight != nil {
 		fmt.Fprintf(tw, "in flight\t%d\n", *u.InFlight)
 	}
+	if g := u.Global; g != nil {
+		standing := "on the ledger"
+		if g.Static {
+			standing = "on its static share (cut off from the ledger)"
+		}
+		fmt.Fprintf(tw, "datacenter\t%s (this node), %s; %d data centres known; ledger round trip %s\n",
+			g.Datacenter, standing, g.Datacenters, time.Duration(g.RoundTripMS*float64(time.Millisecond)).Round(10*time.Microsecond))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	if len(u.Windows) == 0 {
-		return nil
+	if len(u.Windows) > 0 {
+		fmt.Fprintln(out)
+		tw = newTable(out)
+		fmt.Fprintln(tw, "WINDOW\tCOUNT\tLIMIT\tREMAINING\tRESET IN")
+		for _, w := range u.Windows {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", w.Policy, w.Count, w.Limit, w.Remaining, seconds(w.Reset))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintln(out)
-	tw = newTable(out)
-	fmt.Fprintln(tw, "WINDOW\tCOUNT\tLIMIT\tREMAINING\tRESET IN")
-	for _, w := range u.Windows {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\n", w.Policy, w.Count, w.Limit, w.Remaining, seconds(w.Reset))
+	if u.Global != nil {
+		return writeShares(out, u.Global)
+	}
+	return nil
+}
+
+// writeShares prints each data centre's share of the key's global
+// ceiling, as the ledger sees it.
+func writeShares(out io.Writer, g *globalInfo) error {
+	fmt.Fprintln(out, "\nShares of the global ceiling, as the ledger sees them")
+	switch {
+	case g.SharesError != "":
+		_, err := fmt.Fprintf(out, "  the ledger did not answer: %s\n", g.SharesError)
+		return err
+	case len(g.Shares) == 0:
+		_, err := fmt.Fprintln(out, "  none: no data centre holds or counted a share of this key")
+		return err
+	}
+	tw := newTable(out)
+	fmt.Fprintln(tw, "DATACENTER\tHELD\tCOUNTED\tDEMAND")
+	for _, s := range g.Shares {
+		name := s.Datacenter
+		if name == g.Datacenter {
+			name += " (this node)"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/s\n", name, s.Held, s.Counted, s.Rate)
 	}
 	return tw.Flush()
 }
@@ -312,12 +352,18 @@ func writeReset(out io.Writer, r *resetInfo) error {
 	if r.Ban {
 		cleared = append(cleared, "ban")
 	}
+	if r.Ledger {
+		cleared = append(cleared, "the ledger's grants (every data centre's share)")
+	}
 	others := "no (the notice could not be published: other nodes may deny the key from their deny caches until its retry time)"
 	if r.OtherNodesNotified {
 		others = "yes"
 	}
 	_, err := fmt.Fprintf(out, "reset: limiter %s, key %s (key_hash %s)%s\ncleared: %s\nother nodes notified: %s\n",
 		r.Limiter, r.Key, r.KeyHash, where, orDash(strings.Join(cleared, "; ")), others)
+	if err == nil && r.LedgerError != "" {
+		_, err = fmt.Fprintf(out, "ledger: not reset, it did not answer (%s): the key's count in the global ceiling stays; reset again\n", r.LedgerError)
+	}
 	return err
 }
 

@@ -49,6 +49,18 @@ api     sliding_log   100/1m, 1000/1h, global {http.vars.tier}/1m  {http.request
 per_ip  token_bucket  5/10s                                        {http.vars.client_ip}            -                               memory  open    dry run; 2 instances
 `,
 	}, {
+		name: "list, a global ceiling across data centres",
+		json: `[{"name":"api","algorithm":"sliding_log","windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"key":"{http.request.header.X-API-Key}","region":"{http.request.header.X-Region}","store":"redis","datacenter":"eu-west","fail":"local","instances":1}]`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var ls []limiterInfo
+			decode(t, js, &ls)
+			return writeLimiters(out, ls)
+		},
+		want: `
+NAME  ALGORITHM    LIMITS                  KEY                              REGION                          STORE  FAIL   NOTES
+api   sliding_log  100/1m, global 1000/1m  {http.request.header.X-API-Key}  {http.request.header.X-Region}  redis  local  global ceiling across data centres, this one eu-west
+`,
+	}, {
 		name: "list, none",
 		json: `[]`,
 		write: func(t *testing.T, out io.Writer, js string) error {
@@ -109,6 +121,80 @@ next request  allowed
 
 WINDOW  COUNT  LIMIT  REMAINING  RESET IN
 api     0      100    100        -
+`,
+	}, {
+		name: "show, a global ceiling across data centres",
+		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"eu","allowed":false,"outcome":"limited","retry_after":4,
+		        "windows":[{"policy":"api","count":30,"limit":100,"remaining":70,"reset":40},{"policy":"api-global","global":true,"count":12,"limit":12,"remaining":0,"reset":4}],
+		        "global":{"datacenter":"eu-west","static":false,"datacenters":3,"round_trip_ms":2.125,
+		                  "shares":[{"datacenter":"eu-west","held":3,"counted":12,"rate":5},{"datacenter":"us-east","held":0,"counted":980,"rate":40},{"datacenter":"ap-south","held":8,"counted":8,"rate":1}]}}`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var u usageInfo
+			decode(t, js, &u)
+			return writeUsage(out, &u)
+		},
+		want: `
+limiter       api
+key           k_live_42 (key_hash 3f2a9c01b2d4)
+region        eu
+next request  denied (limited), retry after 4s
+datacenter    eu-west (this node), on the ledger; 3 data centres known; ledger round trip 2.13ms
+
+WINDOW      COUNT  LIMIT  REMAINING  RESET IN
+api         30     100    70         40s
+api-global  12     12     0          4s
+
+Shares of the global ceiling, as the ledger sees them
+DATACENTER           HELD  COUNTED  DEMAND
+eu-west (this node)  3     12       5/s
+us-east              0     980      40/s
+ap-south             8     8        1/s
+`,
+	}, {
+		name: "show, cut off from the ledger",
+		json: `{"limiter":"api","key":"k","key_hash":"3f2a9c01b2d4","region":"eu","allowed":true,"outcome":"allowed","retry_after":0,"windows":[],
+		        "global":{"datacenter":"eu-west","static":true,"datacenters":3,"round_trip_ms":250,"shares":[],"shares_error":"dial tcp 10.0.0.9:6379: i/o timeout"}}`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var u usageInfo
+			decode(t, js, &u)
+			return writeUsage(out, &u)
+		},
+		want: `
+limiter       api
+key           k (key_hash 3f2a9c01b2d4)
+region        eu
+next request  allowed
+datacenter    eu-west (this node), on its static share (cut off from the ledger); 3 data centres known; ledger round trip 250ms
+
+Shares of the global ceiling, as the ledger sees them
+  the ledger did not answer: dial tcp 10.0.0.9:6379: i/o timeout
+`,
+	}, {
+		name: "reset, the ledger too",
+		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"other_nodes_notified":true,"ledger":true}`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var r resetInfo
+			decode(t, js, &r)
+			return writeReset(out, &r)
+		},
+		want: `
+reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4) in region eu
+cleared: api 100/1m; global ceiling api-global 1000/1m (across regions); the ledger's grants (every data centre's share)
+other nodes notified: yes
+`,
+	}, {
+		name: "reset, the ledger did not answer",
+		json: `{"limiter":"api","key":"k","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":true,"ledger_error":"i/o timeout"}`,
+		write: func(t *testing.T, out io.Writer, js string) error {
+			var r resetInfo
+			decode(t, js, &r)
+			return writeReset(out, &r)
+		},
+		want: `
+reset: limiter api, key k (key_hash 3f2a9c01b2d4) in region eu
+cleared: api 100/1m
+other nodes notified: yes
+ledger: not reset, it did not answer (i/o timeout): the key's count in the global ceiling stays; reset again
 `,
 	}, {
 		name: "reset",

@@ -184,6 +184,27 @@ type Handler struct {
 	// is used: exact for this Caddy process, shared by nothing else.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
+	// GlobalRedis is the ledger every data centre shares: with it, the
+	// global ceiling (GlobalLimit, GlobalLimits) holds across data centres,
+	// each keeping its region budgets in its own Redis and deciding
+	// locally on a share of each identity's ceiling leased from the ledger
+	// ahead of need. The same forms as Redis, but one Redis or a Sentinel
+	// group (not a Cluster), and without the options of the request path
+	// (pipeline, scripts) or key_prefix (the ledger's keys take the
+	// limiter's namespace, from Redis's key_prefix and Name: give them the
+	// same in every data centre). Its timeout bounds one ledger call
+	// (default 1s), and its dial_timeout defaults to that timeout. Needs
+	// Datacenter and a global limit; refused with CountOnly. Without Redis,
+	// this node's in-process store keeps its data centre's share: each node
+	// is then a data centre of its own, with a Datacenter of its own.
+	GlobalRedis *RedisConfig `json:"global_redis,omitempty"`
+
+	// Datacenter names this node's data centre in the ledger (GlobalRedis):
+	// every node of one data centre, sharing its Redis, gives the same
+	// name. 1 to 64 letters, digits, '_', '-' and '.'. Required with
+	// GlobalRedis, refused without it.
+	Datacenter string `json:"datacenter,omitempty"`
+
 	// rt is what Provision builds from the configuration above.
 	rt *provisioned
 }
@@ -252,6 +273,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		storeLabel = "redis"
 	}
 	h.rt.metrics = newLimiterMetrics(h.Name, storeLabel)
+	if h.GlobalRedis != nil {
+		h.rt.metrics.global = newGlobalMetrics(h.Name, h.Datacenter, p.GlobalWindows)
+	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
 	}
@@ -312,6 +336,9 @@ func (h *Handler) setDefaults() {
 	if h.Redis != nil {
 		h.Redis.provision()
 	}
+	if h.GlobalRedis != nil {
+		h.GlobalRedis.provision()
+	}
 }
 
 // Validate checks the configuration (every value, whichever way it came:
@@ -369,8 +396,8 @@ func (h *Handler) Cleanup() error {
 
 // release gives back the stores taken in Provision.
 func (h *Handler) release() error {
-	keys := []string{h.rt.storeKey, h.rt.localKey}
-	h.rt.storeKey, h.rt.localKey = "", ""
+	keys := []string{h.rt.storeKey, h.rt.localKey, h.rt.ledgerKey}
+	h.rt.storeKey, h.rt.localKey, h.rt.ledgerKey = "", "", ""
 	return releaseStores(keys)
 }
 
@@ -444,6 +471,8 @@ func jsonField(field string) string {
 		return "deny_cache_size"
 	case "redis.address":
 		return "redis.addresses"
+	case "global_redis.address":
+		return "global_redis.addresses"
 	case "timeout", "key_prefix":
 		return "redis." + field
 	}
@@ -658,11 +687,50 @@ func (h *Handler) policyStore(p *limiter.Policy) error {
 	if fail, _ := limiter.ParseFailMode(h.Fail); h.Fail != "" {
 		p.Fail = fail
 	}
-	if (h.Fail == "closed" || h.Fail == "local") && h.Redis == nil {
-		return cfgErr("fail", "fail %s applies to a Redis store (the in-process store does not fail)", h.Fail)
+	if err := h.policyGlobal(p); err != nil {
+		return err
+	}
+	if (h.Fail == "closed" || h.Fail == "local") && h.Redis == nil && h.GlobalRedis == nil {
+		return cfgErr("fail", "fail %s applies to a Redis store or a ledger (the in-process store does not fail)", h.Fail)
 	}
 	if h.Clock == "app" && h.Redis == nil {
 		return cfgErr("clock", "clock app applies to a Redis store (the in-process store always uses Caddy's clock)")
+	}
+	return nil
+}
+
+// policyGlobal checks global_redis and datacenter (the engine refuses the
+// same when it starts the ledger; checked here, the Caddyfile points at
+// the line).
+func (h *Handler) policyGlobal(p *limiter.Policy) error {
+	if h.GlobalRedis == nil {
+		if h.Datacenter != "" {
+			return cfgErr("datacenter", "datacenter names this node's data centre in the ledger of global_redis, and this limiter has no global_redis: drop datacenter, or add global_redis")
+		}
+		return nil
+	}
+	if err := h.GlobalRedis.checkLedger(); err != nil {
+		return err
+	}
+	if h.Datacenter == "" {
+		return cfgErr("global_redis", "global_redis needs datacenter <name>: this node's data centre, the same on every node sharing its redis")
+	}
+	if err := validDatacenter(h.Datacenter); err != nil {
+		return &configError{field: "datacenter", err: err}
+	}
+	if len(p.GlobalWindows) == 0 {
+		return cfgErr("global_redis", "global_redis keeps the global_limit's windows across data centres, and this limiter has no global_limit: add one (global_limit 1000 1m), or drop global_redis")
+	}
+	if p.CountOnly != nil {
+		return cfgErr("global_redis", "global_redis cannot keep a ceiling across data centres exactly with count_only (it records after the response): drop count_only or global_redis")
+	}
+	return nil
+}
+
+// validDatacenter checks a data centre's name: the rule of limiter names.
+func validDatacenter(dc string) error {
+	if limiter.ValidName(dc) != nil {
+		return fmt.Errorf("datacenter '%s' must be 1 to 64 letters, digits, '_', '-' or '.' (no spaces, braces or colons)", dc)
 	}
 	return nil
 }

@@ -39,6 +39,8 @@ type provisioned struct {
 
 	storeKey  string // the store's entry in the pool, released in Cleanup
 	localKey  string
+	ledgerKey string          // the ledger's entry (global_redis)
+	ledger    *limiter.Ledger // global_redis: the admin reset forgets a key's grants in it
 	breaker   *limiter.Breaker
 	memory    *limiter.MemoryStore
 	configID  any    // what tells this config from another in the registry

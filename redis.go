@@ -119,7 +119,12 @@ func (c *RedisConfig) provision() {
 
 // validate checks a Redis configuration without connecting. Its errors
 // name the subdirective at fault (redis.<sub>).
-func (c *RedisConfig) validate() error {
+func (c *RedisConfig) validate() error { return c.check("redis") }
+
+// check is validate for the block of directive dir (redis or
+// global_redis): its errors name dir.<sub>.
+func (c *RedisConfig) check(dir string) error {
+	redisErr := func(sub, format string, args ...any) error { return dirErr(dir, sub, format, args...) }
 	if c.URL != "" && len(c.Addresses) > 0 {
 		return redisErr("address", "give either a URL or addresses, not both")
 	}
@@ -171,13 +176,51 @@ func (c *RedisConfig) validate() error {
 	return nil
 }
 
-// redisErr is a configuration error of the redis block's subdirective sub.
-func redisErr(sub, format string, args ...any) error {
-	field := "redis"
+// dirErr is a configuration error of the subdirective sub of the block of
+// dir (redis or global_redis).
+func dirErr(dir, sub, format string, args ...any) error {
+	field := dir
 	if sub != "" {
 		field += "." + sub
 	}
-	return &configError{field: field, err: fmt.Errorf("redis: "+format, args...)}
+	return &configError{field: field, err: fmt.Errorf(dir+": "+format, args...)}
+}
+
+// DefaultLedgerTimeout bounds one call of the ledger (global_redis) when
+// its block gives no timeout.
+const DefaultLedgerTimeout = time.Second
+
+// checkLedger checks a global_redis block: a redis block's checks (naming
+// global_redis.<sub>), and what a ledger cannot be or does not use.
+func (c *RedisConfig) checkLedger() error {
+	const dir = "global_redis"
+	if err := c.check(dir); err != nil {
+		return err
+	}
+	if c.Cluster || len(c.Addresses) > 1 && c.Sentinel == "" {
+		sub := "address"
+		if c.Cluster {
+			sub = "cluster"
+		}
+		return dirErr(dir, sub, "a Redis Cluster cannot hold the ledger: its membership and epoch keys would span slots; give one Redis or a Sentinel group")
+	}
+	switch {
+	case c.KeyPrefix != "":
+		return dirErr(dir, "key_prefix", "key_prefix does not apply to the ledger: its keys take the limiter's namespace (redis key_prefix and name), which must be the same in every data centre")
+	case c.Pipeline != 0:
+		return dirErr(dir, "pipeline", "pipeline does not apply to the ledger: it is called in the background, one call per renewal, not per request")
+	case c.Scripts != "":
+		return dirErr(dir, "scripts", "scripts does not apply to the ledger: it always uses EVALSHA")
+	}
+	return nil
+}
+
+// ledgerTimeout bounds one call of the ledger.
+func (c *RedisConfig) ledgerTimeout() time.Duration {
+	if c.Timeout > 0 {
+		return time.Duration(c.Timeout)
+	}
+	return DefaultLedgerTimeout
 }
 
 // timeout is the bound on one decision.
@@ -233,6 +276,12 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
+	return c.clientOptions(c.timeout())
+}
+
+// clientOptions are the go-redis options of a configuration already
+// checked, timeout bounding each call.
+func (c *RedisConfig) clientOptions(timeout time.Duration) (*redis.UniversalOptions, error) {
 	o := &redis.UniversalOptions{
 		Addrs:            c.Addresses,
 		Username:         c.Username,
@@ -274,9 +323,9 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 	}
 	o.DialTimeout = dial
 	o.DialerRetries = 1 // one dial attempt per call: the timeout bounds an outage, not a backoff loop
-	o.ReadTimeout = c.timeout()
-	o.WriteTimeout = c.timeout()
-	o.PoolTimeout = c.timeout()
+	o.ReadTimeout = timeout
+	o.WriteTimeout = timeout
+	o.PoolTimeout = timeout
 	o.ContextTimeoutEnabled = true
 	o.MaxRetries = -1 // no retries: the fail mode decides, not a retry loop
 	o.PoolSize = c.PoolSize
@@ -385,6 +434,52 @@ func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, e
 	return v.(redisEntry), key, nil
 }
 
+// ledgerEntry is one client of a ledger (global_redis) and its Ledger, per
+// distinct global_redis config: every limiter of the process with that
+// config shares them, across reloads too.
+type ledgerEntry struct {
+	client redis.UniversalClient
+	ledger *limiter.Ledger
+}
+
+func (e ledgerEntry) Destruct() error { return e.client.Close() }
+
+// acquireLedger returns the ledger of cfg (a checked global_redis block),
+// creating its client on first use. Like acquireRedisStore it does not
+// wait for the ledger: one that is down at start is warned about once, and
+// the fail mode covers it.
+func acquireLedger(cfg *RedisConfig, log *zap.Logger) (ledgerEntry, string, error) {
+	key := "ledger:" + strings.TrimPrefix(cfg.poolKey(), "redis:")
+	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
+		if err := cfg.checkLedger(); err != nil {
+			return nil, err
+		}
+		opts, err := cfg.clientOptions(cfg.ledgerTimeout())
+		if err != nil {
+			return nil, err
+		}
+		if cfg.DialTimeout == 0 {
+			// A ledger may be 250 ms away, and TLS takes round trips.
+			opts.DialTimeout = cfg.ledgerTimeout()
+		}
+		client := redis.NewUniversalClient(opts)
+		target := cfg.target()
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), opts.DialTimeout+cfg.ledgerTimeout())
+			defer cancel()
+			if err := client.Ping(ctx).Err(); err != nil {
+				log.Warn("the ledger (global_redis) does not answer at start; identities that need a share follow the fail mode until it does",
+					zap.String("global_redis", target), zap.Error(err))
+			}
+		}()
+		return ledgerEntry{client: client, ledger: limiter.NewLedger(client)}, nil
+	})
+	if err != nil {
+		return ledgerEntry{}, "", err
+	}
+	return v.(ledgerEntry), key, nil
+}
+
 // logBreakerChange logs each circuit state change once: opening at error
 // level, recovery at info, probes at debug.
 func logBreakerChange(log *zap.Logger, target string) func(from, to limiter.BreakerState, cause error) {
@@ -413,8 +508,8 @@ func logBreakerChange(log *zap.Logger, target string) func(from, to limiter.Brea
 // that changed makes a new client and closes the old one when its last
 // handler lets go). Nothing in flight: at once.
 func (h *Handler) releaseAfterDone() error {
-	keys := []string{h.rt.storeKey, h.rt.localKey}
-	h.rt.storeKey, h.rt.localKey = "", ""
+	keys := []string{h.rt.storeKey, h.rt.localKey, h.rt.ledgerKey}
+	h.rt.storeKey, h.rt.localKey, h.rt.ledgerKey = "", "", ""
 	var err error
 	log := h.rt.logger
 	h.rt.lim.AfterDone(func(deferred bool) {
@@ -441,8 +536,30 @@ func releaseStores(keys []string) error {
 	return errors.Join(errs...)
 }
 
-// backend opens (or shares) the handler's store stack.
+// backend opens (or shares) the handler's store stack, and the ledger of
+// global_redis.
 func (h *Handler) backend() (limiter.Backend, error) {
+	b, err := h.storeBackend()
+	if err != nil || h.GlobalRedis == nil {
+		return b, err
+	}
+	e, key, err := acquireLedger(h.GlobalRedis, h.rt.logger)
+	if err != nil {
+		h.release()
+		var ce *configError
+		if errors.As(err, &ce) {
+			return limiter.Backend{}, h.named(err)
+		}
+		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: limiter %s: global_redis %w", h.Name, err)
+	}
+	h.rt.ledgerKey, h.rt.ledger = key, e.ledger
+	b.Global = &limiter.Global{Ledger: e.ledger, Datacenter: h.Datacenter, Timeout: h.GlobalRedis.ledgerTimeout(),
+		OnEvent: h.rt.metrics.globalEvent}
+	return b, nil
+}
+
+// storeBackend opens (or shares) the handler's store stack.
+func (h *Handler) storeBackend() (limiter.Backend, error) {
 	if h.Redis == nil {
 		mem, key, err := acquireMemoryStore()
 		if err != nil {
