@@ -137,6 +137,19 @@ func TestDocsACL(t *testing.T) {
 			t.Errorf("docs/redis.md's ACL line lacks %s, which the limiter needs", c)
 		}
 	}
+	line = regexp.MustCompile(`(?m)^\s*ACL SETUSER ledger .*$`).FindString(readFile(t, "docs/redis.md"))
+	if line == "" {
+		t.Fatal("docs/redis.md has no ACL SETUSER ledger line (global_redis)")
+	}
+	granted = map[string]bool{}
+	for _, f := range strings.Fields(line) {
+		granted[f] = true
+	}
+	for _, c := range ledgerACLCommands(t) {
+		if !granted[c] {
+			t.Errorf("docs/redis.md's ledger ACL line lacks %s, which the ledger's script needs", c)
+		}
+	}
 }
 
 // syntaxFromCode returns the Syntax block of UnmarshalCaddyfile's doc

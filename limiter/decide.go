@@ -410,14 +410,19 @@ func (l *Limiter) shareParts() {
 	l.specs = append(specs, KeySpec{Segment: "share", Global: true})
 }
 
-// shareKey is the key of the share of in's identity under in's global
-// limits: grants made under other limits (before a reload, another
-// placeholder value) are not used under these.
-func (l *Limiter) shareKey(in *Input) string {
-	b := make([]byte, 0, 64)
-	b = append(b, l.keys.Global("share", in.Identity)...)
-	for _, v := range in.GlobalLimits {
-		b = append(b, ':')
+// shareKey is the key of the share of in's identity.
+func (l *Limiter) shareKey(in *Input) string { return l.keys.Global("share", in.Identity) }
+
+// shareSig is the signature of in's global limits: grants made under other
+// limits (before a reload, another placeholder value) are not used under
+// these.
+func shareSig(in *Input) string {
+	var buf [64]byte
+	b := buf[:0]
+	for i, v := range in.GlobalLimits {
+		if i > 0 {
+			b = append(b, ':')
+		}
 		b = strconv.AppendInt(b, v, 10)
 	}
 	return string(b)
@@ -538,7 +543,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
 		p.Lead, p.Claim = 0, 0
 		if ps.kind == KindShare {
-			p.Key, p.Lead, p.Claim = l.shareKey(in), l.g.lead(), l.g.claim()
+			p.Lead, p.Claim, p.Sig = l.g.lead(), l.g.claim(), shareSig(in)
 		}
 		k++
 		p.Windows = wins[wi : wi+len(ps.windows) : wi+len(ps.windows)]
@@ -653,21 +658,7 @@ func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 			d.Windows = l.windows(in, op, nil)
 			return l.finish(d), nil
 		}
-		d.Source = l.b.Source
-		if store == l.b.Local {
-			d.Source = SourceLocal
-		} else if reply.Cached {
-			d.Source = SourceDenyCache
-		}
-		d.Windows = l.windows(in, op, &reply)
-		d.Overridden = reply.Limits != nil
-		if reply.Now > 0 {
-			d.At = time.UnixMicro(reply.Now)
-		}
-		d.InFlight = reply.InFlight
-		d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
-		d.Banned, d.BanStarted = reply.Status == StatusBanned, reply.BanStarted
-		d.setOutcome(&reply)
+		l.decided(in, op, &d, &reply, store)
 		if d.Pass && (op.Lease != nil || mode == ModeCheckOnly) {
 			d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly}
 		}
@@ -679,6 +670,25 @@ func (l *Limiter) decide(ctx context.Context, in *Input) (Decision, error) {
 		}
 		return l.finish(d), nil
 	}
+}
+
+// decided fills d from the reply of the store that decided op.
+func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store Store) {
+	d.Source = l.b.Source
+	if store == l.b.Local {
+		d.Source = SourceLocal
+	} else if reply.Cached {
+		d.Source = SourceDenyCache
+	}
+	d.Windows = l.windows(in, op, reply)
+	d.Overridden = reply.Limits != nil
+	if reply.Now > 0 {
+		d.At = time.UnixMicro(reply.Now)
+	}
+	d.InFlight = reply.InFlight
+	d.BanLeft = time.Duration(reply.BanLeft) * time.Microsecond
+	d.Banned, d.BanStarted = reply.Status == StatusBanned, reply.BanStarted
+	d.setOutcome(reply)
 }
 
 // shared acts on what the store said of the request's share of the global

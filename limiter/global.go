@@ -105,8 +105,8 @@ type shareCall struct {
 }
 
 type renewal struct {
-	identity, key string
-	win           []LedgerWindow
+	identity, key, sig string
+	win                []LedgerWindow
 }
 
 // errStatic: the data centre is in static mode (a node found it cut off).
@@ -279,7 +279,7 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 	c := &shareCall{done: make(chan struct{})}
 	g.flight[tag] = c
 	g.mu.Unlock()
-	c.err = g.renew(ctx, tag, key, g.windows(in, r), cost)
+	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost)
 	g.mu.Lock()
 	delete(g.flight, tag)
 	g.mu.Unlock()
@@ -289,86 +289,30 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 
 // renew is one renewal: read the share, ask the ledger (returning the
 // grants that ended), keep what it grants.
-func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow, cost int64) error {
+func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64) error {
 	if g.suspect.Load() {
 		return ErrLedgerUnreachable
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*g.cfg.Timeout)
 	defer cancel()
-	st, ok, err := g.dc.StandingDo(ctx, g.standingKey(), "send", 0)
-	if err != nil {
+	if _, ok, err := g.dc.StandingDo(ctx, g.standingKey(), "send", 0); err != nil {
 		return err
-	}
-	if !ok {
+	} else if !ok {
 		g.static.Store(true)
 		g.polled.Store(time.Now().UnixMicro())
 		return errStatic
 	}
-	_ = st
-	view, err := g.dc.ShareBegin(ctx, key)
+	view, err := g.dc.ShareBegin(ctx, key, sig)
 	if err != nil {
 		return err
 	}
-	req := g.request(tag)
-	req.Windows = wins
-	req.Rate = view.Rate
-	// A grant is usable here from its arrival, half a round trip after the
-	// ledger made it, to Length after view.Now, half a round trip before:
-	// the base length, and the round trip.
-	req.Length = g.length + 2*g.rtt.Load()
-	req.Want = max(cost, (view.Rate*(g.length+g.lead())+999_999)/1_000_000)
-	var live int64
-	for _, gr := range view.Grants {
-		if gr.closed(view.Now) {
-			last := int64(0)
-			if gr.Last > 0 {
-				last = gr.Last - gr.Start
-			}
-			req.Returns = append(req.Returns, LedgerReturn{ID: gr.ID, Used: gr.Used, Last: last})
-		} else {
-			live += gr.Units - gr.Used
-		}
-	}
-	req.Want = max(req.Want-live, cost)
-	sent := time.Now()
-	if !g.cfg.Ledger.clock.known.Load() {
-		// The first call learns the ledger's clock first, in a timeout of
-		// its own.
-		lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
-		_ = g.cfg.Ledger.learn(lctx)
-		lcancel()
-	}
-	lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
-	rep, err := g.cfg.Ledger.Do(lctx, "grant", req)
-	lcancel()
-	took := time.Since(sent)
+	req := g.grantRequest(tag, wins, &view, cost)
+	rep, took, err := g.ask(ctx, req)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
-		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
-		if g.l.p.Fail == FailLocal && IsUnavailable(err) {
-			g.suspect.Store(true)
-		}
-		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now})
+		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig})
 		return err
 	}
-	g.rtt.Store((3*g.rtt.Load() + took.Microseconds()) / 4)
-	if rep.N > 0 {
-		g.n.Store(rep.N)
-	}
-	for _, gr := range view.Grants {
-		if gr.closed(view.Now) {
-			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
-		}
-	}
-	dep := Deposit{T0: view.Now, Retry: rep.Retry}
-	for _, r := range req.Returns {
-		dep.Returned = append(dep.Returned, r.ID)
-	}
-	if err == nil && rep.Units > 0 {
-		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
-	}
-	if rep.Waiting {
-		dep.Retry = max(rep.Retry, 1000)
-	}
+	dep := g.deposit(&view, req, &rep, sig, err == nil)
 	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond, Took: took, Err: err})
 	if g.hook != nil {
 		g.hook("granted")
@@ -385,10 +329,87 @@ func (g *global) renew(ctx context.Context, tag, key string, wins []LedgerWindow
 	return nil
 }
 
+// grantRequest is the ledger call of a renewal: what the share's demand
+// asks for until the next renewal, less what it holds, and its grants that
+// ended, given back.
+func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, cost int64) *LedgerRequest {
+	req := g.request(tag)
+	req.Windows = wins
+	req.Rate = view.Rate
+	// A grant is usable here from its arrival, half a round trip after the
+	// ledger made it, to Length after view.Now, half a round trip before:
+	// the base length, and the round trip.
+	req.Length = g.length + 2*g.rtt.Load()
+	want := max(cost, (view.Rate*(g.length+g.lead())+999_999)/1_000_000)
+	var live int64
+	for _, gr := range view.Grants {
+		if gr.closed(view.Now) {
+			last := int64(0)
+			if gr.Last > 0 {
+				last = gr.Last - gr.Start
+			}
+			req.Returns = append(req.Returns, LedgerReturn{ID: gr.ID, Used: gr.Used, Last: last})
+		} else {
+			live += gr.Units - gr.Used
+		}
+	}
+	req.Want = max(want-live, cost)
+	return req
+}
+
+// ask calls the ledger within the timeout (the first call learns its clock
+// first, in a timeout of its own), and keeps its round trip.
+func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time.Duration, error) {
+	sent := time.Now()
+	if !g.cfg.Ledger.clock.known.Load() {
+		lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+		_ = g.cfg.Ledger.learn(lctx)
+		lcancel()
+	}
+	lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+	rep, err := g.cfg.Ledger.Do(lctx, "grant", req)
+	lcancel()
+	took := time.Since(sent)
+	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
+		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+		if g.l.p.Fail == FailLocal && IsUnavailable(err) {
+			g.suspect.Store(true)
+		}
+		return rep, took, err
+	}
+	g.rtt.Store((3*g.rtt.Load() + took.Microseconds()) / 4)
+	if rep.N > 0 {
+		g.n.Store(rep.N)
+	}
+	return rep, took, err
+}
+
+// deposit is what the renewal writes into the share: the grants given
+// back go, the new grant (when durable) comes, and until when the ledger
+// has no room.
+func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, sig string, durable bool) Deposit {
+	for _, gr := range view.Grants {
+		if gr.closed(view.Now) {
+			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
+		}
+	}
+	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig}
+	for _, r := range req.Returns {
+		dep.Returned = append(dep.Returned, r.ID)
+	}
+	if durable && rep.Units > 0 {
+		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
+	}
+	if rep.Waiting {
+		dep.Retry = max(rep.Retry, 1000)
+	}
+	return dep
+}
+
 // later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
 func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{identity: in.Identity, key: g.l.shareKey(in), win: g.windows(in, r)}
+	rn := renewal{identity: in.Identity, key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r)}
 	select {
 	case g.queue <- rn:
 		g.event(GlobalEvent{Kind: EventRenewal})
@@ -414,7 +435,7 @@ func (g *global) renewer() {
 			if busy {
 				continue
 			}
-			c.err = g.renew(context.Background(), tag, key, rn.win, 1)
+			c.err = g.renew(context.Background(), tag, key, rn.sig, rn.win, 1)
 			g.mu.Lock()
 			delete(g.flight, tag)
 			g.mu.Unlock()

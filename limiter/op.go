@@ -119,8 +119,11 @@ type Part struct {
 	Global  bool
 	Windows []Win
 	// Lead and Claim are, for KindShare, how long ahead of need (µs) the
-	// share is renewed, and how long a renewal's claim lasts.
+	// share is renewed, and how long a renewal's claim lasts; Sig, the
+	// signature of the global limits (grants made under others are not
+	// used).
 	Lead, Claim int64
+	Sig         string
 }
 
 // Win is one window of a part.

@@ -301,7 +301,7 @@ func (c *check) encode(op *Op, deadline int64) {
 		}
 		c.args = append(c.args, int(p.Kind), len(p.Windows), global)
 		if p.Kind == KindShare {
-			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim))
+			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim), c.str(p.Sig))
 		}
 		for j := range p.Windows {
 			w := &p.Windows[j]

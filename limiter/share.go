@@ -58,7 +58,8 @@ type Standing struct {
 // store and the in-process store.
 type ShareStore interface {
 	// ShareBegin reads a share before its renewal.
-	ShareBegin(ctx context.Context, key string) (ShareView, error)
+	// Grants under limits of another signature than sig read as ended.
+	ShareBegin(ctx context.Context, key, sig string) (ShareView, error)
 	// ShareDeposit empties the slots of the grants returned, releases the
 	// claim, keeps a grant of units (when > 0) usable until t0 + length,
 	// and records until when the ledger has no room (t0 + retry; retry 0:
@@ -77,6 +78,9 @@ type Deposit struct {
 	T0, Units, Length, Retry int64
 	ID                       string
 	Returned                 []string
+	// Sig is the limits' signature: a share of another one drops its
+	// grants first.
+	Sig string
 }
 
 // ---- the in-process store ------------------------------------------------
@@ -88,6 +92,17 @@ type shareState struct {
 	full       int64 // f
 	claim      int64 // c
 	dw, dc, dp int64 // the demand, per second
+	sig        string
+}
+
+// under is the share as checks under the limits of signature sig see it:
+// grants (and what the ledger said of them) under other limits are not
+// there.
+func (st *shareState) under(sig string) {
+	if st.sig != sig {
+		st.sig = sig
+		st.g, st.has, st.full = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0
+	}
 }
 
 func (st *shareState) held(now int64) (rem, soon, slen int64, closed bool, latest int64) {
@@ -124,9 +139,11 @@ func (st *shareState) rate(now int64) (rate, idx, dc, dp int64) {
 // shareCheck is share_check.
 func (m *memDo) shareCheck(p *Part, k *memKey, pe []winEval) bool {
 	t := m.s.now().UnixMicro()
-	st := &shareState{}
+	st := &shareState{sig: p.Sig}
 	if k != nil && k.share != nil {
-		st = k.share
+		if st = k.share; st.sig != p.Sig {
+			st = &shareState{sig: p.Sig}
+		}
 	}
 	rem, soon, _, _, _ := st.held(t)
 	fits := rem >= m.op.Cost
@@ -155,6 +172,7 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 		k.share = &shareState{}
 	}
 	st := k.share
+	st.under(p.Sig)
 	cost := m.op.Cost
 	rate, idx, dc, dp := st.rate(t)
 	write := false
@@ -209,7 +227,7 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 }
 
 // ShareBegin implements ShareStore.
-func (s *MemoryStore) ShareBegin(_ context.Context, key string) (ShareView, error) {
+func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string) (ShareView, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -219,7 +237,11 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key string) (ShareView, erro
 		v.Rate, _, _, _ = k.share.rate(t)
 		for i := range k.share.g {
 			if k.share.has[i] {
-				v.Grants = append(v.Grants, k.share.g[i])
+				g := k.share.g[i]
+				if k.share.sig != sig {
+					g.Deadline = min(g.Deadline, 1)
+				}
+				v.Grants = append(v.Grants, g)
 			}
 		}
 	}
@@ -241,6 +263,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 		k.share = &shareState{}
 	}
 	st := k.share
+	st.under(d.Sig)
 	free, ended := -1, -1
 	latest := t
 	for i := range st.g {
@@ -340,8 +363,8 @@ func (s *MemoryStore) StandingDo(_ context.Context, key, op string, arg int64) (
 var dcshareScript = redis.NewScript(lua.DCShare)
 
 // ShareBegin implements ShareStore.
-func (s *RedisStore) ShareBegin(ctx context.Context, key string) (ShareView, error) {
-	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, "begin").Slice()
+func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string) (ShareView, error) {
+	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, "begin", sig).Slice()
 	if err != nil {
 		return ShareView{}, err
 	}
@@ -363,7 +386,7 @@ func (s *RedisStore) ShareBegin(ctx context.Context, key string) (ShareView, err
 
 // ShareDeposit implements ShareStore.
 func (s *RedisStore) ShareDeposit(ctx context.Context, key string, d Deposit) (int, error) {
-	args := []any{"deposit", d.T0, d.Units, d.Length, d.ID, d.Retry, len(d.Returned)}
+	args := []any{"deposit", d.T0, d.Units, d.Length, d.ID, d.Retry, d.Sig, len(d.Returned)}
 	for _, id := range d.Returned {
 		args = append(args, id)
 	}

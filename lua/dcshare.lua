@@ -5,11 +5,12 @@
 -- Redis's TIME in µs.
 --
 -- ARGV[1] is the operation:
---   begin    KEYS[1] the share. Reply {now, rate, then per slot 1..4:
---            n, u, d, s, l, g} (0 and "" for an empty slot): now is read
---            before the ledger is asked, so a grant's deadline here (now +
---            its length) falls before the ledger's end of it.
---   deposit  KEYS[1] the share; ARGV t0 n len id retry nret ids...: the
+--   begin    KEYS[1] the share; ARGV sig, the limits' signature. Reply
+--            {now, rate, then per slot 1..4: n, u, d, s, l, g} (0 and ""
+--            for an empty slot; a grant under other limits as ended): now
+--            is read before the ledger is asked, so a grant's deadline here
+--            (now + its length) falls before the ledger's end of it.
+--   deposit  KEYS[1] the share; ARGV t0 n len id retry sig nret ids...: the
 --            slots of the grants the ledger took back (ids) are emptied,
 --            the claim is released, a grant of n units (n > 0) goes into a
 --            free slot (or one whose grant has ended) with deadline t0 +
@@ -38,7 +39,7 @@ end
 local fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp",
+  "f", "c", "dw", "dc", "dp", "L",
 }
 
 local function standing(key, t)
@@ -52,6 +53,7 @@ local t = now()
 
 if op == "begin" then
   local v = redis.call("HMGET", key, unpack(fields))
+  local other = v[30] ~= ARGV[2] -- grants under other limits: ended
   local idx = math.floor(t / 1000000)
   local w, c, pr = tonumber(v[27]), tonumber(v[28]) or 0, tonumber(v[29]) or 0
   local rate = 0
@@ -63,7 +65,11 @@ if op == "begin" then
   local out = {t, rate}
   for i = 0, 3 do
     for j = 1, 5 do
-      out[#out + 1] = tonumber(v[i * 6 + j]) or 0
+      local x = tonumber(v[i * 6 + j]) or 0
+      if j == 3 and other then
+        x = math.min(x, 1)
+      end
+      out[#out + 1] = x
     end
     out[#out + 1] = v[i * 6 + 6] or ""
   end
@@ -71,13 +77,22 @@ if op == "begin" then
 end
 
 if op == "deposit" then
-  local t0, n, len, id, retry = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6])
-  local nret = tonumber(ARGV[7])
+  local t0, n, len, id, retry, sig = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
+  local nret = tonumber(ARGV[8])
   local back = {}
   for i = 1, nret do
-    back[ARGV[7 + i]] = true
+    back[ARGV[8 + i]] = true
   end
   local v = redis.call("HMGET", key, unpack(fields))
+  if v[30] ~= sig then
+    -- The grants of other limits go (those returned, and the rest: the
+    -- ledger counts them to their end).
+    for i = 1, 4 do
+      redis.call("HDEL", key, i .. "n", i .. "u", i .. "d", i .. "s", i .. "l", i .. "g")
+      v[i * 6 - 5] = false
+    end
+    redis.call("HSET", key, "L", sig)
+  end
   local free, ended = 0, 0
   local latest = t
   for i = 0, 3 do

@@ -44,8 +44,8 @@
 -- kind:  1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
 --        centre's share of the global ceiling (share.lua): its part header
---        goes on with lead and claim (µs), and its windows are the global
---        ceiling's, each as name limit 0.
+--        goes on with lead and claim (µs) and the limits' signature, and its
+--        windows are the global ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
 --        stalled network) is never charged; 0 for none, -1 for none but
@@ -335,8 +335,8 @@ local function decide(a, k)
     pglobal[p] = ARGV[a + 2] == "1"
     a = a + 3
     if kind == 6 then
-      sh_lead[p], sh_claim[p] = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
-      a = a + 2
+      sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+      a = a + 3
     end
     pkey[p], pkind[p], pj0[p] = KEYS[k], kind, nw + 1
     k = k + 1

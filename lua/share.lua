@@ -12,7 +12,8 @@
 --   grant's length, so it falls before the ledger's end of the grant
 --   whatever the two clocks say), "<i>l" the last use, "<i>g" the ledger's
 --   id of the grant;
--- "f": until when the ledger has no more room (its own estimate, as a
+-- "L": the signature of the global limits the grants were made under
+-- (grants under others are not used); "f": until when the ledger has no more room (its own estimate, as a
 -- time here); "c": until when a node holds the claim to renew; "dw", "dc",
 -- "dp": the demand (units asked for by requests that every other window
 -- admitted), per second, this second's and the last one's.
@@ -30,18 +31,26 @@
 local share_fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp",
+  "f", "c", "dw", "dc", "dp", "L",
 }
 
 -- Per share part of the check being decided: the hash's values, what the
--- share holds and whether it fits, and the renewal's lead and claim.
-local sh_v, sh_rem, sh_fit, sh_lead, sh_claim = {}, {}, {}, {}, {}
+-- share holds and whether it fits, the renewal's lead and claim, and the
+-- limits' signature.
+local sh_v, sh_rem, sh_fit, sh_lead, sh_claim, sh_sig = {}, {}, {}, {}, {}, {}
 
 -- share_check fills the share's windows j0..j1 and reports whether the
 -- share holds cost.
 local function share_check(p, key, j0, j1, cost)
   local t = clock()
   local v = redis.call("HMGET", key, unpack(share_fields))
+  if v[30] ~= sh_sig[p] then
+    -- Grants made under other limits (a reload, another placeholder
+    -- value) are not used under these, nor what the ledger said of them.
+    for i = 1, 25 do
+      v[i] = false
+    end
+  end
   local rem, soon = 0, 0
   for i = 0, 3 do
     local n, u, d = tonumber(v[i * 6 + 1]), tonumber(v[i * 6 + 2]), tonumber(v[i * 6 + 3])

@@ -112,7 +112,7 @@ type Stats struct {
 // methods are safe to call from several goroutines.
 type Proxy struct {
 	ln     net.Listener
-	target string // under mu
+	target string          // under mu
 	ctx    context.Context // cancelled by Close: stops dials in progress
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the accept loop and every connection's goroutines
