@@ -262,23 +262,22 @@ func (w *mdcWorld) since(dc string, t time.Time) int {
 
 var debugMDC = os.Getenv("DEBUG_MDC") != ""
 
-// overAdmittedUnder is, over every admission, the admissions in the window
-// of length win that ends with it less the limit it was decided under (0 or
-// less: every decision held its ceiling).
-func overAdmittedUnder(at []time.Time, limits []int64, win time.Duration) (int64, time.Time) {
-	idx := make([]int, len(at))
-	for i := range idx {
-		idx[i] = i
+// oracleOver is, over every admission, the admissions in the window of
+// length win that ends with it less the limit it was decided under (0 or
+// less: every decision held its ceiling), as the oracle (oracle_test.go)
+// sees it:
+// every admission goes into its ledger of the global ceiling, and each is
+// held to its limit over the window that ends with it.
+func oracleOver(at []time.Time, limits []int64, win time.Duration) (int64, time.Time) {
+	g := newLedger()
+	for _, a := range at {
+		g.Admit("viral", a.UnixMicro(), 1)
 	}
-	slices.SortFunc(idx, func(a, b int) int { return at[a].Compare(at[b]) })
 	worst, when := int64(math.MinInt64), time.Time{}
-	j := 0
-	for i := range idx {
-		for at[idx[j]].Add(win).Compare(at[idx[i]]) <= 0 {
-			j++
-		}
-		if o := int64(i-j+1) - limits[idx[i]]; o > worst {
-			worst, when = o, at[idx[i]]
+	for i, a := range at {
+		t := a.UnixMicro()
+		if o := g.AdmittedWithin("viral", t-win.Microseconds(), t) - limits[i]; o > worst {
+			worst, when = o, a
 		}
 	}
 	return worst, when
@@ -525,7 +524,7 @@ func TestGlobalCeilingFaults(t *testing.T) {
 			w.hammer(ctx, "viral", mdcLimit, 2*time.Millisecond)
 			w.mu.Lock()
 			defer w.mu.Unlock()
-			over, when := overAdmittedUnder(w.admitted, w.limits, mdcWin)
+			over, when := oracleOver(w.admitted, w.limits, mdcWin)
 			per := map[string][]int{}
 			for dc, ts := range w.perDC {
 				per[dc] = make([]int, int(f.run/time.Second)+1)
