@@ -626,6 +626,56 @@ var simReplays = []simCase{
 			{Op: "req", Node: 1, Key: "b", Cost: 1},
 			{Op: "req", Node: 1, Key: "b", Cost: 1},
 		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a queued request whose re-check meets a store failure gives its place back (33d9ee2; found by the queue-fault focus)", Stack: "redis", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"2s"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "1s", BanFor: "10s", Queue: "2s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1, QFault: "stall"},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a node that missed an override's notice drops the identity's cached denials when it reads the index (fba412b; missed-notice focus)", Stack: "redis", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "fixed_window", Windows: []string{"1s", "10s"}, Limits: []int64{2, 1}, GWindows: []string{"10s"}, GLimits: []int64{7}, CountOnly: true, Fail: "open"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "done", Node: 1, N: 5, Status: 401},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "ovset", Node: 2, Key: "a", Limits: []int64{1, 3}, TTL: 19, Deaf: 2},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a cached denial holds through an outage under a ban rule (59cee19; outage-ban focus)", Stack: "redis", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"1m"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "10s", BanFor: "2s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "kill"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "the old config's Redis client stays until its requests in flight are done (0897fd1)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"5s"}, Limits: []int64{4}, BanAfter: 2, BanWithin: "1s", BanFor: "2s", Conc: 1, Lease: "10s", Fail: "local"},
+		Steps: []simStep{
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "reload", Node: 2, Limits: []int64{6}, DryRun: true, Client: true},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a queued request's re-checks are not denials for the ban (59cee19; queue-ban focus)", Stack: "memory", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"1s"}, Limits: []int64{1}, BanAfter: 2, BanWithin: "3s", BanFor: "2s", Conc: 1, Lease: "2s", Queue: "2s"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a calendar period's length is the one of the period the store decided in, on the store's clock (fc22b8b; store-clock focus)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Skew: 27000000,
+		Cfg:  simCfg{Alg: "sliding_log", Windows: []string{"5s", "hour"}, Limits: []int64{2, 13}, GWindows: []string{"5s"}, GLimits: []int64{4}, Zone: "Australia/Lord_Howe", BanAfter: 3, BanWithin: "1s", BanFor: "10s", CountOnly: true, Queue: "2s"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "c", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
