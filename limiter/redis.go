@@ -383,7 +383,8 @@ type offsetClock struct {
 	hasCur bool
 	known  atomic.Bool
 	offset atomic.Int64
-	asking *timeAsk // the TIME call in flight while the offset is unknown
+	asking *timeAsk    // the TIME call in flight while the offset is unknown
+	noTime atomic.Bool // Redis refused TIME itself (an ACL without +time on Redis 6)
 }
 
 // timeAsk is one TIME call that learns the offset; done is closed when it
@@ -397,9 +398,15 @@ type timeAsk struct {
 // one TIME call (shared by the checks that wait for it), within d: a check
 // that cannot have its deadline on Redis's clock is not sent (its caller
 // applies the fail mode, and nothing runs late). The call runs on its own
-// goroutine so that d holds whatever the client's timeouts.
+// goroutine so that d holds whatever the client's timeouts. Where Redis
+// refuses TIME itself though it answers (NOPERM: a Redis 6 ACL that lets
+// the script read TIME but not the caller), the check goes as it did
+// before, without a deadline, and its reply teaches the offset.
 func (s *RedisStore) learnClock(ctx context.Context, d time.Time) error {
 	o := &s.clock
+	if o.noTime.Load() {
+		return nil
+	}
 	o.mu.Lock()
 	a := o.asking
 	if a == nil {
@@ -429,8 +436,12 @@ func (s *RedisStore) askTime(a *timeAsk, d time.Time) {
 	defer cancel()
 	sent := time.Now()
 	cmd := redis.NewTimeCmd(ctx, "time")
+	var re redis.Error
 	if a.err = s.client.Process(ctx, cmd); a.err == nil {
 		s.clock.sample(cmd.Val().UnixMicro(), sent)
+	} else if errors.As(a.err, &re) && !IsUnavailable(a.err) {
+		s.clock.noTime.Store(true)
+		a.err = nil
 	}
 	s.clock.mu.Lock()
 	s.clock.asking = nil
@@ -458,7 +469,8 @@ func (o *offsetClock) sample(redisNow int64, sent time.Time) {
 
 // deadline is d on Redis's clock for the script: 0 without a deadline, -1
 // while the offset is unknown (Do learns it first, see learnClock: a check
-// is never sent with -1, which the script would run however late).
+// is sent with -1, which the script runs however late, only where Redis
+// refuses TIME to the caller).
 func (o *offsetClock) deadline(d time.Time) int64 {
 	if d.IsZero() {
 		return 0

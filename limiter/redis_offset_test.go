@@ -79,3 +79,48 @@ func TestFirstCheckIsNeverChargedLate(t *testing.T) {
 		}
 	}
 }
+
+// noTimeClient is a client whose Redis refuses TIME to it (NOPERM), as a
+// Redis 6 ACL without +time does, while its scripts may read TIME.
+type noTimeClient struct{ *redis.Client }
+
+type permErr string
+
+func (e permErr) Error() string { return string(e) }
+func (permErr) RedisError()     {}
+
+func (c noTimeClient) Process(ctx context.Context, cmd redis.Cmder) error {
+	if cmd.Name() == "time" {
+		err := permErr("NOPERM User limiter has no permissions to run the 'time' command")
+		cmd.SetErr(err)
+		return err
+	}
+	return c.Client.Process(ctx, cmd)
+}
+
+// TestChecksGoWhereTimeIsRefused: where Redis answers but refuses TIME to
+// the limiter's user, the store cannot learn its clock offset that way; its
+// checks still go (their replies teach the offset), and are decided by
+// Redis, not by the fail mode.
+func TestChecksGoWhereTimeIsRefused(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store := limiter.NewRedisStore(noTimeClient{client})
+	t.Cleanup(func() { store.Close() })
+	l, err := limiter.New(limiter.Policy{Name: "notime", KeyPrefix: randomID(t) + ":", Windows: []limiter.Window{{Duration: time.Minute}},
+		AppClock: true, Timeout: 2 * time.Second, Fail: limiter.FailOpen},
+		limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	for i := 1; i <= 3; i++ {
+		d, err := l.Decide(context.Background(), &limiter.Input{Identity: "K", Limits: []int64{10}})
+		if err != nil || d.Err != nil || d.Source != limiter.SourceRedis || d.Windows[0].Count != int64(i) {
+			t.Fatalf("request %d: %s from %s (count %d, err %v %v), want admitted by Redis with count %d", i, d.Outcome, d.Source,
+				d.Windows[0].Count, err, d.Err, i)
+		}
+	}
+}
