@@ -120,6 +120,15 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 		return Reply{}, err
 	}
 	deadline := s.clock.deadline(op.Deadline)
+	if deadline < 0 {
+		// No check goes without its deadline on Redis's clock: a check
+		// that reached a stalled Redis would run when it resumes, though
+		// its caller gave up and applied the fail mode.
+		if err := s.learnClock(ctx, op.Deadline); err != nil {
+			return Reply{}, err
+		}
+		deadline = s.clock.deadline(op.Deadline)
+	}
 	sent := time.Now()
 	if s.batch != nil {
 		return s.batch.do(ctx, op, deadline, sent)
@@ -378,6 +387,70 @@ type offsetClock struct {
 	hasCur bool
 	known  atomic.Bool
 	offset atomic.Int64
+	asking *timeAsk    // the TIME call in flight while the offset is unknown
+	noTime atomic.Bool // Redis refused TIME itself (an ACL without +time on Redis 6)
+}
+
+// timeAsk is one TIME call that learns the offset; done is closed when it
+// ends, err is then its error.
+type timeAsk struct {
+	done chan struct{}
+	err  error
+}
+
+// learnClock learns the offset before a check with deadline d is sent, by
+// one TIME call (shared by the checks that wait for it), within d: a check
+// that cannot have its deadline on Redis's clock is not sent (its caller
+// applies the fail mode, and nothing runs late). The call runs on its own
+// goroutine so that d holds whatever the client's timeouts. Where Redis
+// refuses TIME itself though it answers (NOPERM: a Redis 6 ACL that lets
+// the script read TIME but not the caller), the check goes as it did
+// before, without a deadline, and its reply teaches the offset.
+func (s *RedisStore) learnClock(ctx context.Context, d time.Time) error {
+	o := &s.clock
+	if o.noTime.Load() {
+		return nil
+	}
+	o.mu.Lock()
+	a := o.asking
+	if a == nil {
+		a = &timeAsk{done: make(chan struct{})}
+		o.asking = a
+		go s.askTime(a, d)
+	}
+	o.mu.Unlock()
+	t := time.NewTimer(time.Until(d))
+	defer t.Stop()
+	select {
+	case <-a.done:
+		if o.known.Load() {
+			return nil
+		}
+		return a.err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return context.DeadlineExceeded
+	}
+}
+
+// askTime is a's TIME call, within d.
+func (s *RedisStore) askTime(a *timeAsk, d time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), d)
+	defer cancel()
+	sent := time.Now()
+	cmd := redis.NewTimeCmd(ctx, "time")
+	var re redis.Error
+	if a.err = s.client.Process(ctx, cmd); a.err == nil {
+		s.clock.sample(cmd.Val().UnixMicro(), sent)
+	} else if errors.As(a.err, &re) && !IsUnavailable(a.err) {
+		s.clock.noTime.Store(true)
+		a.err = nil
+	}
+	s.clock.mu.Lock()
+	s.clock.asking = nil
+	s.clock.mu.Unlock()
+	close(a.done)
 }
 
 func (o *offsetClock) sample(redisNow int64, sent time.Time) {
@@ -399,8 +472,9 @@ func (o *offsetClock) sample(redisNow int64, sent time.Time) {
 }
 
 // deadline is d on Redis's clock for the script: 0 without a deadline, -1
-// while the offset is unknown (the script reads TIME, and the reply teaches
-// the offset).
+// while the offset is unknown (Do learns it first, see learnClock: a check
+// is sent with -1, which the script runs however late, only where Redis
+// refuses TIME to the caller).
 func (o *offsetClock) deadline(d time.Time) int64 {
 	if d.IsZero() {
 		return 0

@@ -17,6 +17,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -60,6 +61,8 @@ type simStep struct {
 	Fault  string // stall, kill, restart, flush, heal
 	Client bool   // reload: a new Redis client
 	Cancel bool   // req: the client goes away while queued
+	QFault string // req: a fault (kill, stall) that starts while the request waits in the queue
+	Deaf   int    // ovset, ovdel: node Deaf-1 misses the notice, then reads the overrides' index
 }
 
 // simCase is a whole history: the stack, the start, the config, the steps.
@@ -70,6 +73,10 @@ type simCase struct {
 	Nodes int
 	Cfg   simCfg
 	Steps []simStep
+	// Skew (µs, in-process store only): the store decides on its own
+	// clock, this far from the nodes' (clock redis, as it were: the
+	// limiter sends no time).
+	Skew int64
 }
 
 func parseWin(s string) limiter.Window {
@@ -158,7 +165,8 @@ type simNode struct {
 	l     *limiter.Limiter
 	local *oStore
 	cache map[string]*oCached
-	stack *nodeStack // the Redis stack's pieces, nil in memory
+	stack *nodeStack              // the Redis stack's pieces, nil in memory
+	deaf  *atomic.Pointer[string] // the identity's tag whose notices the node misses
 }
 
 // simOpen is a request in flight: decided, its response not yet done.
@@ -202,9 +210,24 @@ type simRun struct {
 	// The queue's waits of the request being decided.
 	sleeps                 []time.Duration
 	cancelQueue, cancelled bool
+	// A fault to start in the queue's next wait, and the fault in force
+	// before it and the wait it started in (-1: none).
+	qfault     string
+	downBefore string
+	faultAt    int
+	downAfter  string
+	// Requests in flight whose Redis client a reload closed under them.
+	closedUnder int
 }
 
 func (r *simRun) now() time.Time { return r.clock.Now() }
+
+// storeNow is the store's clock: the nodes' but for the history's skew.
+func (r *simRun) storeNow() time.Time { return r.storeTime(r.now()) }
+
+func (r *simRun) storeTime(t time.Time) time.Time {
+	return t.Add(time.Duration(r.c.Skew) * time.Microsecond)
+}
 
 func (r *simRun) event(kind string) { r.seen[kind]++ }
 
@@ -228,8 +251,12 @@ func (r *simRun) run() (err error) {
 	for i := range r.c.Steps {
 		r.step = i
 		s := &r.c.Steps[i]
+		t0 := time.Now()
 		if err := r.do(s); err != nil {
 			return fmt.Errorf("step %d %s: %w", i, s, err)
+		}
+		if d := time.Since(t0); d > 300*time.Millisecond && os.Getenv("SIM_DEBUG") != "" {
+			r.env.t.Logf("%s step %d %s (down %q): %s", r.c.Name, i, s, r.down, d)
 		}
 		if err := r.invariants(); err != nil {
 			return fmt.Errorf("after step %d %s: %w", i, s, err)
@@ -274,12 +301,23 @@ func (r *simRun) request(ni int, s *simStep) error {
 	r.reqNo++
 	no := r.reqNo
 	r.sleeps, r.cancelQueue, r.cancelled = nil, s.Cancel, false
+	r.qfault, r.downBefore, r.faultAt = s.QFault, r.down, -1
+	if r.c.Stack != "redis" || r.down != "" {
+		r.qfault = ""
+	}
 	start := r.now()
 	got, err := n.l.Decide(context.Background(), in)
 	if err != nil {
 		return fmt.Errorf("Decide: %v", err)
 	}
+	if r.faultAt >= 0 {
+		// The fault started while the request waited: its checks before
+		// then met the store as it was.
+		r.event("fault:queued")
+	}
+	after := r.down
 	want, shared, queued, err := r.expectQueued(n, &q, &got, no, start)
+	r.down = after
 	if err != nil {
 		return err
 	}
@@ -355,6 +393,11 @@ func (r *simRun) expectQueued(n *simNode, q *oReq, got *limiter.Decision, no int
 			waitLeft = (mw - waited).Microseconds()
 		}
 		last := i == len(r.sleeps)
+		if r.faultAt >= 0 && i <= r.faultAt {
+			r.down = r.downBefore
+		} else if r.faultAt >= 0 {
+			r.down = r.downAfter
+		}
 		want, shared := r.expect(n, q, got, no, t, waitLeft, last)
 		waits := want.outcome == limiter.OutcomeLimited && waitLeft >= 0 && want.retry <= waitLeft
 		switch {
@@ -389,6 +432,14 @@ func (r *simRun) sleep(_ context.Context, d time.Duration) bool {
 	}
 	r.sleeps = append(r.sleeps, d)
 	r.clock.Set(r.now().Add(d))
+	if r.qfault != "" {
+		// The store fails while the request waits: its re-check meets it.
+		r.faultAt = len(r.sleeps) - 1
+		if err := r.env.fault(r, r.qfault); err != nil {
+			r.env.t.Logf("fault in the queue: %v", err)
+		}
+		r.downAfter, r.qfault = r.down, ""
+	}
 	return true
 }
 
@@ -415,7 +466,7 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int, now 
 		r.event("fail:" + n.rule.fail.String())
 		return n.rule.Finish(FailRule(&n.rule, n.local, q, now, checkOnly, no, waitLeft)), false
 	}
-	d := r.store.Decide(&n.rule, q, now, checkOnly, no, waitLeft)
+	d := r.store.Decide(&n.rule, q, r.storeTime(now), checkOnly, no, waitLeft)
 	d.source = r.source()
 	r.remember(n, q, &d, now)
 	return n.rule.Finish(d), true
@@ -499,7 +550,7 @@ func (r *simRun) done(s *simStep) error {
 		}
 	}
 	if record {
-		st.Record(&o.rule, &o.q, r.now())
+		st.Record(&o.rule, &o.q, r.storeNow())
 		r.event("count_only_record")
 	}
 	if o.od.leaseTaken {
@@ -551,7 +602,7 @@ func (r *simRun) reset(n *simNode, s *simStep) error {
 	if r.down != "" {
 		return nil
 	}
-	if b := r.store.bans[q.bucket(&n.rule)]; b != nil && b.until > r.now().UnixMicro() {
+	if b := r.store.bans[q.bucket(&n.rule)]; b != nil && b.until > r.storeNow().UnixMicro() {
 		r.event("ban_lift")
 	}
 	if _, err := n.l.Reset(context.Background(), q.id, q.region); err != nil {
@@ -572,7 +623,7 @@ func (r *simRun) overrideSet(n *simNode, s *simStep) error {
 		return nil
 	}
 	o := limiter.Override{Factor: s.Factor, TTL: time.Duration(s.TTL) * time.Second}
-	oo := oOverride{factor: s.Factor, end: r.now().UnixMicro() + o.TTL.Microseconds()}
+	oo := oOverride{factor: s.Factor, end: r.storeNow().UnixMicro() + o.TTL.Microseconds()}
 	scope := ""
 	if s.Region != "" && n.rule.regions {
 		o.Region, scope = s.Region, "r:"+s.Region
@@ -584,11 +635,16 @@ func (r *simRun) overrideSet(n *simNode, s *simStep) error {
 			oo.limits[w] = o.Limits[i]
 		}
 	}
+	prev := r.store.ovs[s.Key][scope]
+	deaf := r.deafen(n, s, prev == nil || prev.end != oo.end)
 	if _, err := n.l.SetOverride(context.Background(), s.Key, o); err != nil {
 		return fmt.Errorf("SetOverride: %v", err)
 	}
 	r.event("override_set")
 	r.store.SetOverride(s.Key, scope, oo)
+	if err := r.missed(deaf, s.Key); err != nil {
+		return err
+	}
 	for _, m := range r.nodes {
 		r.forget(m, s.Key)
 	}
@@ -604,15 +660,58 @@ func (r *simRun) overrideDel(n *simNode, s *simStep) error {
 	if s.Region != "" && n.rule.regions {
 		region, scope = s.Region, "r:"+s.Region
 	}
+	prev := r.store.ovs[s.Key][scope]
+	deaf := r.deafen(n, s, prev != nil && prev.end > r.storeNow().UnixMicro())
 	if _, err := n.l.DeleteOverride(context.Background(), s.Key, region); err != nil {
 		return fmt.Errorf("DeleteOverride: %v", err)
 	}
 	r.event("override_delete")
 	r.store.DeleteOverride(s.Key, scope)
+	if err := r.missed(deaf, s.Key); err != nil {
+		return err
+	}
 	for _, m := range r.nodes {
 		r.forget(m, s.Key)
 	}
 	return r.settle(func(m *simNode) bool { return !r.cacheHolds(m, s.Key) })
+}
+
+// deafen makes the node s.Deaf names miss the notice of the override
+// change s makes at n (when it changes the overrides' index: a read of the
+// index tells only what changed there), and returns it.
+func (r *simRun) deafen(n *simNode, s *simStep, changes bool) *simNode {
+	if s.Deaf == 0 || !changes || r.c.Stack != "redis" {
+		return nil
+	}
+	m := r.nodes[(s.Deaf-1)%len(r.nodes)]
+	if m == n {
+		return nil
+	}
+	tag := limiter.Tag(s.Key)
+	m.deaf.Store(&tag)
+	return m
+}
+
+// missed: once every node has taken the notices sent so far (m missed the
+// last one), m reads the overrides' index, as its watcher does every 5 s:
+// it learns the change there, and drops the identity's cached denials
+// decided before it.
+func (r *simRun) missed(m *simNode, id string) error {
+	if m == nil {
+		return nil
+	}
+	err := r.delivered(6 * time.Second)
+	m.deaf.Store(nil)
+	if err != nil {
+		return err
+	}
+	held := r.cacheHolds(m, id)
+	limiter.ReadOverrideIndex(m.l)
+	r.event("notice_missed")
+	if held && r.cacheHolds(m, id) {
+		return fmt.Errorf("a node that missed the notice read the overrides' index and still holds the denials of %q decided before", id)
+	}
+	return nil
 }
 
 // reload replaces a node's limiter by one of a changed config: limits,
@@ -634,6 +733,9 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	if err != nil {
 		return fmt.Errorf("reload: %v", err)
 	}
+	if r.closedUnder > 0 {
+		return fmt.Errorf("the old config's Redis client was given back while %d requests decided through it were in flight", r.closedUnder)
+	}
 	r.nodes[ni] = nn
 	old.Close()
 	r.event("reload")
@@ -652,7 +754,7 @@ func (r *simRun) reload(ni int, s *simStep) error {
 // knowsLiveOverrides reports whether n knows every identity with a live
 // override.
 func (r *simRun) knowsLiveOverrides(n *simNode) bool {
-	t := r.now().UnixMicro()
+	t := r.storeNow().UnixMicro()
 	for id, m := range r.store.ovs {
 		for _, o := range m {
 			if o.end > t && !n.l.KnowsOverride(id) {
@@ -731,7 +833,7 @@ func (r *simRun) leaseInvariant() error {
 		if err != nil {
 			continue // the store does not answer (a fault the breaker has not seen yet)
 		}
-		want := r.store.liveLeases(q.bucket(&n.rule), r.now().UnixMicro())
+		want := r.store.liveLeases(q.bucket(&n.rule), r.storeNow().UnixMicro())
 		if d.InFlight != want {
 			return fmt.Errorf("key %q region %q: %d requests in flight in the store, the oracle has %d", q.id, q.region, d.InFlight, want)
 		}
@@ -860,6 +962,12 @@ func (s simStep) String() string {
 	if s.Cancel {
 		b.WriteString(", Cancel: true")
 	}
+	if s.QFault != "" {
+		fmt.Fprintf(&b, ", QFault: %q", s.QFault)
+	}
+	if s.Deaf != 0 {
+		fmt.Fprintf(&b, ", Deaf: %d", s.Deaf)
+	}
 	b.WriteString("}")
 	return b.String()
 }
@@ -869,6 +977,9 @@ func (c *simCase) literal() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "{Name: %q, Stack: %q, Start: time.Date(%d, %d, %d, %d, %d, %d, %d, time.UTC), Nodes: %d,\n",
 		c.Name, c.Stack, c.Start.Year(), c.Start.Month(), c.Start.Day(), c.Start.Hour(), c.Start.Minute(), c.Start.Second(), c.Start.Nanosecond(), c.Nodes)
+	if c.Skew != 0 {
+		fmt.Fprintf(&b, "\tSkew: %d,\n", c.Skew)
+	}
 	fmt.Fprintf(&b, "\tCfg: %s,\n\tSteps: []simStep{\n", strings.Replace(fmt.Sprintf("%#v", c.Cfg), "limiter_test.simCfg", "simCfg", 1))
 	for _, s := range c.Steps {
 		fmt.Fprintf(&b, "\t\t%s,\n", s)

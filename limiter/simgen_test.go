@@ -212,15 +212,184 @@ func genCase(seed uint64, stack string, steps int) simCase {
 	return c
 }
 
+// simFoci are the seams a focused history is drawn toward: a fault that
+// starts while a request waits in the queue, an outage under a ban rule
+// while denials are cached, notices a node misses (it reads the overrides'
+// index instead). A random history reaches each only now and then; make
+// test runs a few focused ones on Redis after the random ones.
+var simFoci = map[string][]string{
+	"redis":  {"queue-fault", "outage-ban", "missed-notice"},
+	"memory": {"queue-ban", "store-clock"},
+}
+
+// genFocus draws a short history toward one seam.
+func genFocus(seed uint64, stack, focus string, steps int) simCase {
+	if stack == "memory" {
+		return genFocusMemory(seed, focus, steps)
+	}
+	rng := rand.New(rand.NewPCG(seed, 0xf0c5))
+	st := simStarts[rng.IntN(len(simStarts))]
+	c := simCase{Name: fmt.Sprintf("redis %s seed %d", focus, seed), Stack: "redis", Start: st.at, Nodes: 3}
+	c.Cfg = genCfg(rng, "redis", st.zone)
+	c.Cfg.Fail = []string{"open", "closed", "local"}[seed%3]
+	c.Cfg.DryRun = false
+	for i := range c.Cfg.Limits {
+		c.Cfg.Limits[i] = min(c.Cfg.Limits[i], int64(2+rng.IntN(2)))
+	}
+	switch focus {
+	case "queue-fault":
+		// Short windows: a refusal's retry fits in max_wait, so the
+		// request waits.
+		c.Cfg.Windows, c.Cfg.Limits = []string{[]string{"1s", "2s"}[rng.IntN(2)]}, []int64{int64(1 + rng.IntN(3))}
+		c.Cfg.GWindows, c.Cfg.GLimits, c.Cfg.Zone, c.Cfg.Burst = nil, nil, "", 0
+		c.Cfg.Queue = []string{"2s", "5s"}[rng.IntN(2)]
+		if c.Cfg.Fail == "local" {
+			c.Cfg.Fail = "closed"
+		}
+	case "outage-ban":
+		// Long windows, a ban that takes several refusals: a denial the
+		// cache holds (not serves) lives on when the store fails.
+		c.Cfg.Windows, c.Cfg.Limits = []string{[]string{"10s", "1m"}[rng.IntN(2)]}, []int64{int64(1 + rng.IntN(2))}
+		c.Cfg.GWindows, c.Cfg.GLimits, c.Cfg.Zone, c.Cfg.Burst = nil, nil, "", 0
+		c.Cfg.BanAfter, c.Cfg.BanWithin, c.Cfg.BanFor = int64(4+rng.IntN(3)), "10s", []string{"2s", "10s"}[rng.IntN(2)]
+		c.Cfg.Queue = ""
+	case "missed-notice":
+		c.Cfg.BanAfter, c.Cfg.Queue = 0, ""
+		if c.Cfg.Alg == "token_bucket" {
+			c.Cfg.Alg, c.Cfg.Burst = "fixed_window", 0
+		}
+		for i := range c.Cfg.Limits {
+			c.Cfg.Limits[i] = min(c.Cfg.Limits[i], int64(1+rng.IntN(2)))
+		}
+	}
+	keys := []string{"a", "a", "a", "b"}
+	for len(c.Steps) < steps {
+		s := simStep{Node: rng.IntN(c.Nodes)}
+		if focus != "queue-fault" {
+			// Requests at nodes 0 and 1, overrides set at node 2: the
+			// node that misses a notice has denials cached.
+			s.Node = rng.IntN(2)
+		}
+		switch x := rng.IntN(100); {
+		case x < 50 || focus == "outage-ban" && x < 60:
+			s.Op, s.Key, s.Region, s.Cost = "req", keys[rng.IntN(len(keys))], "us", 1
+			if focus == "queue-fault" && rng.IntN(3) == 0 {
+				s.QFault = "stall" // (a kill costs a new subscription's backoff when healed)
+			}
+		case x < 60:
+			s.Op, s.N, s.Status = "done", rng.IntN(8), []int{200, 401}[rng.IntN(2)]
+		case x < 75:
+			s.Op, s.Dt = "tick", int64(rng.IntN(1_500_000))
+			if focus == "outage-ban" {
+				s.Dt /= 4
+			}
+			if focus == "missed-notice" && rng.IntN(3) == 0 {
+				s.Dt = 3_000_000 + int64(rng.IntN(20_000_000)) // an override ends
+			}
+		case x < 90 && focus == "missed-notice":
+			s.Op, s.Node, s.Key, s.TTL, s.Deaf = "ovset", 2, keys[rng.IntN(len(keys))], int64(2+rng.IntN(20)), 1+rng.IntN(2)
+			if rng.IntN(3) == 0 {
+				s.Op = "ovdel"
+			} else if rng.IntN(2) == 0 {
+				s.Factor = []float64{0.5, 2, 3}[rng.IntN(3)]
+			} else {
+				for range c.Cfg.Limits {
+					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
+				}
+			}
+		case x < 90 && focus == "outage-ban":
+			s.Op, s.Fault = "fault", []string{"stall", "stall", "kill", "heal"}[rng.IntN(4)]
+		case x < 90:
+			s.Op, s.Fault = "fault", "heal"
+		default:
+			s.Op, s.Key = "reset", keys[rng.IntN(len(keys))]
+		}
+		c.Steps = append(c.Steps, s)
+	}
+	return c
+}
+
+// genFocusMemory draws a short history toward one seam on the in-process
+// store: a queued request's re-checks under a ban rule; a store on its own
+// clock, a few seconds from the nodes', across an hour's end (Lord Howe's
+// 30-minute shift among them).
+func genFocusMemory(seed uint64, focus string, steps int) simCase {
+	rng := rand.New(rand.NewPCG(seed, 0xf0c6))
+	st := simStarts[rng.IntN(len(simStarts))]
+	c := simCase{Name: fmt.Sprintf("memory %s seed %d", focus, seed), Stack: "memory", Start: st.at, Nodes: 3}
+	c.Cfg = genCfg(rng, "memory", st.zone)
+	c.Cfg.DryRun = false
+	switch focus {
+	case "queue-ban":
+		c.Cfg.Windows, c.Cfg.Limits = []string{[]string{"1s", "2s"}[rng.IntN(2)]}, []int64{int64(1 + rng.IntN(3))}
+		c.Cfg.GWindows, c.Cfg.GLimits, c.Cfg.Zone, c.Cfg.Burst = nil, nil, "", 0
+		c.Cfg.Queue = []string{"2s", "5s"}[rng.IntN(2)]
+		c.Cfg.BanAfter, c.Cfg.BanWithin, c.Cfg.BanFor = int64(2+rng.IntN(3)), "3s", []string{"2s", "10s"}[rng.IntN(2)]
+	case "store-clock":
+		st = simStarts[2+rng.IntN(2)] // Lord Howe
+		if rng.IntN(3) == 0 {
+			st = simStarts[rng.IntN(len(simStarts))]
+		}
+		c.Start = st.at
+		c.Cfg.Windows, c.Cfg.Limits = []string{"5s", "hour"}, []int64{int64(2 + rng.IntN(4)), int64(6 + rng.IntN(10))}
+		if rng.IntN(2) == 0 {
+			c.Cfg.Windows, c.Cfg.Limits = c.Cfg.Windows[1:], c.Cfg.Limits[1:]
+		}
+		c.Cfg.Zone, c.Cfg.Burst = st.zone, 0
+		if c.Cfg.Zone == "" {
+			c.Cfg.Zone = "UTC"
+		}
+		if c.Cfg.Alg == "token_bucket" {
+			c.Cfg.Alg = "fixed_window"
+		}
+		c.Skew = int64(1+rng.IntN(40)) * 1_000_000
+		if rng.IntN(2) == 0 {
+			c.Skew = -c.Skew
+		}
+	}
+	keys := []string{"a", "a", "b", "c"}
+	for len(c.Steps) < steps {
+		s := simStep{Node: rng.IntN(c.Nodes)}
+		switch x := rng.IntN(100); {
+		case x < 55:
+			s.Op, s.Key, s.Region, s.Cost = "req", keys[rng.IntN(len(keys))], []string{"us", "eu"}[rng.IntN(2)], 1
+			s.Cancel = c.Cfg.Queue != "" && rng.IntN(6) == 0
+		case x < 65:
+			s.Op, s.N, s.Status = "done", rng.IntN(8), []int{200, 401, 0}[rng.IntN(3)]
+		case x < 88:
+			s.Op, s.Dt = "tick", int64(rng.IntN(2_000_000))
+			if focus == "store-clock" && rng.IntN(4) == 0 {
+				s.Dt = int64(rng.IntN(60_000_000))
+			}
+		case x < 93:
+			s.Op, s.Key = "reset", keys[rng.IntN(len(keys))]
+		default:
+			s.Op, s.Key, s.TTL = "ovset", keys[rng.IntN(len(keys))], int64(1+rng.IntN(20))
+			s.Factor = []float64{0.5, 2, 3}[rng.IntN(3)]
+			if c.Cfg.Alg == "token_bucket" {
+				continue
+			}
+		}
+		c.Steps = append(c.Steps, s)
+	}
+	return c
+}
+
 // runCase runs a history on a fresh set of nodes; it returns the first
 // discrepancy and the events it reached.
 func (e *simEnv) runCase(c *simCase) (error, map[string]int) {
+	t0 := time.Now()
 	r, err := e.start(c)
 	if err != nil {
 		return fmt.Errorf("start: %w", err), nil
 	}
-	defer r.close()
+	t1 := time.Now()
 	err = r.run()
+	t2 := time.Now()
+	r.close()
+	if os.Getenv("SIM_DEBUG") != "" && c.Stack == "redis" {
+		e.t.Logf("%s: start %s, run %s, close %s", c.Name, t1.Sub(t0), t2.Sub(t1), time.Since(t2))
+	}
 	return err, r.seen
 }
 
@@ -255,7 +424,10 @@ func (e *simEnv) shrink(c simCase, budget time.Duration) simCase {
 
 // simBudget is the number of histories and their length: make test's
 // default, SIM_SEEDS / SIM_STEPS, one seed with SIM_SEED, or as many as fit
-// in SIM_TIME.
+// in SIM_TIME. Focused histories (simFoci) come on top: in make test,
+// SIM_FOCUS of each seam (default 40 on the in-process store, 4 on Redis;
+// SIM_FOCUS=0: none); with SIM_TIME every other history; SIM_SEED=<n>
+// SIM_FOCUS=<seam> replays one. SIM_DEBUG=1 logs each Redis history's time.
 func simBudget(stack string) (seeds []uint64, steps int, until time.Time) {
 	steps = envInt("SIM_STEPS", map[string]int{"memory": 300, "redis": 100}[stack])
 	n := envInt("SIM_SEEDS", map[string]int{"memory": 150, "redis": 6}[stack])
@@ -281,16 +453,17 @@ func simBudget(stack string) (seeds []uint64, steps int, until time.Time) {
 // simulate runs the budget on one stack and fails with the shrunk history
 // of the first failing seed.
 func simulate(t *testing.T, e *simEnv, stack string) map[string]int {
+	defer e.closing.Wait()
 	seeds, steps, until := simBudget(stack)
 	seen := map[string]int{}
 	ran := 0
-	for _, seed := range seeds {
-		if !until.IsZero() && time.Now().After(until) {
-			break
-		}
+	run := func(c simCase) {
 		ran++
-		c := genCase(seed, stack, steps)
+		t0 := time.Now()
 		err, ev := e.runCase(&c)
+		if os.Getenv("SIM_DEBUG") != "" && stack == "redis" {
+			t.Logf("%s: %s, %v", c.Name, time.Since(t0), ev)
+		}
 		for k, v := range ev {
 			seen[k] += v
 		}
@@ -300,9 +473,33 @@ func simulate(t *testing.T, e *simEnv, stack string) map[string]int {
 			t.Fatalf("%s: %v\n\nshrunk to %d steps: %v\n\npaste into TestSimReplay's table:\n%s", c.Name, err, len(small.Steps), serr, small.literal())
 		}
 	}
-	t.Logf("%d histories of %d steps; events: %v", ran, steps, seen)
+	foci := simFoci[stack]
+	for i, seed := range seeds {
+		if !until.IsZero() && time.Now().After(until) {
+			break
+		}
+		switch f := os.Getenv("SIM_FOCUS"); {
+		case f != "" && f != "0" && os.Getenv("SIM_SEED") != "":
+			run(genFocus(seed, stack, f, simFocusSteps)) // replaying a focused history
+		case !until.IsZero() && i%2 == 1:
+			run(genFocus(seed, stack, foci[(i/2)%len(foci)], simFocusSteps))
+		default:
+			run(genCase(seed, stack, steps))
+		}
+	}
+	if until.IsZero() && os.Getenv("SIM_SEED") == "" && os.Getenv("SIM_FOCUS") != "0" {
+		// make test: the focused histories, n of each seam.
+		n := envInt("SIM_FOCUS", map[string]int{"memory": 40, "redis": 4}[stack])
+		for i := 0; i < n*len(foci); i++ {
+			run(genFocus(uint64(1+i/len(foci)), stack, foci[i%len(foci)], simFocusSteps))
+		}
+	}
+	t.Logf("%d histories (of %d steps, focused ones of %d); events: %v", ran, steps, simFocusSteps, seen)
 	return seen
 }
+
+// simFocusSteps is the length of a focused history.
+const simFocusSteps = 40
 
 // requireEvents fails when a kind of event the simulation must reach did
 // not happen over the budget.
@@ -341,7 +538,7 @@ func TestSimRedis(t *testing.T) {
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client",
 			"release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
-			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable",
+			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable", "fault:queued", "notice_missed",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
 	}
 }
@@ -429,6 +626,56 @@ var simReplays = []simCase{
 			{Op: "req", Node: 1, Key: "b", Cost: 1},
 			{Op: "req", Node: 1, Key: "b", Cost: 1},
 		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a queued request whose re-check meets a store failure gives its place back (33d9ee2; found by the queue-fault focus)", Stack: "redis", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"2s"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "1s", BanFor: "10s", Queue: "2s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1, QFault: "stall"},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a node that missed an override's notice drops the identity's cached denials when it reads the index (fba412b; missed-notice focus)", Stack: "redis", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "fixed_window", Windows: []string{"1s", "10s"}, Limits: []int64{2, 1}, GWindows: []string{"10s"}, GLimits: []int64{7}, CountOnly: true, Fail: "open"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "done", Node: 1, N: 5, Status: 401},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "ovset", Node: 2, Key: "a", Limits: []int64{1, 3}, TTL: 19, Deaf: 2},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a cached denial holds through an outage under a ban rule (59cee19; outage-ban focus)", Stack: "redis", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"1m"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "10s", BanFor: "2s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "kill"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "the old config's Redis client stays until its requests in flight are done (0897fd1)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"5s"}, Limits: []int64{4}, BanAfter: 2, BanWithin: "1s", BanFor: "2s", Conc: 1, Lease: "10s", Fail: "local"},
+		Steps: []simStep{
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "reload", Node: 2, Limits: []int64{6}, DryRun: true, Client: true},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a queued request's re-checks are not denials for the ban (59cee19; queue-ban focus)", Stack: "memory", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"1s"}, Limits: []int64{1}, BanAfter: 2, BanWithin: "3s", BanFor: "2s", Conc: 1, Lease: "2s", Queue: "2s"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "eu", Cost: 1},
+		}},
+	// Found by the mutation check with the fix reverted (docs/decision.md).
+	{Name: "a calendar period's length is the one of the period the store decided in, on the store's clock (fc22b8b; store-clock focus)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Skew: 27000000,
+		Cfg:  simCfg{Alg: "sliding_log", Windows: []string{"5s", "hour"}, Limits: []int64{2, 13}, GWindows: []string{"5s"}, GLimits: []int64{4}, Zone: "Australia/Lord_Howe", BanAfter: 3, BanWithin: "1s", BanFor: "10s", CountOnly: true, Queue: "2s"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "c", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
@@ -446,15 +693,6 @@ var simAvoid = map[string]bool{
 	"dry-run-with-ban":             false,
 	"new-client-with-leases":       false,
 	"outage-with-ban":              false,
-	// Not fixed (reported): a check sent before its client has learnt
-	// Redis's clock offset carries no deadline (-1), so when it meets a
-	// stall the fail mode answers it and Redis still runs it when it
-	// resumes: charged, though TestLateChecksAreNeverCharged's promise says
-	// never. Seen as redis seed 1796120763204860743 ("remaining: got 0, the
-	// oracle says 1" after a stall healed; the shrunk history did not
-	// replay every time: it needs the client's connection to exist). The
-	// simulation teaches each new client the offset first.
-	"late-check-unknown-offset": true,
 }
 
 // TestSimReplay replays the histories of simReplays.
@@ -467,7 +705,11 @@ func TestSimReplay(t *testing.T) {
 	}
 	for _, c := range cases {
 		if e == nil || c.Stack == "redis" && e.srv == nil {
+			if e != nil {
+				e.closing.Wait()
+			}
 			e = &simEnv{t: t}
+			defer e.closing.Wait()
 			if c.Stack == "redis" {
 				e.srv = redistest.Start(t)
 			}

@@ -9,6 +9,9 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,6 +27,9 @@ type simEnv struct {
 	srv *redistest.Server
 	run int
 	pc  *redis.Client // publishes the probes
+	// The nodes of histories that ended, being closed; wait for them
+	// before the test ends.
+	closing sync.WaitGroup
 }
 
 // pub is the client the probes are published with.
@@ -54,7 +60,7 @@ func (e *simEnv) start(c *simCase) (*simRun, error) {
 	r := &simRun{c: c, clock: &testClock{t: c.Start}, env: e, store: newOStore(), seen: map[string]int{},
 		keys: map[string]oReq{}, held: map[*limiter.Breaker][]simHeld{}, prefix: "sim" + strconv.Itoa(e.run) + ":"}
 	if c.Stack == "memory" {
-		r.mem = limiter.NewMemoryStore()
+		r.mem = limiter.NewMemoryStore(limiter.WithClock(r.storeNow))
 	} else {
 		e.srv.CLI(e.t, "FLUSHALL")
 	}
@@ -78,7 +84,7 @@ func (e *simEnv) start(c *simCase) (*simRun, error) {
 // node builds node i's limiter for cfg; on Redis, a new client when asked
 // (or when the node has none yet), else the node's own.
 func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, error) {
-	n := &simNode{cfg: cfg, rule: cfg.rule(), cache: map[string]*oCached{}}
+	n := &simNode{cfg: cfg, rule: cfg.rule(), cache: map[string]*oCached{}, deaf: new(atomic.Pointer[string])}
 	if i < len(r.nodes) {
 		n.local = r.nodes[i].local
 		n.stack = r.nodes[i].stack
@@ -87,12 +93,17 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 	}
 	name := "sim"
 	var b limiter.Backend
-	newOffset := false
 	if r.c.Stack == "memory" {
 		b = limiter.Backend{Store: r.mem, Source: limiter.SourceMemory, Notifier: r.mem}
+		if r.c.Skew != 0 {
+			// The store on its own clock: the limiter sends it no time
+			// (as to Redis with clock redis), and reads the overrides'
+			// index as it does Redis's. No deny cache: its entries are
+			// the Redis stack's to model.
+			b = limiter.Backend{Store: r.mem, Base: r.mem, Source: limiter.SourceMemory, Notifier: r.mem, Remote: true, DenyCacheSize: -1}
+		}
 	} else {
 		if n.stack == nil || newClient {
-			newOffset = true
 			old := n.stack
 			c := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond,
 				ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
@@ -108,29 +119,65 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			if old != nil && i < len(r.nodes) {
 				// The old client goes with the old config once its
 				// requests in flight are done (as Caddy's Cleanup does).
-				r.nodes[i].l.AfterDone(func(bool) {
+				oldL := r.nodes[i].l
+				oldL.AfterDone(func(deferred bool) {
+					if !deferred {
+						// At once: no request decided through the old
+						// client may be in flight (its release and
+						// count_only record still go through it).
+						for _, o := range r.open {
+							if o.l == oldL && o.shared {
+								r.closedUnder++
+							}
+						}
+					}
 					old.store.Close()
 					old.client.Close()
 				})
 			}
 		}
 		b = limiter.Backend{Store: n.stack.breaker, Base: n.stack.store, Source: limiter.SourceRedis, Remote: true,
-			Notifier: n.stack.store, Local: n.stack.local}
+			Notifier: &simNotifier{Notifier: n.stack.store, deaf: n.deaf}, Local: n.stack.local}
 	}
-	l, err := limiter.New(cfg.policy(name, r.prefix, r.clock.Now, r.c.Stack == "redis"), b)
+	p := cfg.policy(name, r.prefix, r.clock.Now, r.c.Stack == "redis")
+	if r.c.Skew != 0 {
+		p.AppClock, p.Timeout = false, 0
+	}
+	l, err := limiter.New(p, b)
 	if err != nil {
 		return nil, err
 	}
 	limiter.SetSleep(l, r.sleep)
 	n.l = l
-	if r.c.Stack == "redis" && newOffset && r.down == "" && simAvoid["late-check-unknown-offset"] {
-		// Teach the new client Redis's clock offset with one check of an
-		// identity no history uses (see simAvoid).
-		in := &limiter.Input{Identity: simProbe, Region: "x", Limits: cfg.Limits, GlobalLimits: cfg.GLimits, Cost: 1, MaxConcurrent: max(cfg.Conc, 1)}
-		d, _ := l.Decide(context.Background(), in)
-		l.Done(context.Background(), &d, 200)
+	if r.c.Skew != 0 {
+		// A remote limiter reads the overrides' index as it starts, on
+		// its own goroutine: wait for it.
+		for deadline := time.Now().Add(2 * time.Second); !r.knowsLiveOverrides(n); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				return nil, fmt.Errorf("a new limiter did not read the overrides' index within 2 s")
+			}
+		}
 	}
 	return n, nil
+}
+
+// simNotifier is a node's notices, of which it misses those of one
+// identity while deaf says so (a lost pub/sub message).
+type simNotifier struct {
+	limiter.Notifier
+	deaf *atomic.Pointer[string]
+}
+
+func (s *simNotifier) Subscribe(channel string, f func(msg string)) func() {
+	return s.Notifier.Subscribe(channel, func(msg string) {
+		if tag := s.deaf.Load(); tag != nil {
+			_, rest, _ := strings.Cut(msg, "\n")
+			if strings.TrimSuffix(rest, "\noverride") == *tag {
+				return
+			}
+		}
+		f(msg)
+	})
 }
 
 // close ends a history: every limiter, client and store it made.
@@ -141,16 +188,22 @@ func (r *simRun) close() {
 	}
 	r.open = nil
 	for _, n := range r.nodes {
-		n.l.Close()
-		if n.stack != nil {
-			n.stack.close()
-		}
+		// In the background: a store's Close waits for its subscription's
+		// reader, which may be in a backoff of up to 5 s after an outage.
+		r.env.closing.Add(1)
+		go func() {
+			defer r.env.closing.Done()
+			n.l.Close()
+			if n.stack != nil {
+				n.stack.close()
+			}
+		}()
 	}
 	if r.mem != nil {
 		r.mem.Close()
 	}
 	if r.env.srv != nil && r.down != "" {
-		r.env.heal(r)
+		r.env.heal(r, false)
 	}
 }
 
@@ -206,14 +259,15 @@ func (e *simEnv) fault(r *simRun, kind string) error {
 			r.event("fault:script_flush")
 		}
 	case "heal":
-		e.heal(r)
+		e.heal(r, true)
 	}
 	return nil
 }
 
 // heal ends a stall or a kill (a killed Redis comes back with its data
-// gone too: it has no persistence).
-func (e *simEnv) heal(r *simRun) {
+// gone too: it has no persistence); then, when wait, until every node
+// listens to notices again.
+func (e *simEnv) heal(r *simRun, wait bool) {
 	switch r.down {
 	case "stall":
 		e.srv.Resume()
@@ -226,7 +280,9 @@ func (e *simEnv) heal(r *simRun) {
 		}
 		r.event("heal:kill")
 		r.down = ""
-		_ = r.subscribed()
+		if wait {
+			_ = r.subscribed()
+		}
 	}
 	r.down = ""
 }

@@ -1,0 +1,126 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// TestFirstCheckIsNeverChargedLate: a RedisStore that has not yet learnt
+// how far Redis's clock is from its own sends its very first check while
+// Redis is stalled. The caller gives up at its timeout and the fail mode
+// answers (fail open: admitted, uncharged); when Redis resumes, nothing it
+// runs may charge the key, as for any late check (README: a request the
+// fail mode answered is never also charged). Batched and not.
+func TestFirstCheckIsNeverChargedLate(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	for _, batched := range []bool{false, true} {
+		name := "unbatched"
+		var opts []limiter.RedisOption
+		if batched {
+			name, opts = "batched", []limiter.RedisOption{limiter.WithBatching(2, 16)}
+		}
+		// As the module builds its client: a call gives up at its
+		// context's deadline, and is not tried again.
+		client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true,
+			ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
+		t.Cleanup(func() { _ = client.Close() })
+		store := limiter.NewRedisStore(client, opts...)
+		t.Cleanup(func() { store.Close() })
+		newLimiter := func(prefix string, timeout time.Duration) *limiter.Limiter {
+			l, err := limiter.New(limiter.Policy{Name: "late", KeyPrefix: prefix, Windows: []limiter.Window{{Duration: time.Minute}},
+				AppClock: true, Timeout: timeout, Fail: limiter.FailOpen},
+				limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(l.Close)
+			return l
+		}
+		// The store has called Redis (its connection exists, it knows how
+		// to call the script, Redis has the script), but only with checks
+		// that carry no deadline and the application's clock: nothing has
+		// taught it Redis's clock yet (as a new limiter's first calls,
+		// which read the overrides' index, do not).
+		warm := newLimiter(randomID(t)+":", 0)
+		if d, err := warm.Decide(ctx, &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
+			t.Fatal(err, d.Err)
+		}
+		prefix := randomID(t) + ":"
+		l := newLimiter(prefix, 100*time.Millisecond)
+
+		times := srv.CommandStats(t)["time"].Calls
+		srv.Pause()
+		d, err := l.Decide(ctx, &limiter.Input{Identity: "K", Limits: []int64{10}})
+		srv.Resume()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Err == nil || d.Source != limiter.SourceFailOpen || !d.Pass {
+			t.Fatalf("%s: the first check during a stall: %s from %s (err %v), want admitted by fail open", name, d.Outcome, d.Source, d.Err)
+		}
+		// Whatever was written to Redis during the stall runs now: the
+		// old check (which reads TIME) or a TIME call. Wait until Redis
+		// has run it (at most 3 s: it may also have been dropped unread).
+		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if srv.CommandStats(t)["time"].Calls > times {
+				break
+			}
+		}
+		if keys := srv.CLI(t, "--scan", "--pattern", prefix+"*"); keys != "" {
+			t.Errorf("%s: after the stall, Redis holds %q: the check the fail mode answered was charged when Redis resumed", name, keys)
+		}
+	}
+}
+
+// noTimeClient is a client whose Redis refuses TIME to it (NOPERM), as a
+// Redis 6 ACL without +time does, while its scripts may read TIME.
+type noTimeClient struct{ *redis.Client }
+
+type permErr string
+
+func (e permErr) Error() string { return string(e) }
+func (permErr) RedisError()     {}
+
+func (c noTimeClient) Process(ctx context.Context, cmd redis.Cmder) error {
+	if cmd.Name() == "time" {
+		err := permErr("NOPERM User limiter has no permissions to run the 'time' command")
+		cmd.SetErr(err)
+		return err
+	}
+	return c.Client.Process(ctx, cmd)
+}
+
+// TestChecksGoWhereTimeIsRefused: where Redis answers but refuses TIME to
+// the limiter's user, the store cannot learn its clock offset that way; its
+// checks still go (their replies teach the offset), and are decided by
+// Redis, not by the fail mode.
+func TestChecksGoWhereTimeIsRefused(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store := limiter.NewRedisStore(noTimeClient{client})
+	t.Cleanup(func() { store.Close() })
+	l, err := limiter.New(limiter.Policy{Name: "notime", KeyPrefix: randomID(t) + ":", Windows: []limiter.Window{{Duration: time.Minute}},
+		AppClock: true, Timeout: 2 * time.Second, Fail: limiter.FailOpen},
+		limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	for i := 1; i <= 3; i++ {
+		d, err := l.Decide(context.Background(), &limiter.Input{Identity: "K", Limits: []int64{10}})
+		if err != nil || d.Err != nil || d.Source != limiter.SourceRedis || d.Windows[0].Count != int64(i) {
+			t.Fatalf("request %d: %s from %s (count %d, err %v %v), want admitted by Redis with count %d", i, d.Outcome, d.Source,
+				d.Windows[0].Count, err, d.Err, i)
+		}
+	}
+}
