@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -250,15 +251,8 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string) (ShareView,
 
 // ShareDeposit implements ShareStore.
 func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (int, error) {
-	sh := s.shard(key)
-	sh.mu.Lock()
+	sh, k, t, wall := s.lockKey(key)
 	defer sh.mu.Unlock()
-	t := s.now().UnixMicro()
-	wall := time.Now().UnixNano()
-	k := sh.get(key, wall)
-	if k == nil {
-		k = &memKey{}
-	}
 	if k.share == nil {
 		k.share = &shareState{}
 	}
@@ -268,7 +262,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 	latest := t
 	for i := range st.g {
 		g := &st.g[i]
-		if st.has[i] && g.closed(t) && contains(d.Returned, g.ID) {
+		if st.has[i] && g.closed(t) && slices.Contains(d.Returned, g.ID) {
 			st.has[i], st.g[i] = false, ShareGrant{}
 		}
 		switch {
@@ -305,26 +299,24 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 	return slot, nil
 }
 
-func contains(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
-// StandingDo implements ShareStore.
-func (s *MemoryStore) StandingDo(_ context.Context, key, op string, arg int64) (Standing, bool, error) {
+// lockKey locks key's shard (the caller unlocks it) and returns its live
+// state, new when it has none (the caller puts it), with the store's clock
+// (µs) and the wall clock (ns).
+func (s *MemoryStore) lockKey(key string) (*memShard, *memKey, int64, int64) {
 	sh := s.shard(key)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	t := s.now().UnixMicro()
 	wall := time.Now().UnixNano()
 	k := sh.get(key, wall)
 	if k == nil {
 		k = &memKey{}
 	}
+	return sh, k, s.now().UnixMicro(), wall
+}
+
+// StandingDo implements ShareStore.
+func (s *MemoryStore) StandingDo(_ context.Context, key, op string, arg int64) (Standing, bool, error) {
+	sh, k, t, wall := s.lockKey(key)
+	defer sh.mu.Unlock()
 	if k.standing == nil {
 		k.standing = &Standing{}
 	}
