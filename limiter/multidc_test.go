@@ -553,3 +553,60 @@ func recoversDC(dc string, from time.Duration) func(t *testing.T, w *mdcWorld, s
 		}
 	}
 }
+
+// TestGlobalCeilingOnInProcessStores: nodes with no Redis of their own
+// (each its own data centre, its shares in process) hold the ceiling as
+// Redis-backed ones do.
+func TestGlobalCeilingOnInProcessStores(t *testing.T) {
+	t.Parallel()
+	ledger := redistest.Start(t)
+	p := limiter.Policy{Name: "mdc", Regions: true, Windows: []limiter.Window{{Duration: time.Minute}},
+		GlobalWindows: []limiter.Window{{Duration: mdcWin}}, Timeout: time.Second, Fail: limiter.FailClosed}
+	var nodes []*limiter.Limiter
+	for i := range 3 {
+		lc := redis.NewClient(&redis.Options{Addr: ledger.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+		t.Cleanup(func() { lc.Close() })
+		ms := limiter.NewMemoryStore()
+		t.Cleanup(func() { ms.Close() })
+		l, err := limiter.New(p, limiter.Backend{Store: ms, Source: limiter.SourceMemory,
+			Global: &limiter.Global{Ledger: limiter.NewLedger(lc), Datacenter: fmt.Sprintf("node%d", i), Length: 100 * time.Millisecond}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		nodes = append(nodes, l)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var admitted []time.Time
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			in := &limiter.Input{Identity: "viral", Region: fmt.Sprint(i), Limits: []int64{1 << 40}, GlobalLimits: []int64{mdcLimit}}
+			for ctx.Err() == nil {
+				d, err := n.Decide(ctx, in)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Pass {
+					mu.Lock()
+					admitted = append(admitted, d.At)
+					mu.Unlock()
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	wg.Wait()
+	over, when := overAdmitted(admitted, mdcWin, mdcLimit)
+	if over > 0 {
+		t.Fatalf("%d over the ceiling in the window ending %v", over, when)
+	}
+	if len(admitted) < mdcLimit {
+		t.Fatalf("admitted %d in 3 s, want at least %d", len(admitted), mdcLimit)
+	}
+}
