@@ -100,7 +100,7 @@ func TestExamplesAdapt(t *testing.T) {
 
 // exampleEnv are the environment variables the examples read when adapted
 // ({$VAR:default}), each with a loopback default.
-var exampleEnv = []string{"REDIS_URL", "REDIS_CLUSTER", "UPSTREAM"}
+var exampleEnv = []string{"REDIS_URL", "REDIS_CLUSTER", "UPSTREAM", "LEDGER_URL", "DATACENTER"}
 
 // TestExamplesValidateWithEmptyEnvironment runs this repo's Caddy as a user
 // would, `caddy validate --config <example>`, with an empty environment:
@@ -143,8 +143,9 @@ func TestExamplesValidateWithEmptyEnvironment(t *testing.T) {
 	}
 }
 
-// redisAddresses returns the Redis URL and addresses of every
-// sliding_ratelimit handler in an adapted config, wherever it sits.
+// redisAddresses returns the Redis URL and addresses (redis and
+// global_redis) of every sliding_ratelimit handler in an adapted config,
+// wherever it sits.
 func redisAddresses(config []byte) ([]string, error) {
 	var v any
 	if err := json.Unmarshal(config, &v); err != nil {
@@ -159,11 +160,13 @@ func redisAddresses(config []byte) ([]string, error) {
 				walk(e)
 			}
 		case map[string]any:
-			if r, ok := v["redis"].(map[string]any); ok && v["handler"] == "sliding_ratelimit" {
-				if u, ok := r["url"].(string); ok {
-					out = append(out, u)
+			for _, field := range []string{"redis", "global_redis"} {
+				if r, ok := v[field].(map[string]any); ok && v["handler"] == "sliding_ratelimit" {
+					if u, ok := r["url"].(string); ok {
+						out = append(out, u)
+					}
+					out = append(out, asStrings(r["addresses"])...)
 				}
-				out = append(out, asStrings(r["addresses"])...)
 			}
 			for _, e := range v {
 				walk(e)

@@ -339,7 +339,8 @@ var literalAlternatives = regexp.MustCompile(`^[A-Za-z0-9_]+(\|[A-Za-z0-9_]+)*$`
 
 // checkPromQL returns what an expression uses that the scrape does not
 // have: metric names, label names, label values (of fixed vocabularies:
-// not limiter, instance or job, not Grafana variables), and grouping labels.
+// not limiter, datacenter, instance or job, which the operator names, not
+// Grafana variables), and grouping labels.
 func (s scrapedMetrics) checkPromQL(use promqlUse) []string {
 	refs, err := parsePromQL(use.expr)
 	if err != nil {
@@ -371,6 +372,8 @@ func (s scrapedMetrics) checkPromQL(use promqlUse) []string {
 				continue
 			case m.Label == "limiter":
 				filtered = filtered || (m.Op == "=~" && m.Value == "$limiter")
+				continue
+			case m.Label == "datacenter":
 				continue
 			case strings.Contains(m.Value, "$"), (m.Op == "=" || m.Op == "!=") && m.Value == "":
 				continue
@@ -417,12 +420,13 @@ func keys[V any](m map[string]V) string {
 // makes every series the plugin has (allowed, denied, cached denials,
 // near-limit crossings, a ban, a queued request, window denials, store
 // errors from a Redis killed mid-run, its circuit open, the in-process
-// store); then every metric, label and fixed label value used by the
+// store, a limiter with a global ceiling kept in a ledger); then every
+// metric, label and fixed label value used by the
 // dashboard's panels and variable, the alert rules and the rules test's
 // series must be in the scrape. Each one missing is named.
 func TestDashboardAndRulesUseRealMetrics(t *testing.T) {
-	mem, queue, rds := uniqueName(), uniqueName(), uniqueName()
-	srv := redistest.Start(t)
+	mem, queue, rds, glb := uniqueName(), uniqueName(), uniqueName(), uniqueName()
+	srv, ledger := redistest.Start(t), redistest.Start(t)
 	tester := caddytest.NewTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
@@ -452,6 +456,18 @@ http://localhost:9080 {
 		}
 		respond "ok"
 	}
+	route /global {
+		sliding_ratelimit {
+			name         `+glb+`
+			key          {http.request.header.X-Key}
+			region       {http.request.header.X-Region}
+			limit        10 1m
+			global_limit 20 1m
+			global_redis redis://`+ledger.Addr()+`
+			datacenter   eu-west
+		}
+		respond "ok"
+	}
 }
 `, "caddyfile")
 
@@ -475,6 +491,10 @@ http://localhost:9080 {
 	if got, want := codes("/redis", "a", 4), []int{200, 200, 429, 429}; !slices.Equal(got, want) {
 		t.Fatalf("/redis statuses %v, want %v", got, want)
 	}
+	// The ledger grants eu-west a share of the global ceiling.
+	if got := get(t, tester, "http://localhost:9080/global", map[string]string{"X-Key": "g", "X-Region": "eu"}).StatusCode; got != http.StatusOK {
+		t.Fatalf("/global status %d, want 200", got)
+	}
 	// Redis dies: connection errors, fail open, until the circuit opens.
 	srv.Kill()
 	open := false
@@ -488,7 +508,7 @@ http://localhost:9080 {
 		t.Fatal("the circuit did not open with Redis down")
 	}
 
-	scraped := scrapeMetrics(t, tester, mem, queue, rds)
+	scraped := scrapeMetrics(t, tester, mem, queue, rds, glb)
 	// The traffic did what it was meant to.
 	for _, c := range []struct {
 		metric string
@@ -507,6 +527,8 @@ http://localhost:9080 {
 		{"caddy_sliding_ratelimit_store_check_duration_seconds", map[string]string{"limiter": rds, "store": "redis"}},
 		{"caddy_sliding_ratelimit_store_check_duration_seconds", map[string]string{"limiter": mem, "store": "memory"}},
 		{"caddy_sliding_ratelimit_memory_keys", nil},
+		{"caddy_sliding_ratelimit_global_grants_total", map[string]string{"limiter": glb, "datacenter": "eu-west"}},
+		{"caddy_sliding_ratelimit_ledger_round_trip_seconds", map[string]string{"limiter": glb, "datacenter": "eu-west"}},
 	} {
 		if got := scraped.sum(c.metric, c.labels); got <= 0 {
 			t.Errorf("after the traffic, %s%v = %v, want above 0", c.metric, c.labels, got)
