@@ -470,9 +470,13 @@ func (g *global) beatOnce() {
 	if g.suspect.Load() {
 		g.toStatic(ctx, key)
 		pctx, pcancel := context.WithTimeout(ctx, g.cfg.Timeout)
+		sent := time.Now()
 		err := g.cfg.Ledger.Ping(pctx)
 		pcancel()
 		if err != nil {
+			// A failed probe is a ledger error too: operators see the
+			// data centre still cut off.
+			g.event(GlobalEvent{Kind: EventLedgerError, Took: time.Since(sent), Err: err})
 			return
 		}
 		g.suspect.Store(false)
