@@ -22,22 +22,19 @@ type record struct {
 
 type duration = time.Duration
 
-// load sends the trace open-loop: per data centre one dispatcher sends
-// each request at its time in the trace (catching up at once when it is
-// late, never faster), to workers that call Decide; a request that finds
-// every worker busy and the queue full is dropped (counted). It ends with
-// the trace.
+// load sends the trace open-loop, as an HTTP server meets it: per data
+// centre one dispatcher starts each request at its time in the trace
+// (catching up at once when it is late, never faster) in a goroutine of its
+// own that calls Decide, so a decision that waits holds up no other. At
+// most inflight requests per data centre are in flight; one more is
+// dropped (counted). It ends with the trace.
 type load struct {
-	tr      trace
-	nodes   []*node
-	limit   int64
-	workers func(dc int) int
-	dropped atomic.Int64
-	errs    atomic.Int64
-}
-
-type job struct {
-	sent time.Duration
+	tr       trace
+	nodes    []*node
+	limit    int64
+	inflight int
+	dropped  atomic.Int64
+	errs     atomic.Int64
 }
 
 // run sends the whole trace from start and returns every decision.
@@ -46,80 +43,83 @@ func (ld *load) run(ctx context.Context, start time.Time) []record {
 	var all []record
 	var wg sync.WaitGroup
 	for dc, n := range ld.nodes {
-		jobs := make(chan job, 4096)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer close(jobs)
-			ld.dispatch(ctx, dc, start, jobs)
+			recs := ld.dispatch(ctx, dc, n, start)
+			mu.Lock()
+			all = append(all, recs...)
+			mu.Unlock()
 		}()
-		for range ld.workers(dc) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				recs := ld.work(ctx, dc, n, start, jobs)
-				mu.Lock()
-				all = append(all, recs...)
-				mu.Unlock()
-			}()
-		}
 	}
 	wg.Wait()
 	return all
 }
 
-func (ld *load) dispatch(ctx context.Context, dc int, start time.Time, jobs chan<- job) {
+func (ld *load) dispatch(ctx context.Context, dc int, n *node, start time.Time) []record {
+	in := &limiter.Input{Identity: "viral", Region: n.dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{ld.limit}}
+	sem := make(chan struct{}, ld.inflight)
+	var mu sync.Mutex
+	var recs []record
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	for i := 0; ; i++ {
 		at, ok := ld.tr.arrival(dc, i)
 		if !ok {
-			return
+			break
 		}
 		if d := time.Until(start.Add(at)); d > 0 {
 			t := time.NewTimer(d)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return
 			case <-t.C:
 			}
-		} else if ctx.Err() != nil {
-			return
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		select {
-		case jobs <- job{sent: at}:
+		case sem <- struct{}{}:
 		default:
 			ld.dropped.Add(1)
-		}
-	}
-}
-
-func (ld *load) work(ctx context.Context, dc int, n *node, start time.Time, jobs <-chan job) []record {
-	in := &limiter.Input{Identity: "viral", Region: n.dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{ld.limit}}
-	var recs []record
-	for j := range jobs {
-		if ctx.Err() != nil {
-			continue // drain: the run was stopped
-		}
-		t0 := time.Now()
-		d, err := n.l.Decide(ctx, in)
-		took := time.Since(t0)
-		if err != nil {
-			ld.errs.Add(1)
 			continue
 		}
-		r := record{dc: dc, sent: j.sent.Microseconds(), took: took, at: d.At.Sub(start).Microseconds()}
-		switch {
-		case d.Pass && d.Source == limiter.SourceFailOpen:
-			r.open = true
-		case d.Pass:
-			r.pass = true
-		case d.Outcome == limiter.OutcomeUnavailable:
-			r.down = true
-		}
-		if d.At.IsZero() {
-			r.at = time.Since(start).Microseconds()
-		}
-		recs = append(recs, r)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			r, ok := ld.decide(ctx, dc, n, in, start, at)
+			if ok {
+				mu.Lock()
+				recs = append(recs, r)
+				mu.Unlock()
+			}
+		}()
 	}
+	wg.Wait()
 	return recs
+}
+
+func (ld *load) decide(ctx context.Context, dc int, n *node, in *limiter.Input, start time.Time, sent time.Duration) (record, bool) {
+	t0 := time.Now()
+	d, err := n.l.Decide(ctx, in)
+	took := time.Since(t0)
+	if err != nil {
+		ld.errs.Add(1)
+		return record{}, false
+	}
+	r := record{dc: dc, sent: sent.Microseconds(), took: took, at: d.At.Sub(start).Microseconds()}
+	switch {
+	case d.Pass && d.Source == limiter.SourceFailOpen:
+		r.open = true
+	case d.Pass:
+		r.pass = true
+	case d.Outcome == limiter.OutcomeUnavailable:
+		r.down = true
+	}
+	if d.At.IsZero() {
+		r.at = time.Since(start).Microseconds()
+	}
+	return r, true
 }

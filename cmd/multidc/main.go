@@ -34,13 +34,13 @@ type config struct {
 	Window           time.Duration
 	Flat, To         float64 // requests a minute
 	Warm, Ramp, Hold time.Duration
-	Workers          int // per flat data centre; the viral one gets 4x
+	Inflight         int // requests in flight per data centre at most
 	Plot             string
 }
 
 func defaults() config {
 	return config{DCs: 8, Scale: 4, Delay: 25 * time.Millisecond, Limit: 10000, Window: time.Minute,
-		Flat: 200, To: 40000, Warm: time.Minute, Ramp: 45 * time.Second, Hold: 4 * time.Minute, Workers: 2}
+		Flat: 200, To: 40000, Warm: time.Minute, Ramp: 45 * time.Second, Hold: 4 * time.Minute, Inflight: 1000}
 }
 
 func main() {
@@ -55,7 +55,7 @@ func main() {
 	flag.DurationVar(&c.Warm, "warm", c.Warm, "flat traffic before the rise (before scaling)")
 	flag.DurationVar(&c.Ramp, "ramp", c.Ramp, "the rise's length (before scaling)")
 	flag.DurationVar(&c.Hold, "hold", c.Hold, "traffic after the rise (before scaling)")
-	flag.IntVar(&c.Workers, "workers", c.Workers, "goroutines calling Decide per flat data centre (the viral one: 4x)")
+	flag.IntVar(&c.Inflight, "inflight", c.Inflight, "requests in flight per data centre at most (one more is dropped, counted)")
 	flag.StringVar(&c.Plot, "plot", "", "write the plot of admitted requests here (.png or .svg)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -77,8 +77,8 @@ func (c config) validate() error {
 		return errors.New("-limit and -window must be positive")
 	case c.Flat <= 0 || c.To < c.Flat:
 		return errors.New("-flat must be positive and -to at least -flat")
-	case c.Workers <= 0:
-		return errors.New("-workers must be positive")
+	case c.Inflight <= 0:
+		return errors.New("-inflight must be positive")
 	}
 	return nil
 }
@@ -123,12 +123,7 @@ func runTrace(ctx context.Context, w *world, c config, tr trace, win time.Durati
 		}
 		nodes = append(nodes, n)
 	}
-	ld := &load{tr: tr, nodes: nodes, limit: c.Limit, workers: func(dc int) int {
-		if dc == tr.viral() {
-			return 4 * c.Workers
-		}
-		return c.Workers
-	}}
+	ld := &load{tr: tr, nodes: nodes, limit: c.Limit, inflight: c.Inflight}
 	// Bounded: the trace's length, and a margin for the last decisions.
 	rctx, cancel := context.WithTimeout(ctx, tr.total()+10*time.Second)
 	defer cancel()

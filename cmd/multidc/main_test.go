@@ -16,7 +16,7 @@ import (
 func TestSmoke(t *testing.T) {
 	c := config{DCs: 3, Scale: 1, Delay: 5 * time.Millisecond, Limit: 100, Window: time.Second,
 		Flat: 600, To: 30000, Warm: 500 * time.Millisecond, Ramp: 500 * time.Millisecond, Hold: 1500 * time.Millisecond,
-		Workers: 1, Plot: filepath.Join(t.TempDir(), "multidc.png")}
+		Inflight: 200, Plot: filepath.Join(t.TempDir(), "multidc.png")}
 	var out bytes.Buffer
 	res, err := run(context.Background(), c, &out)
 	t.Log(out.String())

@@ -170,12 +170,11 @@ func percentile(s []time.Duration, q float64) time.Duration {
 	return s[int(q*float64(len(s)-1)+0.5)]
 }
 
-// latencies returns every decision's Decide time (or only the admitted
-// ones'), sorted.
-func latencies(recs []record, admitted bool) []time.Duration {
+// latencies returns the Decide time of the decisions keep keeps, sorted.
+func latencies(recs []record, keep func(record) bool) []time.Duration {
 	s := make([]time.Duration, 0, len(recs))
 	for _, r := range recs {
-		if r.pass || !admitted {
+		if keep(r) {
 			s = append(s, r.took)
 		}
 	}

@@ -25,8 +25,8 @@ func writePlot(path string, r *result) error {
 	p.Title.Text = fmt.Sprintf("%d data centres, one ceiling (%d per %v, time ÷%g), ledger %v round trip: admitted per second",
 		r.c.DCs, r.c.Limit, r.win, r.c.Scale, 2*r.c.Delay)
 	p.X.Label.Text = fmt.Sprintf("seconds (real; ÷%g of the trace's time)", r.c.Scale)
-	p.Y.Label.Text = "requests per second"
-	p.Y.Min = 0
+	p.Y.Label.Text = "requests per second (log scale; none drawn at 1)"
+	p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 	p.Add(plotter.NewGrid())
 	p.Legend.Top, p.Legend.Left = true, true
 
@@ -35,7 +35,7 @@ func writePlot(path string, r *result) error {
 	xy := func(f func(i int) float64) plotter.XYs {
 		pts := make(plotter.XYs, n)
 		for i := range pts {
-			pts[i] = plotter.XY{X: (float64(i) + 0.5) * sec, Y: f(i)}
+			pts[i] = plotter.XY{X: (float64(i) + 0.5) * sec, Y: max(f(i), 1)}
 		}
 		return pts
 	}
@@ -95,21 +95,21 @@ func writePlot(path string, r *result) error {
 		}
 	}
 	// The over-demand phase starts here.
-	od, err := plotter.NewLine(plotter.XYs{{X: r.ODFrom.Seconds(), Y: 0}, {X: r.ODFrom.Seconds(), Y: r.perSecondMax()}})
+	od, err := plotter.NewLine(plotter.XYs{{X: r.ODFrom.Seconds(), Y: 1}, {X: r.ODFrom.Seconds(), Y: r.perSecondMax()}})
 	if err != nil {
 		return err
 	}
 	od.Color, od.Dashes = demandColor, []vg.Length{vg.Points(1), vg.Points(2)}
 	p.Add(od)
 	p.Legend.Add("over-demand phase from here", od)
-	p.Y.Max = r.perSecondMax()
+	p.Y.Min, p.Y.Max = 1, r.perSecondMax()
 	return p.Save(11*vg.Inch, 5.5*vg.Inch, path)
 }
 
-// perSecondMax is the plot's top: above the admitted and the ceiling, not
-// the viral demand (which would flatten everything else).
+// perSecondMax is the plot's top: above the admitted, the ceiling and the
+// demand, with room for the legend.
 func (r *result) perSecondMax() float64 {
-	top := float64(r.c.Limit) / r.win.Seconds()
+	top := max(float64(r.c.Limit)/r.win.Seconds(), r.tr.high)
 	for i := range r.Bins[0] {
 		s := 0.0
 		for dc := range r.Bins {
@@ -117,5 +117,5 @@ func (r *result) perSecondMax() float64 {
 		}
 		top = max(top, s)
 	}
-	return 1.6 * top
+	return 8 * top
 }

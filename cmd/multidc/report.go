@@ -30,6 +30,8 @@ type result struct {
 	P50, P99   [2]time.Duration // [multi, local]
 	P999, PMax [2]time.Duration
 	AP50, AP99 [2]time.Duration // admitted decisions only
+	WP50, WP99 [2]time.Duration // decisions sent before the rise (the ceiling has room)
+	OP50, OP99 [2]time.Duration // decisions sent in the over-demand phase
 	Waited     [2]int           // decisions that took at least a round trip
 	Decisions  [2]int
 	Bins       [][]float64 // admitted per second, per data centre (multi run)
@@ -106,14 +108,18 @@ func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 	}
 
 	for i, o := range []*outcome{g, l} {
-		lat := latencies(o.recs, false)
+		lat := latencies(o.recs, func(record) bool { return true })
 		r.Decisions[i] = len(lat)
 		r.P50[i], r.P99[i], r.P999[i] = percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 0.999)
 		if len(lat) > 0 {
 			r.PMax[i] = lat[len(lat)-1]
 		}
-		alat := latencies(o.recs, true)
+		alat := latencies(o.recs, func(x record) bool { return x.pass })
 		r.AP50[i], r.AP99[i] = percentile(alat, 0.50), percentile(alat, 0.99)
+		wlat := latencies(o.recs, func(x record) bool { return x.sent < tr.warm.Microseconds() })
+		r.WP50[i], r.WP99[i] = percentile(wlat, 0.50), percentile(wlat, 0.99)
+		olat := latencies(o.recs, func(x record) bool { return x.sent >= od.Microseconds() })
+		r.OP50[i], r.OP99[i] = percentile(olat, 0.50), percentile(olat, 0.99)
 		for _, d := range lat {
 			if d >= 2*c.Delay {
 				r.Waited[i]++
@@ -122,7 +128,7 @@ func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 	}
 
 	r.BinLen = time.Second
-	nb := int(tr.total()/r.BinLen) + 1
+	nb := int(tr.total() / r.BinLen) // whole bins only
 	r.Bins = make([][]float64, c.DCs)
 	for dc := range r.Bins {
 		r.Bins[dc] = make([]float64, nb)
@@ -170,13 +176,14 @@ func (r *result) print(out io.Writer) {
 		c.DCs-2, r.perWindow(tr.flat), tr.viral(), r.perWindow(tr.flat), r.perWindow(tr.high), c.Ramp, tr.ramp, c.Warm, tr.warm)
 	p("    then held %v (%v here). Total demand at the top: %.0f per window, %.1fx the ceiling.", c.Hold, tr.hold,
 		r.perWindow(tr.totalRate(tr.total())), tr.totalRate(tr.total())/(float64(c.Limit)/r.win.Seconds()))
-	p("    Requests are sent open-loop at the trace's times (evenly spread at its rate) by a dispatcher per data centre")
-	p("    to %d goroutines calling Decide (%d for dc%d).", c.Workers, 4*c.Workers, tr.viral())
+	p("    Requests are sent open-loop at the trace's times (evenly spread at its rate) by a dispatcher per data centre,")
+	p("    each in a goroutine of its own calling Decide, as an HTTP server runs them (at most %d in flight per data", c.Inflight)
+	p("    centre; one more is dropped and counted).")
 	p("  over-demand phase: from %.2f s (the total demand first above the ceiling's rate, %.1f/s) to the end at %.2f s:",
 		r.ODFrom.Seconds(), float64(c.Limit)/r.win.Seconds(), tr.total().Seconds())
 	p("    %.2f whole windows.", r.ODWindows)
 	for i, o := range []*outcome{r.global, r.local} {
-		p("  %s run: %d decisions in %.1f s, dropped (queue full) %d, errors %d.", []string{"multi-data-centre", "one-store"}[i],
+		p("  %s run: %d decisions in %.1f s, dropped (too many in flight) %d, errors %d.", []string{"multi-data-centre", "one-store"}[i],
 			len(o.recs), o.elapsed.Seconds(), o.dropped, o.errs)
 	}
 
@@ -215,16 +222,21 @@ func (r *result) print(out io.Writer) {
 	p("    ledger had room, as the engine counts it; ledgerRT: the mean round trip of its ledger calls, in the background.)")
 	p("  added latency: Decide's time for every decision of the trace, the same nodes with the ceiling in the ledger")
 	p("    against the ceiling in one local Redis (global_limit in the data centre's own redis-server, as one data centre):")
-	p("    %-13s %12s %12s %12s", "", "multi-DC", "one store", "added")
+	p("    %-16s %12s %12s %12s", "", "multi-DC", "one store", "added")
 	row := func(name string, v [2]time.Duration) {
-		p("    %-13s %12s %12s %12s", name, ms(v[0]), ms(v[1]), ms(v[0]-v[1]))
+		p("    %-16s %12s %12s %12s", name, ms(v[0]), ms(v[1]), ms(v[0]-v[1]))
 	}
 	row("p50", r.P50)
 	row("p99", r.P99)
 	row("p99.9", r.P999)
 	row("max", r.PMax)
+	p("    by decision (the same percentiles, of some decisions only):")
 	row("admitted p50", r.AP50)
 	row("admitted p99", r.AP99)
+	row("before rise p50", r.WP50)
+	row("before rise p99", r.WP99)
+	row("over-demand p50", r.OP50)
+	row("over-demand p99", r.OP99)
 	p("    decisions that took a round trip (%v) or more: %d of %d multi-DC, %d of %d one store.", rt,
 		r.Waited[0], r.Decisions[0], r.Waited[1], r.Decisions[1])
 	p("    Acceptance: p99 added <= 1 ms: %s.", verdict(r.P99[0]-r.P99[1] <= time.Millisecond))
