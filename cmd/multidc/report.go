@@ -32,8 +32,8 @@ type result struct {
 	AP50, AP99 [2]time.Duration // admitted decisions only
 	WP50, WP99 [2]time.Duration // decisions sent before the rise (the ceiling has room)
 	OP50, OP99 [2]time.Duration // decisions sent in the over-demand phase
-	Waited     [2]int           // decisions that took at least a round trip
-	Decisions  [2]int
+	Waited     [2][3]int        // decisions that took at least a round trip: all, before the rise, over-demand
+	Decisions  [2][3]int
 	Bins       [][]float64 // admitted per second, per data centre (multi run)
 	BinLen     time.Duration
 }
@@ -109,7 +109,6 @@ func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 
 	for i, o := range []*outcome{g, l} {
 		lat := latencies(o.recs, func(record) bool { return true })
-		r.Decisions[i] = len(lat)
 		r.P50[i], r.P99[i], r.P999[i] = percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 0.999)
 		if len(lat) > 0 {
 			r.PMax[i] = lat[len(lat)-1]
@@ -120,9 +119,12 @@ func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 		r.WP50[i], r.WP99[i] = percentile(wlat, 0.50), percentile(wlat, 0.99)
 		olat := latencies(o.recs, func(x record) bool { return x.sent >= od.Microseconds() })
 		r.OP50[i], r.OP99[i] = percentile(olat, 0.50), percentile(olat, 0.99)
-		for _, d := range lat {
-			if d >= 2*c.Delay {
-				r.Waited[i]++
+		r.Decisions[i] = [3]int{len(lat), len(wlat), len(olat)}
+		for k, s := range [][]time.Duration{lat, wlat, olat} {
+			for _, d := range s {
+				if d >= 2*c.Delay {
+					r.Waited[i][k]++
+				}
 			}
 		}
 	}
@@ -237,8 +239,9 @@ func (r *result) print(out io.Writer) {
 	row("before rise p99", r.WP99)
 	row("over-demand p50", r.OP50)
 	row("over-demand p99", r.OP99)
-	p("    decisions that took a round trip (%v) or more: %d of %d multi-DC, %d of %d one store.", rt,
-		r.Waited[0], r.Decisions[0], r.Waited[1], r.Decisions[1])
+	p("    decisions that took a round trip (%v) or more, multi-DC: %d of %d (before the rise %d of %d, over-demand %d of %d);",
+		rt, r.Waited[0][0], r.Decisions[0][0], r.Waited[0][1], r.Decisions[0][1], r.Waited[0][2], r.Decisions[0][2])
+	p("    one store: %d of %d.", r.Waited[1][0], r.Decisions[1][0])
 	p("    Acceptance: p99 added <= 1 ms: %s.", verdict(r.P99[0]-r.P99[1] <= time.Millisecond))
 	p("")
 	p("Acceptance 2 (issue #21): under-use <= 3 %%: %s (worst %s); p99 added <= 1 ms: %s (%s).",
