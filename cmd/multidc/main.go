@@ -96,6 +96,7 @@ type outcome struct {
 	recs    []record
 	events  []map[limiter.GlobalEventKind]int
 	rtt     []time.Duration // mean ledger round trip per data centre
+	empty   []int           // ledger answers that granted nothing, per data centre
 	dropped int64
 	errs    int64
 	elapsed time.Duration
@@ -143,8 +144,9 @@ func runTrace(ctx context.Context, w *world, c config, tr trace, win time.Durati
 		if g := n.events[limiter.EventGrant]; g > 0 {
 			rtt = n.rtt / time.Duration(g)
 		}
+		empty := n.empty
 		n.mu.Unlock()
-		o.events, o.rtt = append(o.events, ev), append(o.rtt, rtt)
+		o.events, o.rtt, o.empty = append(o.events, ev), append(o.rtt, rtt), append(o.empty, empty)
 	}
 	return o, nil
 }

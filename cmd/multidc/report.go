@@ -46,6 +46,7 @@ type dcFigures struct {
 	WorstWindow       float64 // flat ones: the least admitted/demand in a whole window
 	Denied, Unavail   int
 	Starved, Grants   int
+	Empty             int
 	LedgerErrs, Ended int
 	RTT               time.Duration
 }
@@ -103,7 +104,7 @@ func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 		}
 		ev := g.events[dc]
 		f.Starved, f.Grants, f.LedgerErrs, f.Ended = ev[limiter.EventStarved], ev[limiter.EventGrant], ev[limiter.EventLedgerError], ev[limiter.EventReturn]
-		f.RTT = g.rtt[dc]
+		f.RTT, f.Empty = g.rtt[dc], g.empty[dc]
 		r.PerDC = append(r.PerDC, f)
 	}
 
@@ -210,18 +211,19 @@ func (r *result) print(out io.Writer) {
 	p("    follow time is the worst L over %d times: %s (at t = %.2f s). Bound: 2 round trips + 1 s = %v: %s.", r.Follow.Points,
 		lag, r.Follow.At.Seconds(), bound, verdict(!r.Follow.Bounded && r.Follow.Lag <= bound))
 	p("  fairness, in the over-demand phase (requests; fair: the max-min fair split of the ceiling's rate by the demands):")
-	p("    %-12s %9s %9s %9s %8s %8s %8s %7s %8s %7s %6s %9s", "dc", "demand", "fair", "admitted", "adm/dem", "adm/fair",
-		"worstwin", "denied", "starved", "grants", "errs", "ledgerRT")
+	p("    %-12s %9s %9s %9s %8s %8s %8s %7s %8s %7s %6s %6s %9s", "dc", "demand", "fair", "admitted", "adm/dem", "adm/fair",
+		"worstwin", "denied", "starved", "calls", "empty", "errs", "ledgerRT")
 	for _, f := range r.PerDC {
 		ww := "-"
 		if f.WorstWindow >= 0 {
 			ww = pct(f.WorstWindow)
 		}
-		p("    %-12s %9.0f %9.0f %9.0f %8s %8s %8s %7d %8d %7d %6d %9s", f.Name, f.Demand, f.Fair, f.Admitted,
-			pct(f.Admitted/f.Demand), pct(f.Admitted/f.Fair), ww, f.Denied, f.Starved, f.Grants, f.LedgerErrs, ms(f.RTT))
+		p("    %-12s %9.0f %9.0f %9.0f %8s %8s %8s %7d %8d %7d %6d %6d %9s", f.Name, f.Demand, f.Fair, f.Admitted,
+			pct(f.Admitted/f.Demand), pct(f.Admitted/f.Fair), ww, f.Denied, f.Starved, f.Grants, f.Empty, f.LedgerErrs, ms(f.RTT))
 	}
 	p("    (worstwin: a flat data centre's least admitted/demand in a whole window of the phase; starved: refused while the")
-	p("    ledger had room, as the engine counts it; ledgerRT: the mean round trip of its ledger calls, in the background.)")
+	p("    ledger had room, as the engine counts it; calls: its ledger calls that answered, the whole run; empty: those that")
+	p("    granted nothing; ledgerRT: their mean round trip.)")
 	p("  added latency: Decide's time for every decision of the trace, the same nodes with the ceiling in the ledger")
 	p("    against the ceiling in one local Redis (global_limit in the data centre's own redis-server, as one data centre):")
 	p("    %-16s %12s %12s %12s", "", "multi-DC", "one store", "added")

@@ -84,6 +84,7 @@ type node struct {
 	mu     sync.Mutex
 	events map[limiter.GlobalEventKind]int
 	rtt    time.Duration // the ledger's round trips, summed (EventGrant)
+	empty  int           // ledger answers that granted nothing
 }
 
 func newNode(dc *datacenter, p limiter.Policy, global bool) (*node, error) {
@@ -113,6 +114,9 @@ func (n *node) event(ev limiter.GlobalEvent) {
 	n.events[ev.Kind]++
 	if ev.Kind == limiter.EventGrant {
 		n.rtt += ev.Took
+		if ev.Units == 0 {
+			n.empty++
+		}
 	}
 	n.mu.Unlock()
 }
