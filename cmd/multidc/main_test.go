@@ -11,11 +11,11 @@ import (
 )
 
 // TestSmoke runs a tiny configuration end to end (3 data centres, a 1 s
-// window, 5 ms each way, about 2.5 s of trace per run): the ceiling holds,
+// window, 5 ms each way, 1.7 s of trace per run, twice): the ceiling holds,
 // something is admitted, and the report and the plot are written.
 func TestSmoke(t *testing.T) {
 	c := config{DCs: 3, Scale: 1, Delay: 5 * time.Millisecond, Limit: 100, Window: time.Second,
-		Flat: 600, To: 30000, Warm: 500 * time.Millisecond, Ramp: 500 * time.Millisecond, Hold: 1500 * time.Millisecond,
+		Flat: 600, To: 30000, Warm: 300 * time.Millisecond, Ramp: 400 * time.Millisecond, Hold: time.Second,
 		Inflight: 200, Plot: filepath.Join(t.TempDir(), "multidc.png")}
 	var out bytes.Buffer
 	res, err := run(context.Background(), c, &out)
