@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -166,8 +167,8 @@ func run(ctx context.Context, c config, out io.Writer) (*result, error) {
 		return nil, err
 	}
 	defer w.close()
-	fmt.Fprintf(out, "multidc: %d data centres on loopback, one identity, the viral trace; started %s\n",
-		c.DCs, time.Now().UTC().Format(time.RFC3339))
+	fmt.Fprintf(out, "multidc: %d data centres on loopback, one identity, the viral trace; started %s, load average %s\n",
+		c.DCs, time.Now().UTC().Format(time.RFC3339), loadavg())
 	global, err := runTrace(ctx, w, c, tr, win, true)
 	if err != nil {
 		return nil, fmt.Errorf("multi-data-centre run: %w", err)
@@ -181,6 +182,8 @@ func run(ctx context.Context, c config, out io.Writer) (*result, error) {
 	}
 	res := analyse(c, tr, win, global, local)
 	res.print(out)
+	fmt.Fprintf(out, "\nended %s, load average %s (other work on this machine, if any, shows in the latency)\n",
+		time.Now().UTC().Format(time.RFC3339), loadavg())
 	if c.Plot != "" {
 		if err := writePlot(c.Plot, res); err != nil {
 			return res, err
@@ -188,4 +191,15 @@ func run(ctx context.Context, c config, out io.Writer) (*result, error) {
 		fmt.Fprintf(out, "\nplot: %s\n", c.Plot)
 	}
 	return res, nil
+}
+
+// loadavg is the machine's 1, 5 and 15 minute load average ("?" where
+// unknown).
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	f := strings.Fields(string(b))
+	if err != nil || len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
 }
