@@ -16,6 +16,8 @@ type result struct {
 	win    time.Duration
 	global *outcome
 	local  *outcome
+	all    []int64   // every admission of the multi-DC run, sorted
+	fair   []float64 // each data centre's max-min fair rate at the plateau
 
 	Admitted   int
 	Over       int64 // most in a trailing window, less the limit
@@ -54,9 +56,9 @@ type dcFigures struct {
 func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 	r := &result{c: c, tr: tr, win: win, global: g, local: l}
 	winUS, end := win.Microseconds(), tr.total().Microseconds()
-	all := times(g.recs, func(record) bool { return true })
-	r.Admitted = len(all)
-	over, when := overAdmitted(all, winUS, c.Limit)
+	r.all = times(g.recs, func(record) bool { return true })
+	r.Admitted = len(r.all)
+	over, when := overAdmitted(r.all, winUS, c.Limit)
 	r.Over, r.OverAt = over, time.Duration(when)*time.Microsecond
 	r.LocalOver, _ = overAdmitted(times(l.recs, func(record) bool { return true }), winUS, c.Limit)
 	ceiling := float64(c.Limit) / win.Seconds()
@@ -66,82 +68,98 @@ func analyse(c config, tr trace, win time.Duration, g, l *outcome) *result {
 	}
 	r.ODFrom = od
 	r.ODWindows = float64(tr.total()-od) / float64(win)
-	r.Under = measureUnderUse(all, od.Microseconds(), end, winUS, max(winUS/150, 1000), c.Limit)
+	r.Under = measureUnderUse(r.all, od.Microseconds(), end, winUS, max(winUS/150, 1000), c.Limit)
 
 	demands := make([]float64, c.DCs)
 	for dc := range demands {
 		demands[dc] = tr.rate(dc, tr.total())
 	}
-	fair := maxMinFair(demands, ceiling)
-	r.Fair = fair[tr.viral()]
+	r.fair = maxMinFair(demands, ceiling)
+	r.Fair = r.fair[tr.viral()]
 	viral := times(g.recs, func(x record) bool { return x.dc == tr.viral() })
-	r.Follow = measureFollow(tr, all, viral, winUS, c.Limit, r.Fair)
-
+	r.Follow = measureFollow(tr, r.all, viral, winUS, c.Limit, r.Fair)
 	for dc := range c.DCs {
-		mine := times(g.recs, func(x record) bool { return x.dc == dc })
-		f := dcFigures{Name: fmt.Sprintf("dc%d", dc),
-			Demand:   tr.cum(dc, tr.total()) - tr.cum(dc, od),
-			Admitted: float64(count(mine, od.Microseconds(), end)),
-			Fair:     fair[dc] * (tr.total() - od).Seconds(), WorstWindow: -1}
-		if dc == tr.viral() {
-			f.Name += " (viral)"
-		} else {
-			for s := od; s+win <= tr.total(); s += win {
-				d := tr.cum(dc, s+win) - tr.cum(dc, s)
-				v := float64(count(mine, s.Microseconds(), (s+win).Microseconds())) / d
-				if f.WorstWindow < 0 || v < f.WorstWindow {
-					f.WorstWindow = v
-				}
-			}
-		}
-		for _, x := range g.recs {
-			if x.dc == dc && x.sent >= od.Microseconds() && !x.pass {
-				f.Denied++
-				if x.down {
-					f.Unavail++
-				}
-			}
-		}
-		ev := g.events[dc]
-		f.Starved, f.Grants, f.LedgerErrs, f.Ended = ev[limiter.EventStarved], ev[limiter.EventGrant], ev[limiter.EventLedgerError], ev[limiter.EventReturn]
-		f.RTT, f.Empty = g.rtt[dc], g.empty[dc]
-		r.PerDC = append(r.PerDC, f)
+		r.PerDC = append(r.PerDC, r.analyseDC(dc))
 	}
-
 	for i, o := range []*outcome{g, l} {
-		lat := latencies(o.recs, func(record) bool { return true })
-		r.P50[i], r.P99[i], r.P999[i] = percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 0.999)
-		if len(lat) > 0 {
-			r.PMax[i] = lat[len(lat)-1]
-		}
-		alat := latencies(o.recs, func(x record) bool { return x.pass })
-		r.AP50[i], r.AP99[i] = percentile(alat, 0.50), percentile(alat, 0.99)
-		wlat := latencies(o.recs, func(x record) bool { return x.sent < tr.warm.Microseconds() })
-		r.WP50[i], r.WP99[i] = percentile(wlat, 0.50), percentile(wlat, 0.99)
-		olat := latencies(o.recs, func(x record) bool { return x.sent >= od.Microseconds() })
-		r.OP50[i], r.OP99[i] = percentile(olat, 0.50), percentile(olat, 0.99)
-		r.Decisions[i] = [3]int{len(lat), len(wlat), len(olat)}
-		for k, s := range [][]time.Duration{lat, wlat, olat} {
-			for _, d := range s {
-				if d >= 2*c.Delay {
-					r.Waited[i][k]++
-				}
+		r.analyseLatency(i, o)
+	}
+	r.analyseBins()
+	return r
+}
+
+// analyseDC is data centre dc's figures in the over-demand phase.
+func (r *result) analyseDC(dc int) dcFigures {
+	tr, win, g, od := r.tr, r.win, r.global, r.ODFrom
+	mine := times(g.recs, func(x record) bool { return x.dc == dc })
+	f := dcFigures{Name: fmt.Sprintf("dc%d", dc),
+		Demand:   tr.cum(dc, tr.total()) - tr.cum(dc, od),
+		Admitted: float64(count(mine, od.Microseconds(), tr.total().Microseconds())),
+		Fair:     r.fair[dc] * (tr.total() - od).Seconds(), WorstWindow: -1}
+	if dc == tr.viral() {
+		f.Name += " (viral)"
+	} else {
+		for s := od; s+win <= tr.total(); s += win {
+			d := tr.cum(dc, s+win) - tr.cum(dc, s)
+			v := float64(count(mine, s.Microseconds(), (s+win).Microseconds())) / d
+			if f.WorstWindow < 0 || v < f.WorstWindow {
+				f.WorstWindow = v
 			}
 		}
 	}
+	for _, x := range g.recs {
+		if x.dc == dc && x.sent >= od.Microseconds() && !x.pass {
+			f.Denied++
+			if x.down {
+				f.Unavail++
+			}
+		}
+	}
+	ev := g.events[dc]
+	f.Starved, f.Grants, f.LedgerErrs, f.Ended = ev[limiter.EventStarved], ev[limiter.EventGrant], ev[limiter.EventLedgerError], ev[limiter.EventReturn]
+	f.RTT, f.Empty = g.rtt[dc], g.empty[dc]
+	return f
+}
 
+// analyseLatency fills the latency figures of run i (0 multi-DC, 1 one
+// store).
+func (r *result) analyseLatency(i int, o *outcome) {
+	warm, od := r.tr.warm.Microseconds(), r.ODFrom.Microseconds()
+	lat := latencies(o.recs, func(record) bool { return true })
+	r.P50[i], r.P99[i], r.P999[i] = percentile(lat, 0.50), percentile(lat, 0.99), percentile(lat, 0.999)
+	if len(lat) > 0 {
+		r.PMax[i] = lat[len(lat)-1]
+	}
+	alat := latencies(o.recs, func(x record) bool { return x.pass })
+	r.AP50[i], r.AP99[i] = percentile(alat, 0.50), percentile(alat, 0.99)
+	wlat := latencies(o.recs, func(x record) bool { return x.sent < warm })
+	r.WP50[i], r.WP99[i] = percentile(wlat, 0.50), percentile(wlat, 0.99)
+	olat := latencies(o.recs, func(x record) bool { return x.sent >= od })
+	r.OP50[i], r.OP99[i] = percentile(olat, 0.50), percentile(olat, 0.99)
+	r.Decisions[i] = [3]int{len(lat), len(wlat), len(olat)}
+	for k, s := range [][]time.Duration{lat, wlat, olat} {
+		for _, d := range s {
+			if d >= 2*r.c.Delay {
+				r.Waited[i][k]++
+			}
+		}
+	}
+}
+
+// analyseBins counts the multi-DC run's admissions per second and data
+// centre, for the plot.
+func (r *result) analyseBins() {
 	r.BinLen = time.Second
-	nb := int(tr.total() / r.BinLen) // whole bins only
-	r.Bins = make([][]float64, c.DCs)
+	nb := int(r.tr.total() / r.BinLen) // whole bins only
+	r.Bins = make([][]float64, r.c.DCs)
 	for dc := range r.Bins {
 		r.Bins[dc] = make([]float64, nb)
 	}
-	for _, x := range g.recs {
+	for _, x := range r.global.recs {
 		if i := int(time.Duration(x.at) * time.Microsecond / r.BinLen); x.pass && x.at >= 0 && i < nb {
 			r.Bins[x.dc][i] += 1 / r.BinLen.Seconds()
 		}
 	}
-	return r
 }
 
 func pct(v float64) string { return fmt.Sprintf("%.1f %%", 100*v) }
@@ -159,7 +177,16 @@ func verdict(ok bool) string {
 // window.
 func (r *result) perWindow(rate float64) float64 { return rate * r.win.Seconds() }
 
+// print writes the report.
 func (r *result) print(out io.Writer) {
+	r.printSetup(out)
+	r.printCeiling(out)
+	r.printFairness(out)
+	r.printLatency(out)
+}
+
+// printSetup says what was measured and how.
+func (r *result) printSetup(out io.Writer) {
 	c, tr := r.c, r.tr
 	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
 	rt := 2 * c.Delay
@@ -190,6 +217,13 @@ func (r *result) print(out io.Writer) {
 			len(o.recs), o.elapsed.Seconds(), o.dropped, o.errs)
 	}
 
+}
+
+// printCeiling: over-admission, under-use, the share follow time.
+func (r *result) printCeiling(out io.Writer) {
+	c, tr := r.c, r.tr
+	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
+	rt := 2 * c.Delay
 	p("")
 	p("Results: the ceiling in the ledger, %v round trip", rt)
 	p("  over-admission: the most admitted in any trailing %v window (by each admission's store time, Decision.At),", r.win)
@@ -210,6 +244,11 @@ func (r *result) print(out io.Writer) {
 	}
 	p("    follow time is the worst L over %d times: %s (at t = %.2f s). Bound: 2 round trips + 1 s = %v: %s.", r.Follow.Points,
 		lag, r.Follow.At.Seconds(), bound, verdict(!r.Follow.Bounded && r.Follow.Lag <= bound))
+}
+
+// printFairness: each data centre's admissions against its demand.
+func (r *result) printFairness(out io.Writer) {
+	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
 	p("  fairness, in the over-demand phase (requests; fair: the max-min fair split of the ceiling's rate by the demands):")
 	p("    %-12s %9s %9s %9s %8s %8s %8s %7s %8s %7s %6s %6s %9s", "dc", "demand", "fair", "admitted", "adm/dem", "adm/fair",
 		"worstwin", "denied", "starved", "calls", "empty", "errs", "ledgerRT")
@@ -224,6 +263,13 @@ func (r *result) print(out io.Writer) {
 	p("    (worstwin: a flat data centre's least admitted/demand in a whole window of the phase; starved: refused while the")
 	p("    ledger had room, as the engine counts it; calls: its ledger calls that answered, the whole run; empty: those that")
 	p("    granted nothing; ledgerRT: their mean round trip.)")
+}
+
+// printLatency: the latency the ledger adds, and the verdicts.
+func (r *result) printLatency(out io.Writer) {
+	c := r.c
+	p := func(format string, a ...any) { fmt.Fprintf(out, format+"\n", a...) }
+	rt := 2 * c.Delay
 	p("  added latency: Decide's time for every decision of the trace, the same nodes with the ceiling in the ledger")
 	p("    against the ceiling in one local Redis (global_limit in the data centre's own redis-server, as one data centre):")
 	p("    %-16s %12s %12s %12s", "", "multi-DC", "one store", "added")
