@@ -692,9 +692,11 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 }
 
 // shared acts on what the store said of the request's share of the global
-// ceiling: a share that is short while the ledger said nothing is renewed
-// now, once per request (the caller asks the store again); a claim to
-// renew is renewed in the background. It returns the Op to ask next.
+// ceiling: the first request of the identity here (the ledger never
+// answered for it) asks the ledger now, once (the caller asks the store
+// again); a claim to renew is renewed in the background; a share that ran
+// out while the ledger does not answer follows the fail mode. It returns
+// the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
 		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
@@ -705,7 +707,13 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 	if r.Share&ShareRenew != 0 {
 		l.g.later(in, r)
 	}
-	if r.Status == StatusDenied && r.Share&ShareShort != 0 && (asked || r.Share&ShareAsk != 0) {
+	if r.Status == StatusDenied && r.Share&ShareOnly != 0 && !asked && l.g.down.Load() {
+		// The share ran out and the ledger does not answer: the fail
+		// mode, as for the identity's first request.
+		return op, asked, ErrLedgerUnreachable
+	}
+	if r.Status == StatusDenied && r.Share&ShareOnly != 0 && r.Share&ShareFull == 0 {
+		// Refused here while the ledger had not said it was full.
 		l.g.event(GlobalEvent{Kind: EventStarved})
 	}
 	r.Share &^= ShareAsk

@@ -81,6 +81,9 @@ type global struct {
 
 	rtt    atomic.Int64 // µs, the ledger's round trip (an average)
 	static atomic.Bool
+	// down: the last call of the ledger failed (a short share then follows
+	// the fail mode, not a refusal).
+	down atomic.Bool
 	// suspect (fail local): a call of the ledger failed; until a probe
 	// (PING, which changes nothing there) answers, this node sends the
 	// ledger nothing that could renew the data centre's membership, so
@@ -291,6 +294,7 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 // grants that ended), keep what it grants.
 func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64) error {
 	if g.suspect.Load() {
+		g.down.Store(true)
 		return ErrLedgerUnreachable
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*g.cfg.Timeout)
@@ -372,11 +376,13 @@ func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time
 	took := time.Since(sent)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
 		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+		g.down.Store(true)
 		if g.l.p.Fail == FailLocal && IsUnavailable(err) {
 			g.suspect.Store(true)
 		}
 		return rep, took, err
 	}
+	g.down.Store(false)
 	g.rtt.Store((3*g.rtt.Load() + took.Microseconds()) / 4)
 	if rep.N > 0 {
 		g.n.Store(rep.N)
@@ -425,21 +431,39 @@ func (g *global) renewer() {
 			return
 		case rn := <-g.queue:
 			tag, key := Tag(rn.identity), rn.key
-			g.mu.Lock()
-			busy := g.flight[tag] != nil
-			if !busy {
-				g.flight[tag] = &shareCall{done: make(chan struct{})}
-			}
-			c := g.flight[tag]
-			g.mu.Unlock()
-			if busy {
-				continue
+			// The request that queued this renewal holds the claim: it
+			// runs, after the renewal in flight for the identity (whose
+			// deposit may have let this one claim), never instead of it.
+			c := g.take(tag)
+			if c == nil {
+				return
 			}
 			c.err = g.renew(context.Background(), tag, key, rn.sig, rn.win, 1)
 			g.mu.Lock()
 			delete(g.flight, tag)
 			g.mu.Unlock()
 			close(c.done)
+		}
+	}
+}
+
+// take makes this goroutine the identity's renewal in flight, once the
+// one in flight (if any) is done; nil when the global stops first.
+func (g *global) take(tag string) *shareCall {
+	for {
+		g.mu.Lock()
+		busy := g.flight[tag]
+		if busy == nil {
+			c := &shareCall{done: make(chan struct{})}
+			g.flight[tag] = c
+			g.mu.Unlock()
+			return c
+		}
+		g.mu.Unlock()
+		select {
+		case <-busy.done:
+		case <-g.stop:
+			return nil
 		}
 	}
 }
@@ -493,6 +517,7 @@ func (g *global) beatOnce() {
 	lcancel()
 	took := time.Since(sent)
 	if err == nil {
+		g.down.Store(false)
 		g.event(GlobalEvent{Kind: EventBeat, Took: took})
 		g.n.Store(rep.N)
 		op := "poll"

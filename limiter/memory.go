@@ -264,6 +264,7 @@ type memDo struct {
 	peek, record bool
 	reply        Reply
 	ovEnd        int64 // µs: when the override that changed a limit ends
+	shareNew     bool  // the share part's share has no answer of the ledger under its limits
 }
 
 // override applies the identity's overrides to the Op. It reports whether

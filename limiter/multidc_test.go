@@ -610,3 +610,57 @@ func TestGlobalCeilingOnInProcessStores(t *testing.T) {
 		t.Fatalf("admitted %d in 3 s, want at least %d", len(admitted), mdcLimit)
 	}
 }
+
+// TestSpentShareFollowsTheFailModeWhileTheLedgerIsDown: once the share is
+// spent and a renewal found the ledger down, a request the share alone
+// refuses gets the fail mode (fail closed: unavailable), not a 429, and
+// the ledger is not asked on the request path; when the ledger answers
+// again the share is renewed and requests are admitted.
+func TestSpentShareFollowsTheFailModeWhileTheLedgerIsDown(t *testing.T) {
+	t.Parallel()
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes = 1, 1
+	o.delay = func(int) time.Duration { return 0 }
+	w := newMDCWorld(t, o)
+	n := w.dcs[0].nodes[0]
+	ctx := context.Background()
+	in := &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{mdcLimit}}
+	if d, err := n.Decide(ctx, in); err != nil || !d.Pass {
+		t.Fatalf("first request: %+v, %v", d, err)
+	}
+	w.dcs[0].proxy.Cut()
+	deadline := time.Now().Add(10 * time.Second)
+	var last limiter.Decision
+	for {
+		d, err := n.Decide(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = d
+		if d.Outcome == limiter.OutcomeUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s with the ledger cut off and no fail-mode answer; last %+v", last)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if last.Pass || last.Source != limiter.SourceFailClosed {
+		t.Fatalf("fail closed, the ledger down: %+v", last)
+	}
+	w.dcs[0].proxy.Heal()
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		d, err := n.Decide(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Pass {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the ledger came back, still %+v", d)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

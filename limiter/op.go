@@ -215,11 +215,17 @@ const (
 	// ShareRenew: the caller holds the claim to renew the share, in the
 	// background.
 	ShareRenew ShareFlags = 2
-	// ShareAsk: the share is short and the ledger said nothing of when it
-	// has room: the caller asks it now.
+	// ShareAsk: the share is short and the ledger never answered for it
+	// under these limits (the identity's first request in the data
+	// centre): the caller asks it now.
 	ShareAsk ShareFlags = 4
 	// ShareShort: the share did not hold the cost.
 	ShareShort ShareFlags = 8
+	// ShareOnly: the share alone refused the request (every other window
+	// had room).
+	ShareOnly ShareFlags = 16
+	// ShareFull: the ledger said it has no room yet.
+	ShareFull ShareFlags = 32
 )
 
 // Usage is one window after a decision, in µs and units.

@@ -99,10 +99,14 @@ type shareState struct {
 // under is the share as checks under the limits of signature sig see it:
 // grants (and what the ledger said of them) under other limits are not
 // there.
-func (st *shareState) under(sig string) {
+// A deposit adopts sig (the ledger answered under it); a check does not,
+// as the script writes "L" only in a deposit.
+func (st *shareState) under(sig string, adopt bool) {
 	if st.sig != sig {
-		st.sig = sig
 		st.g, st.has, st.full = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0
+		if adopt {
+			st.sig = sig
+		}
 	}
 }
 
@@ -130,7 +134,7 @@ func (st *shareState) rate(now int64) (rate, idx, dc, dp int64) {
 	idx = now / 1_000_000
 	switch st.dw {
 	case idx:
-		return max(st.dc, st.dp), idx, st.dc, st.dp
+		return max(st.dc*1_000_000/max(now-idx*1_000_000, 250_000), st.dp), idx, st.dc, st.dp
 	case idx - 1:
 		return st.dc, idx, 0, st.dc
 	}
@@ -141,10 +145,9 @@ func (st *shareState) rate(now int64) (rate, idx, dc, dp int64) {
 func (m *memDo) shareCheck(p *Part, k *memKey, pe []winEval) bool {
 	t := m.s.now().UnixMicro()
 	st := &shareState{sig: p.Sig}
-	if k != nil && k.share != nil {
-		if st = k.share; st.sig != p.Sig {
-			st = &shareState{sig: p.Sig}
-		}
+	fresh := true
+	if k != nil && k.share != nil && k.share.sig == p.Sig {
+		st, fresh = k.share, false
 	}
 	rem, soon, _, _, _ := st.held(t)
 	fits := rem >= m.op.Cost
@@ -154,12 +157,17 @@ func (m *memDo) shareCheck(p *Part, k *memKey, pe []winEval) bool {
 			pe[j].reset = soon - t
 		}
 		if !fits {
-			pe[j].retry = 1
-			if st.full > t {
+			switch {
+			case st.full > t:
 				pe[j].retry = st.full - t
+			case fresh:
+				pe[j].retry = 1
+			default:
+				pe[j].retry = max(p.Lead, 1000)
 			}
 		}
 	}
+	m.shareNew = fresh
 	return fits
 }
 
@@ -173,13 +181,12 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 		k.share = &shareState{}
 	}
 	st := k.share
-	st.under(p.Sig)
+	st.under(p.Sig, false)
 	cost := m.op.Cost
 	rate, idx, dc, dp := st.rate(t)
 	write := false
 	if demand {
 		dc += cost
-		rate = max(rate, dc)
 		st.dw, st.dc, st.dp = idx, dc, dp
 		write = true
 	}
@@ -208,12 +215,18 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 	var flags ShareFlags
 	if !fit {
 		flags = ShareShort
-		if st.full <= t && demand {
-			flags |= ShareAsk
+		if demand {
+			flags |= ShareOnly
+			if m.shareNew {
+				flags |= ShareAsk
+			}
 		}
 	}
 	low := cost + int64(math.Ceil(float64(rate)*float64(p.Lead)/1e6))
 	more := demand && (rem < low || soon > 0 && float64(soon-t) < math.Max(float64(p.Lead), float64(slen)/2)) && st.full-t < p.Lead
+	if st.full > t {
+		flags |= ShareFull
+	}
 	if (flags&ShareAsk != 0 || closed || more) && st.claim <= t {
 		st.claim = t + p.Claim
 		flags |= ShareRenew
@@ -257,7 +270,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 		k.share = &shareState{}
 	}
 	st := k.share
-	st.under(d.Sig)
+	st.under(d.Sig, true)
 	free, ended := -1, -1
 	latest := t
 	for i := range st.g {
@@ -279,7 +292,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 	}
 	st.claim, st.full = 0, 0
 	if d.Retry > 0 {
-		st.full = d.T0 + d.Retry
+		st.full = t + d.Retry
 	}
 	slot := 0
 	if d.Units > 0 {

@@ -14,7 +14,7 @@
 --            slots of the grants the ledger took back (ids) are emptied,
 --            the claim is released, a grant of n units (n > 0) goes into a
 --            free slot (or one whose grant has ended) with deadline t0 +
---            len, and "f" becomes t0 + retry (0: none). Reply: the slot, or
+--            len, and "f" becomes now + retry (0: none). Reply: the slot, or
 --            0 when every slot holds a live grant (the grant is not kept:
 --            the ledger counts it, nothing uses it).
 --   send     KEYS[1] the data centre's standing: before the ledger is asked
@@ -58,7 +58,8 @@ if op == "begin" then
   local w, c, pr = tonumber(v[27]), tonumber(v[28]) or 0, tonumber(v[29]) or 0
   local rate = 0
   if w == idx then
-    rate = math.max(c, pr)
+    -- As share.lua's share_rate.
+    rate = math.max(math.floor(c * 1000000 / math.max(t - idx * 1000000, 250000)), pr)
   elseif w == idx - 1 then
     rate = c
   end
@@ -113,9 +114,12 @@ if op == "deposit" then
       latest = math.max(latest, sd)
     end
   end
+  -- Full until: the ledger's retry from its clock, which read it after
+  -- t0, as late as this call's (a renewal asked too soon after it was
+  -- refused would only be refused again).
   local f = 0
   if retry > 0 then
-    f = t0 + retry
+    f = t + retry
   end
   redis.call("HSET", key, "c", 0, "f", f)
   local slot = 0

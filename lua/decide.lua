@@ -81,7 +81,9 @@
 --   flags        the sum of: 1 the concurrency bound denied the request;
 --                and for a share of a global ceiling (kind 6, share.lua):
 --                2 the caller holds the claim to renew it, 4 it is short
---                and the ledger said nothing (ask it now), 8 it is short
+--                and the ledger never answered for it (ask it now), 8 it
+--                is short, 16 it alone refused the request, 32 the ledger
+--                said it has no room yet
 -- When an override changed a limit, the reply goes on with limit and burst
 -- per window, in order (burst 0: the limit).
 -- A request is admitted when the key is not banned, every window of every
@@ -455,7 +457,7 @@ local function decide(a, k)
         local demand = banleft == 0 and leasedenied == 0 and others
         local f = share_after(p, key, j0, j1, cost, demand, recording)
         shflags = shflags + f
-        if f % 8 >= 4 then
+        if f % 8 >= 4 then -- 4: the caller asks the ledger now
           asking = true
         end
       end

@@ -278,7 +278,7 @@ for j = 1, nwin do
     jf, jr = j, wlim[j] / wl[j]
   end
 end
-local bydc = {}
+local bydc, live = {}, {} -- per data centre: counted in jf, and not ended
 local count, first, room = {}, {}, {}
 local roomall, occ = false, 0
 for j = 1, nwin do
@@ -297,6 +297,9 @@ for j = 1, nwin do
         if j == jf then
           local d = string.match(ids[i], "^(.*)%.") or ""
           bydc[d] = (bydc[d] or 0) + wt
+          if e > now then
+            live[d] = (live[d] or 0) + wt
+          end
         end
       end
     end
@@ -362,8 +365,16 @@ if jf then
 end
 
 local glen = len
-if occ < 0.5 then
-  -- Room to spare: a longer grant spares renewals.
+local least = false
+for j = 1, nwin do
+  if not least or wlim[j] < least then
+    least = wlim[j]
+  end
+end
+if occ < 0.5 and want * 100 <= least then
+  -- Room to spare and a small want (a quiet identity): a longer grant
+  -- spares renewals. A large one stays short: what it leaves unused
+  -- counts until a window after its end.
   local shortest = false
   for j = 1, nwin do
     if not shortest or wl[j] < shortest then
@@ -383,8 +394,24 @@ if now < q then
   status, retry = 0, q - now
 elseif want > 0 then
   local bound = math.max(math.ceil(fair * glen / 1000000 * 2), math.floor(roomall * fair / cap))
-  if allow then
-    bound = math.max(allow, roomall - others)
+  if allow and occ >= 0.5 then
+    -- A ceiling in demand: a data centre holds at most its max-min fair
+    -- rate over two grants' lengths (what it holds unspent is counted,
+    -- and no one else's), and what others are owed in the window is kept
+    -- for them.
+    local fr = fairof[dc] or fair
+    local held = math.max(math.ceil(fr * 2 * len / 1000000) - (live[dc] or 0), 0)
+    local owed = allow + others
+    local part = roomall - others
+    if owed > roomall then
+      part = math.floor(roomall * allow / owed)
+    end
+    bound = math.min(held, math.max(part, 0))
+    if bound == 0 and roomall > 0 and (live[dc] or 0) == 0 then
+      bound = 1
+    end
+  elseif allow then
+    bound = roomall - others
   end
   units = math.max(math.min(want, roomall, bound), 0)
   if units > 0 then

@@ -25,8 +25,11 @@
 -- Per window of the global ceiling (they share the one pool): count = the
 -- limit less what the share still holds (remaining = what this data centre
 -- admits without asking the ledger); retry = when the share is short, the
--- time until the ledger said it has room, or 1 µs when it said nothing (the
--- caller asks it now); reset = the time until the first grant ends.
+-- time until the ledger said it has room; else the lead (a renewal is on its
+-- way); or 1 µs when the ledger never answered for these limits (the
+-- identity's first request here: the caller asks it now); reset = the time
+-- until the first grant ends. Only that first request waits for the ledger:
+-- every other short share is renewed in the background.
 
 local share_fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
@@ -37,14 +40,17 @@ local share_fields = {
 -- Per share part of the check being decided: the hash's values, what the
 -- share holds and whether it fits, the renewal's lead and claim, and the
 -- limits' signature.
-local sh_v, sh_rem, sh_fit, sh_lead, sh_claim, sh_sig = {}, {}, {}, {}, {}, {}
+local sh_v, sh_rem, sh_fit, sh_lead, sh_claim, sh_sig, sh_new = {}, {}, {}, {}, {}, {}, {}
 
 -- share_check fills the share's windows j0..j1 and reports whether the
 -- share holds cost.
 local function share_check(p, key, j0, j1, cost)
   local t = clock()
   local v = redis.call("HMGET", key, unpack(share_fields))
-  if v[30] ~= sh_sig[p] then
+  -- new: the ledger never answered this data centre for the identity
+  -- under these limits: its first request may wait for the ledger.
+  sh_new[p] = v[30] ~= sh_sig[p]
+  if sh_new[p] then
     -- Grants made under other limits (a reload, another placeholder
     -- value) are not used under these, nor what the ledger said of them.
     for i = 1, 25 do
@@ -69,10 +75,14 @@ local function share_check(p, key, j0, j1, cost)
       rst[j] = soon - t
     end
     if not fits then
+      -- Until the ledger has room, as it said; else, a renewal is on its
+      -- way (the lead), or, new, the caller asks now.
       if f > t then
         rty[j] = f - t
-      else
+      elseif sh_new[p] then
         rty[j] = 1
+      else
+        rty[j] = math.max(sh_lead[p], 1000)
       end
     end
   end
@@ -81,13 +91,14 @@ local function share_check(p, key, j0, j1, cost)
 end
 
 -- share_rate is the demand in units per second as of the hash's values v
--- at time t: the most of this second's and the last one's; with the
--- second's index and the two counts.
+-- at time t: the most of the last second's and this one's so far (at its
+-- pace, from a quarter second in: a demand that rises is followed within
+-- the second); with the second's index and the two counts.
 local function share_rate(v, t)
   local idx = math.floor(t / 1000000)
   local w, c, pr = tonumber(v[27]), tonumber(v[28]) or 0, tonumber(v[29]) or 0
   if w == idx then
-    return math.max(c, pr), idx, c, pr
+    return math.max(math.floor(c * 1000000 / math.max(t - idx * 1000000, 250000)), pr), idx, c, pr
   elseif w == idx - 1 then
     return c, idx, 0, c
   end
@@ -100,9 +111,10 @@ end
 -- recording, taken from the grants that end first; and the claim to renew,
 -- when the share runs low, a grant ends soon or has ended, or the share is
 -- empty. It returns the reply's flags: 2 the caller holds the claim (it
--- renews in the background), 4 the share is empty and the ledger said
--- nothing of when it has room (the caller asks it now), 8 the share was
--- short.
+-- renews in the background), 4 the share is short and the ledger never
+-- answered under these limits (the caller asks it now), 8 the share was
+-- short, 16 it alone refused the request, 32 the ledger said it has no
+-- room yet.
 local function share_after(p, key, j0, j1, cost, demand, recording)
   local t = clock()
   local v = sh_v[p]
@@ -115,7 +127,6 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
   local rate, idx, dc, dp = share_rate(v, t)
   if demand then
     dc = dc + cost
-    rate = math.max(rate, dc)
     put("dw", idx)
     put("dc", dc)
     put("dp", dp)
@@ -161,8 +172,12 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
   local f, c = tonumber(v[25]) or 0, tonumber(v[26]) or 0
   if not sh_fit[p] then
     flags = 8
-    if f <= t and demand then
-      flags = 12
+    if demand then
+      -- Only the share refused: 16.
+      flags = 24
+      if sh_new[p] then
+        flags = 28
+      end
     end
   end
   -- Renew ahead of need: when what is left would not last the lead at the
@@ -172,7 +187,10 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
   local lead = sh_lead[p]
   local low = cost + math.ceil(rate * lead / 1000000)
   local more = demand and (rem < low or (soon > 0 and soon - t < math.max(lead, slen / 2))) and f - t < lead
-  local want = flags == 12 or closed or more
+  local want = flags == 28 or closed or more
+  if f > t then
+    flags = flags + 32 -- the ledger said it has no room yet
+  end
   if want and c <= t then
     put("c", t + sh_claim[p])
     flags = flags + 2
