@@ -235,3 +235,31 @@ func TestFiguresAccuracy(t *testing.T) {
 		t.Fatalf("found %d statements of the share decided differently in the README and docs/, want the reference's and testing.md's", claims)
 	}
 }
+
+// multidcRecord is the last run of make multidc, which the README quotes.
+const multidcRecord = "docs/multidc.txt"
+
+// TestFiguresMultidc: the README's figures of the data-centre run are the
+// record's.
+func TestFiguresMultidc(t *testing.T) {
+	rec := readFile(t, multidcRecord)
+	readme := readFile(t, "README.md")
+	for _, f := range []struct{ readme, record string }{
+		{`over-admission (-?\d+)`, `less global_limit: (-?\d+) \(must be`},
+		{`under-use median\s+([\d.]+) %`, `median ([\d.]+) %\. Acceptance`},
+		{`worst ([\d.]+) %\s+\(target 3 %`, `worst ([\d.]+) % \(the window`},
+		{`p99 added ([\d.]+) ms`, `(?m)^    p99 +[\d.]+ ms +[\d.]+ ms +([\d.]+) ms`},
+		{`p50 added ([\d.]+) ms`, `(?m)^    p50 +[\d.]+ ms +[\d.]+ ms +([\d.]+) ms`},
+		{`got ([\d.]+) % of its max-min`, `dc7 \(viral\) +\d+ +\d+ +\d+ +[\d.]+ % +([\d.]+) %`},
+	} {
+		got := regexp.MustCompile(f.readme).FindStringSubmatch(readme)
+		want := regexp.MustCompile(f.record).FindStringSubmatch(rec)
+		if got == nil || want == nil {
+			t.Errorf("%q in README.md: %v; %q in %s: %v", f.readme, got, f.record, multidcRecord, want)
+			continue
+		}
+		if got[1] != want[1] {
+			t.Errorf("README.md says %s where %s says %s (%s)", got[1], multidcRecord, want[1], f.readme)
+		}
+	}
+}
