@@ -380,8 +380,11 @@ func TestGlobalRedisLedgerDown(t *testing.T) {
 	for _, v := range gather(t, "caddy_sliding_ratelimit_ledger_errors_total", name) {
 		errs += v
 	}
-	if got := gatherLabel(t, "caddy_sliding_ratelimit_ledger_errors_total", name, "kind", "connection"); errs < 3 || got < 3 {
-		t.Errorf("ledger_errors_total %v in all, %v of kind connection; want at least 3 connection errors", errs, got)
+	// The first request asked the ledger and failed; the next ones know
+	// it is down and follow the fail mode without asking it again on the
+	// request path (a background renewal may have asked too).
+	if got := gatherLabel(t, "caddy_sliding_ratelimit_ledger_errors_total", name, "kind", "connection"); errs < 1 || got < 1 {
+		t.Errorf("ledger_errors_total %v in all, %v of kind connection; want at least 1 connection error", errs, got)
 	}
 	_, body := adminGet(t, name, "key=k&region=r")
 	var u usageInfo
