@@ -303,7 +303,8 @@ func overAdmitted(at []time.Time, win time.Duration, limit int64) (int64, time.T
 }
 
 func TestGlobalCeilingAcrossDatacenters(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the package's other tests: its traffic would stretch
+	// the real time the simulation's stalls and notices take.
 	p := limiter.Policy{Name: "mdc", Regions: true, Windows: []limiter.Window{{Duration: time.Minute}},
 		GlobalWindows: []limiter.Window{{Duration: 2 * time.Second}}, Timeout: time.Second}
 	w := newMDCWorld(t, mdcOpts{dcs: 3, nodes: 2, policy: p, length: 100 * time.Millisecond})
@@ -325,7 +326,7 @@ func TestGlobalCeilingAcrossDatacenters(t *testing.T) {
 // TestGlobalCeilingOnAClusterLedger: the ledger on a Redis Cluster (its
 // keys on one slot) holds the ceiling as one Redis does.
 func TestGlobalCeilingOnAClusterLedger(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	o := mdcOptions(limiter.FailClosed)
 	o.delay, o.cluster = nil, true
 	w := newMDCWorld(t, o)
@@ -385,7 +386,7 @@ func at(ctx context.Context, start time.Time, d time.Duration, f func()) {
 }
 
 func TestGlobalCeilingFaults(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	cut := func(from, to time.Duration) func(w *mdcWorld, start time.Time) {
 		return func(w *mdcWorld, start time.Time) {
 			at(context.Background(), start, from, w.dcs[2].proxy.Cut)
@@ -560,7 +561,7 @@ func recoversDC(dc string, from time.Duration) func(t *testing.T, w *mdcWorld, s
 // (each its own data centre, its shares in process) hold the ceiling as
 // Redis-backed ones do.
 func TestGlobalCeilingOnInProcessStores(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	ledger := redistest.Start(t)
 	p := limiter.Policy{Name: "mdc", Regions: true, Windows: []limiter.Window{{Duration: time.Minute}},
 		GlobalWindows: []limiter.Window{{Duration: mdcWin}}, Timeout: time.Second, Fail: limiter.FailClosed}
@@ -619,7 +620,7 @@ func TestGlobalCeilingOnInProcessStores(t *testing.T) {
 // the ledger is not asked on the request path; when the ledger answers
 // again the share is renewed and requests are admitted.
 func TestSpentShareFollowsTheFailModeWhileTheLedgerIsDown(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	o := mdcOptions(limiter.FailClosed)
 	o.dcs, o.nodes = 1, 1
 	o.delay = func(int) time.Duration { return 0 }
