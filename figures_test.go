@@ -247,7 +247,7 @@ func TestFiguresMultidc(t *testing.T) {
 	for _, f := range []struct{ readme, record string }{
 		{`over-admission (-?\d+)`, `less global_limit: (-?\d+) \(must be`},
 		{`under-use median\s+([\d.]+) %`, `median ([\d.]+) %\. Acceptance`},
-		{`worst ([\d.]+) %\s+\(target 3 %`, `worst ([\d.]+) % \(the window`},
+		{`worst\s+([\d.]+) %\s+\(target 3 %`, `worst ([\d.]+) % \(the window`},
 		{`p99 added ([\d.]+) ms`, `(?m)^    p99 +[\d.]+ ms +[\d.]+ ms +([\d.]+) ms`},
 		{`p50 added ([\d.]+) ms`, `(?m)^    p50 +[\d.]+ ms +[\d.]+ ms +([\d.]+) ms`},
 		{`got ([\d.]+) % of its max-min`, `dc7 \(viral\) +\d+ +\d+ +\d+ +[\d.]+ % +([\d.]+) %`},
