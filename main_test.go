@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -70,14 +69,7 @@ func circuitGauge(t *testing.T, name string) float64 {
 // when the scrape has no such sample.
 func scrapeGauge(t *testing.T, metric, name string) (float64, bool) {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	if err := registerMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := scrapeFamilies(t)
 	for _, mf := range mfs {
 		if mf.GetName() != metric {
 			continue

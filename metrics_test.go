@@ -15,6 +15,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
@@ -222,9 +223,8 @@ func TestCircuitGaugeAtScrape(t *testing.T) {
 	}
 }
 
-// gather scrapes the plugin's metrics as Prometheus would and returns the
-// values of metric for one limiter.
-func gather(t *testing.T, metric, name string) []float64 {
+// scrapeFamilies scrapes the plugin's metrics as Prometheus would.
+func scrapeFamilies(t *testing.T) []*dto.MetricFamily {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	if err := registerMetrics(reg); err != nil {
@@ -234,6 +234,14 @@ func gather(t *testing.T, metric, name string) []float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return mfs
+}
+
+// gather scrapes the plugin's metrics as Prometheus would and returns the
+// values of metric for one limiter.
+func gather(t *testing.T, metric, name string) []float64 {
+	t.Helper()
+	mfs := scrapeFamilies(t)
 	var out []float64
 	for _, mf := range mfs {
 		if mf.GetName() != metric {

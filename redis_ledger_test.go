@@ -16,7 +16,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -414,14 +413,7 @@ func ledgerDownBlock(name string, port int) string {
 // has value v.
 func gatherLabel(t *testing.T, metric, name, label, v string) float64 {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	if err := registerMetrics(reg); err != nil {
-		t.Fatal(err)
-	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs := scrapeFamilies(t)
 	for _, mf := range mfs {
 		if mf.GetName() != metric {
 			continue
