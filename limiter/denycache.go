@@ -47,6 +47,10 @@ type DenyCache struct {
 	size  atomic.Int64
 	gen   atomic.Uint64
 	evict sync.Mutex // one evictor at a time
+	// forgetting is held by a Forget while it drops its denials: a denial
+	// served through an outage is one no Forget has dropped, or is
+	// dropping.
+	forgetting sync.RWMutex
 }
 
 type denial struct {
@@ -107,9 +111,16 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 	gen := c.gen.Load()
 	res, err := c.store.Do(ctx, op)
 	if err != nil {
-		if held != nil && c.gen.Load() == gen {
-			// The store is down, and it would deny this request still.
-			return held.at(start), nil
+		if held != nil {
+			// The store is down, and it would deny this request still,
+			// unless a Forget of this identity dropped the denial meanwhile
+			// (one of another identity leaves it: it is still the map's).
+			c.forgetting.RLock()
+			v, ok := c.m.Load(key)
+			c.forgetting.RUnlock()
+			if ok && v == held {
+				return held.at(start), nil
+			}
 		}
 		return res, err
 	}
@@ -233,6 +244,8 @@ func (c *DenyCache) forgetTags(tags map[string]bool) {
 // forget drops the denials whose identity's hash tag matches; a denial
 // decided before it is never cached after it (the generation moves on).
 func (c *DenyCache) forget(match func(tag string) bool) {
+	c.forgetting.Lock()
+	defer c.forgetting.Unlock()
 	c.gen.Add(1)
 	c.m.Range(func(k, v any) bool {
 		if match(HashTag(k.(string))) {

@@ -76,3 +76,48 @@ func TestCachedDenialHoldsThroughAnOutage(t *testing.T) {
 		})
 	}
 }
+
+// TestCachedDenialHoldsThroughAnOutageWhenAnotherIdentityIsForgotten: a
+// reset of another identity during an outage leaves this one's cached
+// denial holding (it used to drop every held denial).
+func TestCachedDenialHoldsThroughAnOutageWhenAnotherIdentityIsForgotten(t *testing.T) {
+	st := &forgetDuringStore{}
+	c := limiter.NewDenyCache(st, 0, nil)
+	st.cache = c
+	op := &limiter.Op{Mode: limiter.ModeCheck, Cost: 1, Ban: &limiter.BanOp{Key: "rl:ban:{a}", After: 5, Within: 1e6, For: 1e7},
+		Parts: []limiter.Part{{Key: "rl:log:{a}", Kind: limiter.KindLog, Windows: []limiter.Win{{Name: "60000000", Len: 60e6, Limit: 1}}}}}
+	ctx := context.Background()
+	if r, err := c.Do(ctx, op); err != nil || r.Status != limiter.StatusDenied {
+		t.Fatalf("first: %+v, %v", r, err)
+	}
+	st.down = true
+	r, err := c.Do(ctx, op)
+	if err != nil || r.Status != limiter.StatusDenied || !r.Cached {
+		t.Fatalf("through the outage, another identity forgotten meanwhile: %+v, %v; want the cached denial", r, err)
+	}
+	st.forgetSelf = true
+	if _, err := c.Do(ctx, op); err == nil {
+		t.Fatal("this identity forgotten during the outage: the cached denial still served")
+	}
+}
+
+// forgetDuringStore denies, or, when down, forgets an identity while it
+// fails (another's, or a's when forgetSelf).
+type forgetDuringStore struct {
+	cache            *limiter.DenyCache
+	down, forgetSelf bool
+}
+
+func (s *forgetDuringStore) Do(_ context.Context, op *limiter.Op) (limiter.Reply, error) {
+	if s.down {
+		tag := "b"
+		if s.forgetSelf {
+			tag = "a"
+		}
+		s.cache.Forget(tag)
+		return limiter.Reply{}, errors.New("store down")
+	}
+	return limiter.Reply{Status: limiter.StatusDenied, InFlight: -1, Usage: []limiter.Usage{{Count: 1, Retry: 30e6}}}, nil
+}
+
+func (s *forgetDuringStore) Reset(context.Context, ...string) error { return nil }
