@@ -346,6 +346,7 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 	req.Length = g.length + 2*g.rtt.Load()
 	want := max(cost, (view.Rate*(g.length+g.lead())+999_999)/1_000_000)
 	var live int64
+	open := 0
 	for _, gr := range view.Grants {
 		if gr.closed(view.Now) {
 			last := int64(0)
@@ -355,9 +356,15 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 			req.Returns = append(req.Returns, LedgerReturn{ID: gr.ID, Used: gr.Used, Last: last})
 		} else {
 			live += gr.Units - gr.Used
+			open++
 		}
 	}
 	req.Want = max(want-live, cost)
+	if open >= shareSlots {
+		// Every slot holds a live grant: one more would have nowhere to go
+		// (the ledger would count it, nothing would use it). Only give back.
+		req.Want = 0
+	}
 	return req
 }
 
