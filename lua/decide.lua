@@ -105,6 +105,35 @@ local function clock()
   return now_redis
 end
 
+-- num is x as redis.call's argument: an integer below 2^53 as its decimal
+-- string ("%d", the digits Redis would write for it), anything else as is.
+-- Redis turns a Lua number argument into a string with "%.17g" (7.0; a
+-- float formatter on every call), so every number a check hands to Redis
+-- goes through here. Constant arguments are written as strings.
+-- INT and MEMBER are the formats of an integer and of a log's member (see
+-- sliding_log.lua): "%d" where string.format takes it for a number, as
+-- Redis's Lua 5.1 does; "%.0f" (the same digits for a whole number, but a
+-- float formatter) where it does not (the Lua of miniredis, which the tests
+-- use). A library's body cannot read the global string when it loads, so
+-- they are found on a call's first use.
+local INT, MEMBER, MEMBER_COST = false, false, false
+local function formats()
+  if string.format("%d", 1) == "1" then
+    INT, MEMBER, MEMBER_COST = "%d", "%016d", "%016d:%d"
+  else
+    INT, MEMBER, MEMBER_COST = "%.0f", "%016.0f", "%016.0f:%.0f"
+  end
+end
+local function num(x)
+  if x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992 then
+    if not INT then
+      formats()
+    end
+    return string.format(INT, x)
+  end
+  return x
+end
+
 -- The windows of the check being decided, numbered across its parts:
 -- name (the length's decimal string, or the calendar period), length, limit,
 -- burst, calendar bounds; filled by the algorithms: count, retry, reset, and
@@ -130,7 +159,7 @@ end
 -- names come from hash_read's table of them).
 local hf, hn = {}, 0
 local function hset(field, value)
-  hf[hn + 1], hf[hn + 2] = field, value
+  hf[hn + 1], hf[hn + 2] = field, num(value)
   hn = hn + 2
 end
 
@@ -199,7 +228,7 @@ local function hash_write(key, ttl, stale)
     redis.call("DEL", key)
   end
   redis.call("HSET", key, unpack(hf, 1, hn))
-  redis.call("PEXPIRE", key, ttl)
+  redis.call("PEXPIRE", key, num(ttl))
   hn = 0
 end
 
@@ -227,16 +256,16 @@ local function ban_count(key, b, n, now, after, within, bfor)
   end
   local span = math.ceil(2 * within / 1000) + 1000
   if ctr_est(within, t, idx, cur, prev) >= after then
-    redis.call("HSET", key, "u", now + bfor, "w", idx, "c", 0, "p", 0)
+    redis.call("HSET", key, "u", num(now + bfor), "w", num(idx), "c", "0", "p", "0")
     local ttl = math.ceil(bfor / 1000) + 1000
     if span > ttl then
       ttl = span
     end
-    redis.call("PEXPIRE", key, ttl)
+    redis.call("PEXPIRE", key, num(ttl))
     return true
   end
-  redis.call("HSET", key, "w", idx, "c", cur, "p", prev)
-  redis.call("PEXPIRE", key, span)
+  redis.call("HSET", key, "w", num(idx), "c", num(cur), "p", num(prev))
+  redis.call("PEXPIRE", key, num(span))
   return false
 end
 
@@ -314,11 +343,13 @@ local function with_limits(reply, nw)
 end
 
 local function decide(a, k)
-  local mode = tonumber(ARGV[a + 2])
-  local now = tonumber(ARGV[a + 3])
-  local deadline = tonumber(ARGV[a + 4])
-  local cost = tonumber(ARGV[a + 5])
-  local nparts = tonumber(ARGV[a + 6])
+  -- (s + 0 reads a number argument: one conversion, where tonumber makes
+  -- two; the caller always sends numbers there.)
+  local mode = ARGV[a + 2] + 0
+  local now = ARGV[a + 3] + 0
+  local deadline = ARGV[a + 4] + 0
+  local cost = ARGV[a + 5] + 0
+  local nparts = ARGV[a + 6] + 0
   local hasban, haslease = ARGV[a + 7] == "1", ARGV[a + 8] == "1"
   local hasov, scope = ARGV[a + 9] == "1", ARGV[a + 10]
   if deadline ~= 0 then
@@ -333,7 +364,7 @@ local function decide(a, k)
   a = a + 11
   local nw = 0
   for p = 1, nparts do
-    local kind, n = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+    local kind, n = ARGV[a] + 0, ARGV[a + 1] + 0
     pglobal[p] = ARGV[a + 2] == "1"
     a = a + 3
     if kind == 6 then
@@ -344,12 +375,12 @@ local function decide(a, k)
     k = k + 1
     for _ = 1, n do
       nw = nw + 1
-      wname[nw], wlim[nw], wkind[nw] = ARGV[a], tonumber(ARGV[a + 1]), kind
+      wname[nw], wlim[nw], wkind[nw] = ARGV[a], ARGV[a + 1] + 0, kind
       if kind == 5 then
         cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
         a = a + 6
       else
-        wlen[nw], wburst[nw] = tonumber(ARGV[a]), tonumber(ARGV[a + 2])
+        wlen[nw], wburst[nw] = ARGV[a] + 0, ARGV[a + 2] + 0
         a = a + 3
       end
     end
@@ -435,9 +466,9 @@ local function decide(a, k)
   local inflight, leasedenied = -1, 0
   if haslease and not record then
     if peek then
-      inflight = redis.call("ZCOUNT", lkey, "(" .. string.format("%.0f", now), "+inf")
+      inflight = redis.call("ZCOUNT", lkey, "(" .. num(now), "+inf")
     else
-      redis.call("ZREMRANGEBYSCORE", lkey, "-inf", now)
+      redis.call("ZREMRANGEBYSCORE", lkey, "-inf", num(now))
       inflight = redis.call("ZCARD", lkey)
     end
     if inflight >= lmax then
@@ -496,8 +527,8 @@ local function decide(a, k)
     end
   end
   if allowed and not peek and haslease and not record then
-    redis.call("ZADD", lkey, now + ltimeout, lid)
-    redis.call("PEXPIRE", lkey, math.ceil(ltimeout / 1000) + 1000)
+    redis.call("ZADD", lkey, num(now + ltimeout), lid)
+    redis.call("PEXPIRE", lkey, num(math.ceil(ltimeout / 1000) + 1000))
     inflight = inflight + 1
   end
   for p = 1, nparts do
@@ -564,7 +595,7 @@ local function run()
       else
         out[c] = {err = tostring(r)}
       end
-      a, k = a + tonumber(ARGV[a]), k + tonumber(ARGV[a + 1])
+      a, k = a + ARGV[a], k + ARGV[a + 1]
     end
   end
   return out

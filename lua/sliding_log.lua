@@ -37,15 +37,18 @@ local LOG_MAX_ENTRIES = 10000
 -- log_member names a request's member: B zero-padded, so that members of
 -- one score (one µs) sort as they were admitted, and its cost unless 1.
 local function log_member(b, cost)
-  if cost == 1 then
-    return string.format("%016.0f", b)
+  if not MEMBER then
+    formats()
   end
-  return string.format("%016.0f:%.0f", b, cost)
+  if cost == 1 then
+    return string.format(MEMBER, b)
+  end
+  return string.format(MEMBER_COST, b, cost)
 end
 
 -- log_b is B of a member: its first 16 digits.
 local function log_b(m)
-  return tonumber(string.sub(m, 1, 16))
+  return tonumber(string.sub(m, 1, 16)) -- not + 0: the Lua of miniredis reads leading zeros as octal there
 end
 
 -- log_retry is the time until the window whose first entry has rank r0 and
@@ -55,9 +58,9 @@ local function log_retry(key, r0, b0, x, w, now)
   -- With unit costs that entry has rank r0 + x - 1 - b0; with larger costs
   -- it comes at or before it.
   local g = r0 + x - 1 - b0
-  local e = redis.call("ZRANGE", key, g, g + 1, "WITHSCORES")
+  local e = redis.call("ZRANGE", key, num(g), num(g + 1), "WITHSCORES")
   if #e >= 2 and log_b(e[1]) < x and (#e < 4 or log_b(e[3]) >= x) then
-    return tonumber(e[2]) + w - now
+    return e[2] + w - now
   end
   local lo, hi = r0, g
   if #e < 2 then
@@ -65,13 +68,13 @@ local function log_retry(key, r0, b0, x, w, now)
   end
   while hi - lo > 1 do
     local mid = math.floor((lo + hi) / 2)
-    if log_b(redis.call("ZRANGE", key, mid, mid)[1]) < x then
+    if log_b(redis.call("ZRANGE", key, num(mid), num(mid))[1]) < x then
       lo = mid
     else
       hi = mid
     end
   end
-  return tonumber(redis.call("ZRANGE", key, lo, lo, "WITHSCORES")[2]) + w - now
+  return tonumber(redis.call("ZRANGE", key, num(lo), num(lo), "WITHSCORES")[2]) + w - now
 end
 
 -- log_check fills windows j0..j1 of one log and reports whether the cost
@@ -84,12 +87,12 @@ local function log_check(key, j0, j1, now, cost, peek)
     end
   end
   if not peek then
-    redis.call("ZREMRANGEBYSCORE", key, 0, now - maxw)
+    redis.call("ZREMRANGEBYSCORE", key, "0", num(now - maxw))
   end
-  local h = redis.call("ZRANGE", key, 0, 2, "WITHSCORES")
+  local h = redis.call("ZRANGE", key, "0", "2", "WITHSCORES")
   local total, newest, om, ot = 0, false, false, false
   for i = 1, #h, 2 do
-    local m, s = h[i], tonumber(h[i + 1])
+    local m, s = h[i], h[i + 1] + 0
     if m == "#n" then
       total = -s - 1
     elseif m == "#t" then
@@ -100,7 +103,8 @@ local function log_check(key, j0, j1, now, cost, peek)
   end
   local fits = true
   local full = 0
-  if om and total - log_b(om) >= LOG_MAX_ENTRIES then
+  local ob = om and log_b(om)
+  if om and total - ob >= LOG_MAX_ENTRIES then
     -- Enough units for the entry cap to matter: count the entries.
     if redis.call("ZCARD", key) - 2 >= LOG_MAX_ENTRIES then
       full = ot + maxw - now
@@ -108,20 +112,22 @@ local function log_check(key, j0, j1, now, cost, peek)
   end
   for j = j0, j1 do
     local w, limit = wlen[j], wlim[j]
-    local m, t, r0 = om, ot, 2
+    local m, t, r0, b0 = om, ot, 2, ob
     if m and t <= now - w then
       -- The oldest entry is older than this window: find the window's first.
-      local f = redis.call("ZRANGEBYSCORE", key, "(" .. string.format("%.0f", now - w), "+inf", "WITHSCORES", "LIMIT", 0, 1)
+      local f = redis.call("ZRANGEBYSCORE", key, "(" .. num(now - w), "+inf", "WITHSCORES", "LIMIT", "0", "1")
       m, t = f[1] or false, tonumber(f[2])
       if m then
         r0 = redis.call("ZRANK", key, m)
+        b0 = log_b(m)
       end
     end
-    local count, retry, reset, b0 = 0, 0, 0, 0
+    local count, retry, reset = 0, 0, 0
     if m then
-      b0 = log_b(m)
       count = total - b0
       reset = t + w - now
+    else
+      b0 = 0
     end
     if count + cost > limit then
       fits = false
@@ -151,12 +157,12 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw)
   end
   if total + cost >= LOG_MAX_T then
     -- Rebase B so counts stay exact: once per 2^52 units of one key.
-    local all = redis.call("ZRANGE", key, 2, -1, "WITHSCORES")
+    local all = redis.call("ZRANGE", key, "2", "-1", "WITHSCORES")
     local b0 = total
     if all[1] then
       b0 = log_b(all[1])
     end
-    redis.call("ZREMRANGEBYRANK", key, 2, -1)
+    redis.call("ZREMRANGEBYRANK", key, "2", "-1")
     for i = 1, #all, 2 do
       local m = all[i]
       local c = 1
@@ -167,8 +173,8 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw)
     end
     total = total - b0
   end
-  redis.call("ZADD", key, at, log_member(total, cost), -(total + cost) - 1, "#n", -at - 1, "#t")
-  redis.call("PEXPIRE", key, math.ceil(maxw / 1000) + 1000)
+  redis.call("ZADD", key, num(at), log_member(total, cost), num(-(total + cost) - 1), "#n", num(-at - 1), "#t")
+  redis.call("PEXPIRE", key, num(math.ceil(maxw / 1000) + 1000))
   for j = j0, j1 do
     if cnt[j] == 0 then
       rst[j] = at + wlen[j] - now
