@@ -111,6 +111,16 @@ func num(t *testing.T, s string) float64 {
 // round formats v with d decimals, as the README writes it.
 func round(v float64, d int) string { return strconv.FormatFloat(v, 'f', d, 64) }
 
+// firstNum is the first number of a cell: "**0.81** (0.78–0.83)" -> 0.81.
+func firstNum(t *testing.T, s string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`[\d.]+`).FindString(s)
+	if m == "" {
+		t.Fatalf("cell %q has no number", s)
+	}
+	return num(t, m)
+}
+
 // vsBare is the limiter's share of a "Caddy CPU µs/req (vs bare)" cell:
 // "27.7 (+9.3)" -> "9.3"; bare is the first number.
 func vsBare(s string) (total, added string) {
@@ -157,9 +167,17 @@ func TestFiguresBench(t *testing.T) {
 			c := num(t, r.cell(t, "pinned", "redis_log", calls))
 			return fmt.Sprintf("%s (about %s checks per `EVALSHA`); cached denials %s", round(c, 2), round(1/c, 0), r.cached["pinned"])
 		},
-		"allocations per request, Redis path": func() string {
-			a, base := r.allocs["redis/sliding_log/admitted"], r.allocs["baseline"]
-			return fmt.Sprintf("%s, %s over the harness's %s", a, round(num(t, a)-num(t, base), 0), base)
+		"allocations per admitted request over the harness, in process / Redis": func() string {
+			m, rd, base := r.allocs["memory/sliding_log/admitted"], r.allocs["redis/sliding_log/admitted"], r.allocs["baseline"]
+			return fmt.Sprintf("+%s / +%s (harness %s)", round(num(t, m)-num(t, base), 0), round(num(t, rd)-num(t, base), 0), base)
+		},
+		"Redis CPU per `sliding_log` check, FCALL (Redis 7) / EVALSHA (Redis 5, 6)": func() string {
+			cpu := "Redis CPU µs/req"
+			return fmt.Sprintf("%s / %s µs", r.cell(t, "pinned", "redis_log", cpu), r.cell(t, "pinned", "redis_log_eval", cpu))
+		},
+		"in process, ahead of the peer (pinned, same run)": func() string {
+			ours, peer := firstNum(t, r.cell(t, "pinned", "memory_log", ratio)), firstNum(t, r.cell(t, "pinned", "peer_memory", ratio))
+			return fmt.Sprintf("%+.2f (%s vs %s)", ours-peer, round(ours, 2), round(peer, 2))
 		},
 		"p99 added by Redis `sliding_log` at half of its max load, pinned": func() string { return r.p99["pinned"] },
 	}
