@@ -19,7 +19,7 @@ import (
 // positive integer is a 500: never "unlimited".
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	ph := placeholders(repl)
+	ph := placeholders(r.Context(), repl)
 	var in limiter.Input
 	limits, scratch := ph.scratch()
 	in.Scratch = scratch

@@ -1,9 +1,11 @@
 package slidingratelimit
 
 import (
+	"context"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -43,6 +45,7 @@ const phStateKey = phPrefix + "_state"
 // makes its rate limit headers' value slices from it. A later limiter of
 // the same request allocates its own.
 type phState struct {
+	repl *caddy.Replacer // the replacer it is registered on
 	h    *Handler
 	d    limiter.Decision
 	near bool
@@ -57,16 +60,37 @@ type phState struct {
 // placeholders returns the request's state, registering it on first use:
 // one provider function on the replacer, which also answers phStateKey, so
 // that the limiters of a route find it.
-func placeholders(repl *caddy.Replacer) *phState {
-	if v, ok := repl.Get(phStateKey); ok {
+//
+// In Caddy the request's vars (the map behind {http.vars.*}, made with the
+// replacer for each request) also hold it, under phVarKey: a map lookup,
+// where asking the replacer walks every provider before ours (Caddy's
+// global one, the file one, the static map under its lock, the HTTP one).
+// A state found there counts only when it is registered on this replacer;
+// without vars (a request Caddy's server did not prepare), the replacer is
+// asked as before.
+func placeholders(ctx context.Context, repl *caddy.Replacer) *phState {
+	vars, _ := ctx.Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if vars != nil {
+		if s, ok := vars[phVarKey].(*phState); ok && s.repl == repl {
+			return s
+		}
+	} else if v, ok := repl.Get(phStateKey); ok {
 		if s, ok := v.(*phState); ok {
 			return s
 		}
 	}
-	s := new(phState)
+	s := &phState{repl: repl}
 	repl.Map(s.get)
+	if vars != nil {
+		vars[phVarKey] = s
+	}
 	return s
 }
+
+// phVarKey names the state in the request's vars. It starts with a byte no
+// configuration writes, so that no vars matcher or {http.vars.*} of a
+// config meets it by accident.
+const phVarKey = "\x00sliding_ratelimit_state"
 
 // scratch is an empty buffer for a limiter's limits and the room for its
 // decision's Op: the state's own the first time, new ones after (the first
