@@ -46,9 +46,12 @@ const phStateKey = phPrefix + "_state"
 // the same request allocates its own.
 type phState struct {
 	repl *caddy.Replacer // the replacer it is registered on
-	h    *Handler
-	d    limiter.Decision
-	near bool
+	// inServer: the request has vars, so Caddy's server prepared it (its
+	// replacer's HTTP placeholders read this request's header map).
+	inServer bool
+	h        *Handler
+	d        limiter.Decision
+	near     bool
 
 	limits   [2 * limiter.MaxWindows]int64
 	op       limiter.Scratch
@@ -79,7 +82,7 @@ func placeholders(ctx context.Context, repl *caddy.Replacer) *phState {
 			return s
 		}
 	}
-	s := &phState{repl: repl}
+	s := &phState{repl: repl, inServer: vars != nil}
 	repl.Map(s.get)
 	if vars != nil {
 		vars[phVarKey] = s

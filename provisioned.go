@@ -26,6 +26,10 @@ type provisioned struct {
 	cost       amount
 	concurrent amount
 	keyTmpl    template
+	// keyHeader is, for a key that is just {http.request.header.<field>},
+	// the field in canonical form: a request Caddy's server prepared reads
+	// it from the request's header, as Caddy's placeholder does.
+	keyHeader  string
 	regionTmpl template
 	headers    headerPlan
 	statusIn   func(int) bool
