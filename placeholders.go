@@ -53,7 +53,7 @@ type phState struct {
 	d        limiter.Decision
 	near     bool
 
-	limits   [2 * limiter.MaxWindows]int64
+	limits   [4]int64 // a limiter with more appends past it
 	op       limiter.Scratch
 	vals     [4]string
 	used     bool // limits and op

@@ -522,13 +522,22 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	if static {
 		parts, specs = l.sparts, l.sspecs
 	}
-	l.keys.Keys(b.keys[:len(specs)], specs, in.Identity, l.p.Regions, in.Region)
+	keys := b.keys[:]
+	if len(specs) > len(keys) {
+		keys = make([]string, len(specs))
+	}
+	keys = keys[:len(specs)]
+	l.keys.Keys(keys, specs, in.Identity, l.p.Regions, in.Region)
 	op := &b.op
 	op.Mode, op.Cost = mode, max(in.Cost, 1)
 	if l.p.AppClock || !l.b.Remote {
 		op.Now = now.UnixMicro()
 	}
-	op.Parts = b.parts[:len(parts)]
+	if len(parts) <= len(b.parts) {
+		op.Parts = b.parts[:len(parts)]
+	} else {
+		op.Parts = make([]Part, len(parts))
+	}
 	op.usageBuf, op.replyBuf = b.usage[:], b.reply[:]
 	wins, nw := b.wins[:], 0
 	for _, ps := range parts {
@@ -540,7 +549,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	nb, k, wi := len(l.p.Windows), 0, 0
 	for pi, ps := range parts {
 		p := &op.Parts[pi]
-		p.Key, p.Kind, p.Global = b.keys[k], ps.kind, ps.global
+		p.Key, p.Kind, p.Global = keys[k], ps.kind, ps.global
 		p.Lead, p.Claim = 0, 0
 		if ps.kind == KindShare {
 			p.Lead, p.Claim, p.Sig = l.g.lead(), l.g.claim(), shareSig(in)
@@ -567,16 +576,16 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		}
 	}
 	if bn := l.p.Ban; bn != nil {
-		b.ban = BanOp{Key: b.keys[k], After: bn.After, Within: bn.Within.Microseconds(), For: bn.For.Microseconds()}
+		b.ban = BanOp{Key: keys[k], After: bn.After, Within: bn.Within.Microseconds(), For: bn.For.Microseconds()}
 		op.Ban = &b.ban
 		k++
 	}
 	if l.p.Concurrency {
-		b.lease = LeaseOp{Key: b.keys[k], Max: in.MaxConcurrent, Timeout: l.p.LeaseTimeout.Microseconds(),
+		b.lease = LeaseOp{Key: keys[k], Max: in.MaxConcurrent, Timeout: l.p.LeaseTimeout.Microseconds(),
 			ID: l.leaseNS + strconv.FormatUint(l.leaseN.Add(1), 36)}
 		op.Lease = &b.lease
 	}
-	if l.ov.n.Load() > 0 && l.ov.has(HashTag(b.keys[0])) {
+	if l.ov.n.Load() > 0 && l.ov.has(HashTag(keys[0])) {
 		b.ov = OverrideRef{Key: l.overrideKey(in.Identity), Scope: l.scopeOf(in.Region)}
 		op.Override = &b.ov
 	}
