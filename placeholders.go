@@ -46,16 +46,18 @@ const phStateKey = phPrefix + "_state"
 // the same request allocates its own.
 type phState struct {
 	repl *caddy.Replacer // the replacer it is registered on
+	h    *Handler
+	d    limiter.Decision
+
+	limits [3]int64 // a limiter with more appends past it (1,272 bytes in all: a 1,280 size class with its malloc header)
+	op     limiter.Scratch
+	vals   [6]string // the rate limit headers' 4, then Retry-After and Content-Type of a refusal
+
+	// (the flags together, so that the state fits its size class)
+	near bool
 	// inServer: the request has vars, so Caddy's server prepared it (its
 	// replacer's HTTP placeholders read this request's header map).
 	inServer bool
-	h        *Handler
-	d        limiter.Decision
-	near     bool
-
-	limits   [4]int64 // a limiter with more appends past it
-	op       limiter.Scratch
-	vals     [4]string
 	used     bool // limits and op
 	valsUsed bool
 }
@@ -106,9 +108,10 @@ func (s *phState) scratch() ([]int64, *limiter.Scratch) {
 	return s.limits[:0], &s.op
 }
 
-// valsBuf backs a response's rate limit header values: the state's own the
-// first time, nil after (write then makes its own).
-func (s *phState) valsBuf() *[4]string {
+// valsBuf backs a response's header value slices (the rate limit headers',
+// and a refusal's Retry-After and Content-Type): the state's own the first
+// time, nil after (write and refuse then make their own).
+func (s *phState) valsBuf() *[6]string {
 	if s.valsUsed {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -32,6 +33,7 @@ type provisioned struct {
 	keyHeader  string
 	regionTmpl template
 	headers    headerPlan
+	last429    atomic.Pointer[refusalText] // the last plain 429's body, see refuse
 	statusIn   func(int) bool
 
 	metrics *limiterMetrics
