@@ -102,7 +102,7 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 			cached = false
 		case d.shape == shape:
 			if op.Ban == nil || d.reply.Status == StatusBanned {
-				return d.at(start), nil
+				return d.at(start, op), nil
 			}
 			held = d // the ban counts this refusal: the store decides it
 		}
@@ -119,7 +119,7 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 			v, ok := c.m.Load(key)
 			c.forgetting.RUnlock()
 			if ok && v == held {
-				return held.at(start), nil
+				return held.at(start, op), nil
 			}
 		}
 		return res, err
@@ -172,12 +172,14 @@ func retryOf(r *Reply) int64 {
 }
 
 // at is the cached denial as of now: the windows that denied with their
-// retry time counted down, the others Unknown.
-func (d *denial) at(now int64) Reply {
+// retry time counted down, the others Unknown. Its usage is in op's reply
+// buffer (see usageFor) when that is free.
+func (d *denial) at(now int64, op *Op) Reply {
 	e := (now - d.start) / int64(time.Microsecond)
+	n := len(d.reply.Usage)
 	r := Reply{
 		Status: d.reply.Status, Now: d.reply.Now + e, Cached: true, InFlight: -1,
-		Usage:  make([]Usage, len(d.reply.Usage)),
+		Usage:  op.usageFor(n)[:n],
 		Limits: d.reply.Limits, Bursts: d.reply.Bursts,
 	}
 	if d.reply.BanLeft > e {
