@@ -259,14 +259,15 @@ func (c *DenyCache) forget(match func(tag string) bool) {
 
 // opShape hashes everything of an Op that changes its answer, except the
 // time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
-// the concurrency bound (FNV-1a, no allocation).
+// the concurrency bound (FNV-1a over the strings' bytes and the numbers'
+// whole words, each word's step folded, no allocation). It is compared
+// only with shapes of this process.
 func opShape(op *Op) uint64 {
 	h := uint64(14695981039346656037)
 	num := func(v int64) {
-		for i := 0; i < 8; i++ {
-			h ^= uint64(byte(v >> (8 * i)))
-			h *= 1099511628211
-		}
+		h ^= uint64(v)
+		h *= 1099511628211
+		h ^= h >> 29
 	}
 	str := func(s string) {
 		for i := 0; i < len(s); i++ {
