@@ -19,6 +19,9 @@ type provisioned struct {
 	ctx    caddy.Context
 	logger *zap.Logger
 	now    func() time.Time // tests inject a clock
+	// testClock: now is a test's clock, not the wall clock (so a reading
+	// of now does not serve what reads the wall clock, see observe).
+	testClock bool
 
 	policy     limiter.Policy // built by policy, once per load
 	lim        *limiter.Limiter
@@ -63,6 +66,7 @@ func newProvisioned(ctx caddy.Context, pre *provisioned) *provisioned {
 		}
 		if pre.now != nil {
 			rt.now = pre.now
+			rt.testClock = true
 		}
 	}
 	return rt

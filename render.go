@@ -403,12 +403,16 @@ func (h *Handler) observe(ph *phState, d *limiter.Decision) {
 	if d.Outcome == limiter.OutcomeUnavailable {
 		return
 	}
-	h.rt.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), h.rt.now())
+	now := h.rt.now()
+	h.rt.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), now)
+	if h.rt.testClock {
+		now = time.Now() // the events' gates count on the wall clock
+	}
 	if d.BanStarted {
 		h.rt.metrics.bans.Inc()
-		h.emit(eventBanned, d, h.rt.logs.banEvent)
+		h.emit(eventBanned, d, h.rt.logs.banEvent, now)
 	}
-	h.emit(eventExceeded, d, h.rt.logs.event)
+	h.emit(eventExceeded, d, h.rt.logs.event, now)
 	if d.DryRun {
 		h.logDryRun(d)
 	}
@@ -477,12 +481,13 @@ func (h *Handler) logStoreError(d *limiter.Decision) {
 	}
 }
 
-// emit sends an event, at most once per period per limiter and kind.
-func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger) {
+// emit sends an event, at most once per period per limiter and kind (now:
+// the wall clock).
+func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger, now time.Time) {
 	if h.rt.events == nil {
 		return
 	}
-	ok, suppressed := gate.allow(time.Now())
+	ok, suppressed := gate.allow(now)
 	if !ok {
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -199,28 +200,32 @@ func (d *Decision) Tightest() *WindowUsage {
 // Limiter decides requests for one Policy over one Backend. Safe for
 // concurrent use.
 type Limiter struct {
-	p       Policy
-	b       Backend
-	keys    KeyBuilder
-	specs   []KeySpec // the request's keys: parts, then ban, then lease
-	layout  []int     // Decision.Windows[i] is Op window layout[i]
-	parts   []partSpec
-	names   []string // RateLimit policy names of Decision.Windows
-	wnames  []string // the windows' names in Ops (WindowName), worked out once
-	stack   Store    // deny cache → breaker → store
-	cache   *DenyCache
-	channel string
-	unsub   func()
-	waiters atomic.Int64
-	leaseNS string
-	leaseN  atomic.Uint64
-	ov      overrideTags
-	ovKick  chan struct{}
-	ovStop  chan struct{}
-	ovDone  chan struct{}
-	ovView  atomic.Pointer[indexView]
-	flight  flight                                          // requests between Decide and Done
-	sleep   func(ctx context.Context, d time.Duration) bool // the queue's wait in a simulation (export_test.go); nil: a timer
+	p Policy
+	// wallClock: the policy's clock is time.Now, so a reading of it is
+	// also the wall clock's (an Op's deadline, the in-process store's
+	// expiry): one reading serves a request.
+	wallClock bool
+	b         Backend
+	keys      KeyBuilder
+	specs     []KeySpec // the request's keys: parts, then ban, then lease
+	layout    []int     // Decision.Windows[i] is Op window layout[i]
+	parts     []partSpec
+	names     []string // RateLimit policy names of Decision.Windows
+	wnames    []string // the windows' names in Ops (WindowName), worked out once
+	stack     Store    // deny cache → breaker → store
+	cache     *DenyCache
+	channel   string
+	unsub     func()
+	waiters   atomic.Int64
+	leaseNS   string
+	leaseN    atomic.Uint64
+	ov        overrideTags
+	ovKick    chan struct{}
+	ovStop    chan struct{}
+	ovDone    chan struct{}
+	ovView    atomic.Pointer[indexView]
+	flight    flight                                          // requests between Decide and Done
+	sleep     func(ctx context.Context, d time.Duration) bool // the queue's wait in a simulation (export_test.go); nil: a timer
 	// g is the global ceiling kept in a ledger (Backend.Global); then
 	// parts and specs hold the ceiling as one share part, and sparts and
 	// sspecs as the static share's parts (fail local, cut off).
@@ -273,6 +278,7 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	if p.Now == nil {
 		p.Now = time.Now
 	}
+	wallClock := reflect.ValueOf(p.Now).Pointer() == reflect.ValueOf(time.Now).Pointer()
 	if p.Location == nil {
 		p.Location = time.UTC
 	}
@@ -297,7 +303,7 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	}
 	var id [6]byte
 	_, _ = rand.Read(id[:])
-	l := &Limiter{p: p, b: b, keys: kb, stack: b.Store, leaseNS: hex.EncodeToString(id[:]) + "-"}
+	l := &Limiter{p: p, wallClock: wallClock, b: b, keys: kb, stack: b.Store, leaseNS: hex.EncodeToString(id[:]) + "-"}
 	l.plan()
 	if b.Global != nil {
 		g, err := newGlobal(l, *b.Global)
@@ -626,6 +632,7 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		mode = ModeCheckOnly
 	}
 	op := l.op(in, mode, now)
+	op.nowIsWall = l.wallClock && op.Now != 0
 	*d = Decision{Identity: in.Identity, Cost: op.Cost, InFlight: -1}
 	l.queueBudget(op, d)
 	if l.p.Regions {
@@ -651,14 +658,16 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		}
 	}()
 	asked := false // the ledger was asked for this request
+	fresh := now   // now, while no ledger was waited for since
 	for {
-		reply, store, err := l.ask(ctx, op)
+		reply, store, err := l.ask(ctx, op, fresh)
 		if err == nil && reply.Share != 0 {
 			var gerr error
 			if op, asked, gerr = l.shared(ctx, in, op, &reply, mode, now, asked); gerr != nil {
 				l.ledgerFailed(in, op, d, gerr)
 				return nil
 			} else if asked && reply.Share&ShareAsk != 0 {
+				fresh = time.Time{}
 				continue // ask the store again with the grant
 			}
 		}
@@ -682,6 +691,8 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		if d.Outcome == OutcomeLimited && l.wait(ctx, d) {
 			now = l.p.Now()
 			op = l.op(in, mode, now)
+			op.nowIsWall = l.wallClock && op.Now != 0
+			fresh = now
 			l.queueBudget(op, d)
 			continue
 		}
@@ -768,8 +779,10 @@ func (l *Limiter) neverFits(in *Input, cost int64) bool {
 
 // ask sends op down the stack within the timeout; when the store fails,
 // fail local asks the in-process store. It returns the store that
-// decided, nil when none did.
-func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
+// decided, nil when none did. now, when set, is the policy's clock read
+// just before (the Op's deadline counts from it when that clock is the
+// wall clock).
+func (l *Limiter) ask(ctx context.Context, op *Op, now time.Time) (Reply, Store, error) {
 	sctx, cancel := ctx, context.CancelFunc(nil)
 	if l.p.Timeout > 0 {
 		// The timeout bounds the store call whatever the client does; a
@@ -780,7 +793,10 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 			// Redis store arms a timer it reuses), which spares every
 			// request a context and its timer. On the wall clock: the
 			// policy's clock may be another.
-			op.Deadline = time.Now().Add(l.p.Timeout)
+			if !l.wallClock || now.IsZero() {
+				now = time.Now()
+			}
+			op.Deadline = now.Add(l.p.Timeout)
 		} else {
 			sctx, cancel = context.WithTimeout(sctx, l.p.Timeout)
 		}
@@ -794,7 +810,7 @@ func (l *Limiter) ask(ctx context.Context, op *Op) (Reply, Store, error) {
 	}
 	if l.p.Fail == FailLocal && l.b.Local != nil {
 		local := *op
-		local.Now, local.Deadline = l.p.Now().UnixMicro(), time.Time{}
+		local.Now, local.Deadline, local.nowIsWall = l.p.Now().UnixMicro(), time.Time{}, false
 		if lr, lerr := l.b.Local.Do(ctx, &local); lerr == nil {
 			return lr, l.b.Local, err
 		}

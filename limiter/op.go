@@ -63,6 +63,10 @@ const MaxValue = 1 << 50
 // part of the request at once. All keys of an Op share one hash tag.
 type Op struct {
 	Mode Mode
+	// nowIsWall: Now is a reading of the wall clock (time.Now), which the
+	// in-process store may take for its expiry instead of reading it
+	// again; it does so once (a later call on the Op reads the clock).
+	nowIsWall bool
 	// Now is the time of the request in µs since the Unix epoch; 0 asks the
 	// store for its own clock (Redis TIME for the Redis store).
 	Now int64
