@@ -259,8 +259,9 @@ func (c *DenyCache) forget(match func(tag string) bool) {
 
 // opShape hashes everything of an Op that changes its answer, except the
 // time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
-// the concurrency bound (FNV-1a over the strings' bytes and the numbers'
-// whole words, each word's step folded, no allocation). It is compared
+// the concurrency bound (FNV-1a over whole words, each step folded: the
+// numbers, the strings 8 bytes at a time and their tails byte by byte, no
+// allocation). It is compared
 // only with shapes of this process.
 func opShape(op *Op) uint64 {
 	h := uint64(14695981039346656037)
@@ -270,7 +271,12 @@ func opShape(op *Op) uint64 {
 		h ^= h >> 29
 	}
 	str := func(s string) {
-		for i := 0; i < len(s); i++ {
+		i := 0
+		for ; i+8 <= len(s); i += 8 {
+			num(int64(uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+				uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56))
+		}
+		for ; i < len(s); i++ {
 			h ^= uint64(s[i])
 			h *= 1099511628211
 		}

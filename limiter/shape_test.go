@@ -24,7 +24,8 @@ func TestOpShapeSeesWhatChangesTheAnswer(t *testing.T) {
 	seen := map[uint64]string{want: "base"}
 	for name, change := range map[string]func(*Op){
 		"mode": func(o *Op) { o.Mode = ModeCheckOnly }, "cost": func(o *Op) { o.Cost = 2 },
-		"key": func(o *Op) { o.Parts[0].Key = "rl:{b}:log" }, "kind": func(o *Op) { o.Parts[0].Kind = KindCounter },
+		"key": func(o *Op) { o.Parts[0].Key = "rl:{b}:log" }, "key's tail": func(o *Op) { o.Parts[0].Key = "rl:{a}:lox" },
+		"key's length": func(o *Op) { o.Parts[0].Key = "rl:{a}:log\x00" }, "key's word": func(o *Op) { o.Parts[0].Key = "rl:{a}:Log" }, "kind": func(o *Op) { o.Parts[0].Kind = KindCounter },
 		"name": func(o *Op) { o.Parts[0].Windows[0].Name = "60000001" }, "limit": func(o *Op) { o.Parts[0].Windows[0].Limit = 11 },
 		"burst": func(o *Op) { o.Parts[0].Windows[0].Burst = 1 }, "bounds": func(o *Op) { o.Parts[0].Windows[0].Bounds[1] = 5 },
 		"ban key": func(o *Op) { o.Ban.Key = "rl:{b}:ban" }, "ban after": func(o *Op) { o.Ban.After = 4 },
