@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -19,11 +20,15 @@ import (
 // positive integer is a 500: never "unlimited".
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) (err error) {
 	repl := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer)
-	ph := placeholders(repl)
+	ph := placeholders(r.Context(), repl)
 	var in limiter.Input
 	limits, scratch := ph.scratch()
 	in.Scratch = scratch
-	if err := h.resolve(repl, &in, limits); err != nil {
+	var hdr http.Header
+	if ph.inServer {
+		hdr = r.Header
+	}
+	if err := h.resolve(repl, hdr, &in, limits); err != nil {
 		return h.badAmount(err)
 	}
 	d, err := h.rt.lim.Decide(r.Context(), &in)
@@ -62,9 +67,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 
 // resolve fills in the request's Input from the placeholders. buf backs
 // the limits (the request's placeholder state, see scratch), so a request
-// allocates nothing of its own for them.
-func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) error {
-	in.Identity = h.rt.keyTmpl.expand(repl)
+// allocates nothing of its own for them. hdr, when set, is the header of a
+// request Caddy's server prepared (see key).
+func (h *Handler) resolve(repl *caddy.Replacer, hdr http.Header, in *limiter.Input, buf []int64) error {
+	in.Identity = h.key(repl, hdr)
 	if h.rt.keyTmpl.empty(in.Identity) {
 		h.emptyKey(repl)
 	}
@@ -97,6 +103,26 @@ func (h *Handler) resolve(repl *caddy.Replacer, in *limiter.Input, buf []int64) 
 		}
 	}
 	return nil
+}
+
+// key is the request's identity: the key template expanded. A key that is
+// just {http.request.header.<field>} is read from hdr, when given, as
+// Caddy's placeholder reads it (the field's values joined by ","), without
+// asking the replacer, which walks its providers to Caddy's HTTP one and
+// boxes the value. Caddy's server gives that provider the request it
+// prepared, whose header map every handler's request shares.
+func (h *Handler) key(repl *caddy.Replacer, hdr http.Header) string {
+	if hdr != nil && h.rt.keyHeader != "" {
+		switch vals := hdr[h.rt.keyHeader]; len(vals) {
+		case 0:
+			return ""
+		case 1:
+			return vals[0]
+		default:
+			return strings.Join(vals, ",")
+		}
+	}
+	return h.rt.keyTmpl.expand(repl)
 }
 
 // badAmount answers 500 for a placeholder that did not resolve to a

@@ -62,6 +62,10 @@ func runBench(b *testing.B, h *Handler, keys int) {
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
 	request := func(w *httptest.ResponseRecorder, key string) {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		// The request's vars, as Caddy's server makes them for each
+		// request (the handler keeps its placeholder state there).
+		r = r.WithContext(context.WithValue(r.Context(), caddyhttp.VarsCtxKey,
+			map[string]any{caddyhttp.TrustedProxyVarKey: false, caddyhttp.ClientIPVarKey: "192.0.2.1"}))
 		r.Header.Set("X-Key", key)
 		caddyhttp.NewTestReplacer(r)
 		for k := range w.Header() {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -402,6 +403,34 @@ func TestTemplateExpand(t *testing.T) {
 		tmpl := compileTemplate(c.raw)
 		if got := tmpl.expand(repl); got != c.want || got != repl.ReplaceAll(c.raw, "") {
 			t.Errorf("%q: got %q, want %q (and what ReplaceAll gives)", c.raw, got, c.want)
+		}
+	}
+}
+
+// TestHeaderKeyAsCaddyRendersIt: a key that is one request header, read
+// from the header directly, is what Caddy's placeholder renders: the
+// field's values joined by ",", "" when absent, whatever case the template
+// writes the field in.
+func TestHeaderKeyAsCaddyRendersIt(t *testing.T) {
+	t.Parallel()
+	for _, raw := range []string{"{http.request.header.X-Key}", "{http.request.header.x-key}", "{http.request.header.X-KEY}",
+		"{http.request.header.x_key}", "{http.request.header.}", "{http.request.header.X Key}", "{http.request.host}", "k-{http.request.header.X-Key}"} {
+		for _, vals := range [][]string{nil, {""}, {"a"}, {"a", "b"}, {"a", "", "c,d"}} {
+			h := &Handler{rt: &provisioned{keyTmpl: compileTemplate(raw)}}
+			h.rt.keyHeader = headerField(h.rt.keyTmpl)
+			_, r, repl := newRequest(nil)
+			for _, field := range []string{"X-Key", "x_key", "X Key"} {
+				for _, v := range vals {
+					r.Header[textproto.CanonicalMIMEHeaderKey(field)] = append(r.Header[textproto.CanonicalMIMEHeaderKey(field)], v)
+				}
+			}
+			want := repl.ReplaceAll(raw, "")
+			if got := h.key(repl, r.Header); got != want {
+				t.Errorf("%s with %q: %q, Caddy renders %q", raw, vals, got, want)
+			}
+			if got := h.key(repl, nil); got != want {
+				t.Errorf("%s with %q, through the replacer: %q, Caddy renders %q", raw, vals, got, want)
+			}
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/textproto"
 	"slices"
 	"strconv"
 	"strings"
@@ -802,7 +803,19 @@ func (h *Handler) compile() {
 	h.rt.cost = compileAmount(h.Cost, 1)
 	h.rt.concurrent = compileAmount(h.MaxConcurrent, 0)
 	h.rt.keyTmpl = compileTemplate(h.Key)
+	h.rt.keyHeader = headerField(h.rt.keyTmpl)
 	h.rt.regionTmpl = compileTemplate(h.Region)
+}
+
+// headerField is, for a template that is just {http.request.header.<field>},
+// the field as Caddy's placeholder looks it up (canonical form); "" for
+// any other template.
+func headerField(t template) string {
+	field, ok := strings.CutPrefix(t.single, "http.request.header.")
+	if !ok {
+		return ""
+	}
+	return textproto.CanonicalMIMEHeaderKey(field)
 }
 
 // warnRestart logs, at a reload, what makes every budget of the limiter

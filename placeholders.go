@@ -1,9 +1,11 @@
 package slidingratelimit
 
 import (
+	"context"
 	"strings"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -43,13 +45,19 @@ const phStateKey = phPrefix + "_state"
 // makes its rate limit headers' value slices from it. A later limiter of
 // the same request allocates its own.
 type phState struct {
+	repl *caddy.Replacer // the replacer it is registered on
 	h    *Handler
 	d    limiter.Decision
-	near bool
 
-	limits   [2 * limiter.MaxWindows]int64
-	op       limiter.Scratch
-	vals     [4]string
+	limits [3]int64 // a limiter with more appends past it (1,272 bytes in all: a 1,280 size class with its malloc header)
+	op     limiter.Scratch
+	vals   [6]string // the rate limit headers' 4, then Retry-After and Content-Type of a refusal
+
+	// (the flags together, so that the state fits its size class)
+	near bool
+	// inServer: the request has vars, so Caddy's server prepared it (its
+	// replacer's HTTP placeholders read this request's header map).
+	inServer bool
 	used     bool // limits and op
 	valsUsed bool
 }
@@ -57,16 +65,37 @@ type phState struct {
 // placeholders returns the request's state, registering it on first use:
 // one provider function on the replacer, which also answers phStateKey, so
 // that the limiters of a route find it.
-func placeholders(repl *caddy.Replacer) *phState {
-	if v, ok := repl.Get(phStateKey); ok {
+//
+// In Caddy the request's vars (the map behind {http.vars.*}, made with the
+// replacer for each request) also hold it, under phVarKey: a map lookup,
+// where asking the replacer walks every provider before ours (Caddy's
+// global one, the file one, the static map under its lock, the HTTP one).
+// A state found there counts only when it is registered on this replacer;
+// without vars (a request Caddy's server did not prepare), the replacer is
+// asked as before.
+func placeholders(ctx context.Context, repl *caddy.Replacer) *phState {
+	vars, _ := ctx.Value(caddyhttp.VarsCtxKey).(map[string]any)
+	if vars != nil {
+		if s, ok := vars[phVarKey].(*phState); ok && s.repl == repl {
+			return s
+		}
+	} else if v, ok := repl.Get(phStateKey); ok {
 		if s, ok := v.(*phState); ok {
 			return s
 		}
 	}
-	s := new(phState)
+	s := &phState{repl: repl, inServer: vars != nil}
 	repl.Map(s.get)
+	if vars != nil {
+		vars[phVarKey] = s
+	}
 	return s
 }
+
+// phVarKey names the state in the request's vars. It starts with a byte no
+// configuration writes, so that no vars matcher or {http.vars.*} of a
+// config meets it by accident.
+const phVarKey = "\x00sliding_ratelimit_state"
 
 // scratch is an empty buffer for a limiter's limits and the room for its
 // decision's Op: the state's own the first time, new ones after (the first
@@ -79,9 +108,10 @@ func (s *phState) scratch() ([]int64, *limiter.Scratch) {
 	return s.limits[:0], &s.op
 }
 
-// valsBuf backs a response's rate limit header values: the state's own the
-// first time, nil after (write then makes its own).
-func (s *phState) valsBuf() *[4]string {
+// valsBuf backs a response's header value slices (the rate limit headers',
+// and a refusal's Retry-After and Content-Type): the state's own the first
+// time, nil after (write and refuse then make their own).
+func (s *phState) valsBuf() *[6]string {
 	if s.valsUsed {
 		return nil
 	}

@@ -1,6 +1,7 @@
 package slidingratelimit
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -18,6 +19,9 @@ type provisioned struct {
 	ctx    caddy.Context
 	logger *zap.Logger
 	now    func() time.Time // tests inject a clock
+	// testClock: now is a test's clock, not the wall clock (so a reading
+	// of now does not serve what reads the wall clock, see observe).
+	testClock bool
 
 	policy     limiter.Policy // built by policy, once per load
 	lim        *limiter.Limiter
@@ -26,8 +30,13 @@ type provisioned struct {
 	cost       amount
 	concurrent amount
 	keyTmpl    template
+	// keyHeader is, for a key that is just {http.request.header.<field>},
+	// the field in canonical form: a request Caddy's server prepared reads
+	// it from the request's header, as Caddy's placeholder does.
+	keyHeader  string
 	regionTmpl template
 	headers    headerPlan
+	last429    atomic.Pointer[refusalText] // the last plain 429's body, see refuse
 	statusIn   func(int) bool
 
 	metrics *limiterMetrics
@@ -57,6 +66,7 @@ func newProvisioned(ctx caddy.Context, pre *provisioned) *provisioned {
 		}
 		if pre.now != nil {
 			rt.now = pre.now
+			rt.testClock = true
 		}
 	}
 	return rt

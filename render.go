@@ -137,8 +137,8 @@ func appendRateLimit(b []byte, ws []limiter.WindowUsage) []byte {
 func (hp *headerPlan) write(hdr http.Header, d *limiter.Decision) { hp.writeInto(hdr, d, nil) }
 
 // writeInto is write with the array that backs the value slices given
-// (the request's, see valsBuf); nil makes one.
-func (hp *headerPlan) writeInto(hdr http.Header, d *limiter.Decision, arr *[4]string) {
+// (the request's, see valsBuf; its first 4); nil makes one.
+func (hp *headerPlan) writeInto(hdr http.Header, d *limiter.Decision, arr *[6]string) {
 	var t *limiter.WindowUsage
 	if hp.legacy {
 		if t = d.Tightest(); t != nil {
@@ -169,10 +169,12 @@ func (hp *headerPlan) writeInto(hdr http.Header, d *limiter.Decision, arr *[4]st
 		ends[3] = len(b)
 	}
 	all := string(b)
-	if arr == nil {
-		arr = new([4]string)
+	var vals []string
+	if arr != nil {
+		vals = arr[:0:4]
+	} else {
+		vals = new([4]string)[:0]
 	}
-	vals := arr[:0]
 	set := func(name, v string, add bool) {
 		if prev := hdr[name]; add && len(prev) > 0 {
 			hdr[name] = append(prev, v)
@@ -224,15 +226,47 @@ func ceilSeconds(d time.Duration) int64 {
 // banned, too many in flight), 413 (a cost that can never fit) or 503
 // (the store failed, fail closed); the gRPC way for gRPC requests; as a
 // Caddy error for handle_errors with `on_limit error`.
-func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Decision, vals *[4]string) error {
-	status, body, err := refusal(d, h.Region != "")
+//
+// vals, when set, backs the value slices of the headers it sets (the
+// request's, see valsBuf). A plain 429 (no region, no reason) takes its
+// body and Retry-After from the handler's last one when the seconds are
+// the same: under a hot key's denials they change once a second.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Decision, vals *[6]string) error {
+	var (
+		status int
+		body   []byte
+		err    error
+		retry  string
+	)
+	if plain := h.Region == "" && d.Outcome == limiter.OutcomeLimited; plain {
+		status, err = http.StatusTooManyRequests, ErrRateLimited
+		secs := retryAfterSeconds(d)
+		t := h.rt.last429.Load()
+		if t == nil || t.secs != secs {
+			t = &refusalText{secs: secs, body: limitedBody(d, false), retry: strconv.FormatInt(secs, 10)}
+			h.rt.last429.Store(t)
+		}
+		body, retry = t.body, t.retry
+	} else {
+		status, body, err = refusal(d, h.Region != "")
+	}
+	one := func(i int, v string) []string {
+		if vals == nil {
+			return []string{v}
+		}
+		vals[i] = v
+		return vals[i : i+1 : i+1]
+	}
 	hdr := w.Header()
 	switch status {
 	case http.StatusTooManyRequests:
 		h.rt.headers.writeInto(hdr, d, vals)
-		hdr[hdrRetry] = []string{strconv.FormatInt(retryAfterSeconds(d), 10)}
+		if retry == "" {
+			retry = strconv.FormatInt(retryAfterSeconds(d), 10)
+		}
+		hdr[hdrRetry] = one(4, retry)
 	case http.StatusServiceUnavailable:
-		hdr[hdrRetry] = []string{"1"}
+		hdr[hdrRetry] = one(4, "1")
 	}
 	if isGRPC(r) {
 		return writeGRPC(w, status, d)
@@ -240,10 +274,19 @@ func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, d *limiter.Deci
 	if h.OnLimit == "error" {
 		return caddyhttp.Error(status, err)
 	}
-	hdr["Content-Type"] = []string{"application/json"}
+	hdr["Content-Type"] = one(5, "application/json")
 	w.WriteHeader(status)
 	_, werr := w.Write(body)
 	return werr
+}
+
+// refusalText is a plain 429's body and Retry-After for a number of
+// seconds; shared by the responses that send it (the body is only read:
+// a Write must not modify nor keep what it is given).
+type refusalText struct {
+	secs  int64
+	body  []byte
+	retry string
 }
 
 // refusal maps a decision to its status, body and error.
@@ -360,12 +403,16 @@ func (h *Handler) observe(ph *phState, d *limiter.Decision) {
 	if d.Outcome == limiter.OutcomeUnavailable {
 		return
 	}
-	h.rt.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), h.rt.now())
+	now := h.rt.now()
+	h.rt.top.note(kindDenied, d.Identity, d.Region, h.LogKey, retryAfterSeconds(d), now)
+	if h.rt.testClock {
+		now = time.Now() // the events' gates count on the wall clock
+	}
 	if d.BanStarted {
 		h.rt.metrics.bans.Inc()
-		h.emit(eventBanned, d, h.rt.logs.banEvent)
+		h.emit(eventBanned, d, h.rt.logs.banEvent, now)
 	}
-	h.emit(eventExceeded, d, h.rt.logs.event)
+	h.emit(eventExceeded, d, h.rt.logs.event, now)
 	if d.DryRun {
 		h.logDryRun(d)
 	}
@@ -434,12 +481,13 @@ func (h *Handler) logStoreError(d *limiter.Decision) {
 	}
 }
 
-// emit sends an event, at most once per period per limiter and kind.
-func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger) {
+// emit sends an event, at most once per period per limiter and kind (now:
+// the wall clock).
+func (h *Handler) emit(name string, d *limiter.Decision, gate *burstLogger, now time.Time) {
 	if h.rt.events == nil {
 		return
 	}
-	ok, suppressed := gate.allow(time.Now())
+	ok, suppressed := gate.allow(now)
 	if !ok {
 		return
 	}

@@ -3,6 +3,7 @@ package slidingratelimit
 // What a client sees: headers, bodies, dry runs, handle_errors.
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -346,6 +347,50 @@ http://localhost:9080 {
 		body, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusTooManyRequests || !strings.HasPrefix(string(body), "denied by "+c.limiter+", retry in ") {
 			t.Errorf("%s over its limit: %d %q, want 429 naming %s", c.path, resp.StatusCode, body, c.limiter)
+		}
+	}
+}
+
+// TestTwoLimitersOneRouteShowTheLast: in a real Caddy (the request's vars
+// hold the placeholder state), two limiters on one route share the state:
+// the placeholders show the decision of the last one to run, and the
+// X-RateLimit headers the tightest of the two.
+func TestTwoLimitersOneRouteShowTheLast(t *testing.T) {
+	first, second := uniqueName(), uniqueName()
+	tester := caddytest.NewTester(t)
+	tester.InitServer(opsGlobal+`
+http://localhost:9080 {
+	route /two {
+		sliding_ratelimit {
+			name     `+first+`
+			key      {http.request.header.X-Key}
+			limit    3
+			window   1m
+		}
+		sliding_ratelimit {
+			name     `+second+`
+			key      {http.request.header.X-Key}
+			limit    5
+			window   1m
+		}
+		respond "{http.sliding_ratelimit.name} {http.sliding_ratelimit.remaining}/{http.sliding_ratelimit.limit}"
+	}
+}
+`, "caddyfile")
+	for i := 1; i <= 3; i++ {
+		req, _ := http.NewRequest(http.MethodGet, "http://localhost:9080/two", nil)
+		req.Header.Set("X-Key", first)
+		resp, err := tester.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if want := fmt.Sprintf("%s %d/5", second, 5-i); resp.StatusCode != http.StatusOK || string(body) != want {
+			t.Errorf("request %d: %d %q, want %q", i, resp.StatusCode, body, want)
+		}
+		if got, want := resp.Header.Get("X-Ratelimit-Remaining"), strconv.Itoa(3-i); got != want {
+			t.Errorf("request %d: X-RateLimit-Remaining %q, want %q (the tighter limiter's)", i, got, want)
 		}
 	}
 }

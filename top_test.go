@@ -4,6 +4,7 @@ package slidingratelimit
 // span, with which keys; the hammered key found among a million.
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -267,7 +268,7 @@ func TestTopFindsTheHammeredKeyAmongAMillion(t *testing.T) {
 	var heap100k uint64
 	for i := 1; i <= 1_000_000; i++ {
 		d.Identity = "k_one_" + strconv.Itoa(i)
-		h.observe(placeholders(repl), &d)
+		h.observe(placeholders(context.Background(), repl), &d)
 		if i%250 == 0 {
 			request(hot)
 		}

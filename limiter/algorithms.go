@@ -441,7 +441,18 @@ func (l *logState) live() []logEntry { return l.entries[l.head:] }
 // prune drops the entries at or before cut, as ZREMRANGEBYSCORE 0 cut.
 func (l *logState) prune(cut int64) {
 	e := l.live()
-	n := sort.Search(len(e), func(i int) bool { return e[i].t > cut })
+	// Between two requests of a key, few entries leave: look at the
+	// oldest first, and search (touching entries all over the log) only
+	// past it.
+	var n int
+	switch {
+	case len(e) == 0 || e[0].t > cut:
+		n = 0
+	case len(e) == 1 || e[1].t > cut:
+		n = 1
+	default:
+		n = 2 + sort.Search(len(e)-2, func(i int) bool { return e[2+i].t > cut })
+	}
 	l.head += n
 	if l.head == len(l.entries) {
 		l.entries, l.head = l.entries[:0], 0

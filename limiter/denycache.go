@@ -102,7 +102,7 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 			cached = false
 		case d.shape == shape:
 			if op.Ban == nil || d.reply.Status == StatusBanned {
-				return d.at(start), nil
+				return d.at(start, op), nil
 			}
 			held = d // the ban counts this refusal: the store decides it
 		}
@@ -119,7 +119,7 @@ func (c *DenyCache) Do(ctx context.Context, op *Op) (Reply, error) {
 			v, ok := c.m.Load(key)
 			c.forgetting.RUnlock()
 			if ok && v == held {
-				return held.at(start), nil
+				return held.at(start, op), nil
 			}
 		}
 		return res, err
@@ -172,12 +172,14 @@ func retryOf(r *Reply) int64 {
 }
 
 // at is the cached denial as of now: the windows that denied with their
-// retry time counted down, the others Unknown.
-func (d *denial) at(now int64) Reply {
+// retry time counted down, the others Unknown. Its usage is in op's reply
+// buffer (see usageFor) when that is free.
+func (d *denial) at(now int64, op *Op) Reply {
 	e := (now - d.start) / int64(time.Microsecond)
+	n := len(d.reply.Usage)
 	r := Reply{
 		Status: d.reply.Status, Now: d.reply.Now + e, Cached: true, InFlight: -1,
-		Usage:  make([]Usage, len(d.reply.Usage)),
+		Usage:  op.usageFor(n)[:n],
 		Limits: d.reply.Limits, Bursts: d.reply.Bursts,
 	}
 	if d.reply.BanLeft > e {
@@ -257,17 +259,24 @@ func (c *DenyCache) forget(match func(tag string) bool) {
 
 // opShape hashes everything of an Op that changes its answer, except the
 // time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
-// the concurrency bound (FNV-1a, no allocation).
+// the concurrency bound (FNV-1a over whole words, each step folded: the
+// numbers, the strings 8 bytes at a time and their tails byte by byte, no
+// allocation). It is compared
+// only with shapes of this process.
 func opShape(op *Op) uint64 {
 	h := uint64(14695981039346656037)
 	num := func(v int64) {
-		for i := 0; i < 8; i++ {
-			h ^= uint64(byte(v >> (8 * i)))
-			h *= 1099511628211
-		}
+		h ^= uint64(v)
+		h *= 1099511628211
+		h ^= h >> 29
 	}
 	str := func(s string) {
-		for i := 0; i < len(s); i++ {
+		i := 0
+		for ; i+8 <= len(s); i += 8 {
+			num(int64(uint64(s[i]) | uint64(s[i+1])<<8 | uint64(s[i+2])<<16 | uint64(s[i+3])<<24 |
+				uint64(s[i+4])<<32 | uint64(s[i+5])<<40 | uint64(s[i+6])<<48 | uint64(s[i+7])<<56))
+		}
+		for ; i < len(s); i++ {
 			h ^= uint64(s[i])
 			h *= 1099511628211
 		}

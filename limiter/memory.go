@@ -205,9 +205,17 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		tagKey = op.Parts[0].Key
 	}
 	sh := s.shard(tagKey)
+	var wall int64
+	if op.nowIsWall && op.Now != 0 {
+		// The caller's reading of the wall clock, a moment ago: expiry
+		// only reclaims memory, it never changes an answer.
+		wall, op.nowIsWall = op.Now*int64(time.Microsecond), false
+	}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	wall := time.Now().UnixNano()
+	if wall == 0 {
+		wall = time.Now().UnixNano()
+	}
 
 	if op.Mode == ModeRelease {
 		if k := sh.get(op.Lease.Key, wall); k != nil {

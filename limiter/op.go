@@ -63,6 +63,10 @@ const MaxValue = 1 << 50
 // part of the request at once. All keys of an Op share one hash tag.
 type Op struct {
 	Mode Mode
+	// nowIsWall: Now is a reading of the wall clock (time.Now), which the
+	// in-process store may take for its expiry instead of reading it
+	// again; it does so once (a later call on the Op reads the clock).
+	nowIsWall bool
 	// Now is the time of the request in µs since the Unix epoch; 0 asks the
 	// store for its own clock (Redis TIME for the Redis store).
 	Now int64
@@ -337,16 +341,21 @@ type Scratch struct {
 }
 
 // opBuf is an Op with what it points to, in one allocation.
+//
+// Its arrays are sized for the common limiter (one key, one or two
+// windows, a ban and a lease); a limiter with more gets slices of its own
+// (see Limiter.op), so that a request zeroes, and the collector scans, no
+// room it does not use.
 type opBuf struct {
 	op    Op
-	parts [4]Part
-	wins  [8]Win // the windows, when they are few (4 * MaxWindows is the most)
-	keys  [6]string
+	parts [2]Part
+	wins  [2]Win // the windows, when they are few (4 * MaxWindows is the most)
+	keys  [3]string
 	ban   BanOp
 	lease LeaseOp
 	ov    OverrideRef
 	usage [2]WindowUsage // the decision's windows, when they are few
-	reply [4]Usage       // the store's reply
+	reply [2]Usage       // the store's reply, when it has few windows
 }
 
 // take returns the scratch's buffer the first time, a new one after (or
