@@ -1,0 +1,229 @@
+// Command scriptcost measures what Redis spends per check of the script, in
+// the batches Caddy sends, beside a four-command baseline script
+// (ZREMRANGEBYSCORE, ZCARD, ZADD of one member, PEXPIRE) on the same keys:
+// the figures docs/bench.md's "Redis's side" section gives. It starts its
+// own redis-server on a free port unless -addr names one (for one started
+// under valgrind, which counts instructions whatever else the machine does):
+//
+//	go run ./cmd/scriptcost                          # sliding_log, FCALL, batches of 16
+//	go run ./cmd/scriptcost -kind 3 -batch 1 -eval   # fixed_window, one check per EVALSHA
+//	valgrind --tool=callgrind --toggle-collect=fcallCommand redis-server --port 46887 &
+//	go run ./cmd/scriptcost -addr 127.0.0.1:46887 -keys 500 -fill 1 -n 10000 -baseline=false
+//
+// The checks are those of a one-window limit of 10,000 a minute keyed over
+// -keys keys, each key getting -per checks a window (so its set holds about
+// -per entries), on a clock the tool moves (clock app), with a deadline, as
+// Caddy sends them. The baseline's sets are keys of their own, filled the
+// same way.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
+)
+
+// baseline is the original design's script, for 16 keys a call as ours.
+const baseline = `for i = 1, #KEYS do
+  local k = KEYS[i]
+  redis.call("ZREMRANGEBYSCORE", k, 0, ARGV[2*i-1] - 60000000)
+  redis.call("ZCARD", k)
+  redis.call("ZADD", k, ARGV[2*i-1], ARGV[2*i])
+  redis.call("PEXPIRE", k, 61000)
+end
+return 1`
+
+func main() {
+	addr := flag.String("addr", "", "a running redis-server (default: start one on a free port)")
+	keys := flag.Int("keys", 10000, "keys")
+	per := flag.Int("per", 150, "checks per key per window (about the entries of a log)")
+	n := flag.Int("n", 200000, "checks measured (in 5 rounds)")
+	batch := flag.Int("batch", 16, "checks per call")
+	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket")
+	eval := flag.Bool("eval", false, "EVALSHA of the script (Redis 5, 6) instead of FCALL of the library")
+	fill := flag.Float64("fill", 2, "windows of checks sent before measuring")
+	base := flag.Bool("baseline", true, "measure the baseline script too, in turns with ours")
+	flag.Parse()
+	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, *kind, *eval, *fill, *base); err != nil {
+		fmt.Fprintln(os.Stderr, "scriptcost:", err)
+		os.Exit(1)
+	}
+}
+
+func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fill float64, base bool) error {
+	ctx := context.Background()
+	if addr == "" {
+		a, stop, err := startRedis()
+		if err != nil {
+			return err
+		}
+		defer stop()
+		addr = a
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	call := []any{"FCALL", lua.DecideFunction}
+	if eval {
+		sha, err := c.ScriptLoad(ctx, lua.Decide).Result()
+		if err != nil {
+			return err
+		}
+		call = []any{"EVALSHA", sha}
+	} else if err := c.Do(ctx, "FUNCTION", "LOAD", "REPLACE", lua.LibraryCode).Err(); err != nil {
+		return err
+	}
+	bsha, err := c.ScriptLoad(ctx, baseline).Result()
+	if err != nil {
+		return err
+	}
+	step := 60e6 / float64(per*keys) // µs between two checks
+	now := float64(time.Now().UnixMicro())
+	rng := rand.New(rand.NewPCG(1, 2))
+	key := func() string { return "ratelimit:bench:log:{k" + strconv.Itoa(rng.IntN(keys)) + "}" }
+	// The baseline's sets are keys of their own (ours may be hashes), filled
+	// as ours are.
+	baseKey := func() string { return "ratelimit:bench:base:{k" + strconv.Itoa(rng.IntN(keys)) + "}" }
+	ours := func(checks int) error {
+		for done := 0; done < checks; done += batch {
+			ks, av := make([]any, 0, batch), []any{batch}
+			for range batch {
+				now += step
+				ks = append(ks, key())
+				// One check as the store encodes it (see decide.lua's header).
+				av = append(av, 17, 1, 0, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991", 1, 1, 0, 0, 0, "",
+					kind, 1, 0, "60000000", 10000, 0)
+			}
+			args := append(append(append(append([]any{}, call...), len(ks)), ks...), av...)
+			if err := c.Do(ctx, args...).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	theirs := func(checks int) error {
+		for done := 0; done < checks; done += batch {
+			args, av := []any{"EVALSHA", bsha, batch}, []any{}
+			for j := range batch {
+				now += step
+				args = append(args, baseKey())
+				t := strconv.FormatFloat(now, 'f', 0, 64)
+				av = append(av, t, t+"-"+strconv.Itoa(j))
+			}
+			if err := c.Do(ctx, append(args, av...)...).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := ours(int(fill * float64(per*keys))); err != nil {
+		return err
+	}
+	if base {
+		if err := theirs(int(fill * float64(per*keys))); err != nil {
+			return err
+		}
+	}
+	name := strings.ToLower(call[0].(string))
+	var oursU, oursC, baseU, baseC []string
+	for range 5 {
+		u, cpu, err := measure(ctx, c, name, func() error { return ours(n / 5) })
+		if err != nil {
+			return err
+		}
+		oursU, oursC = append(oursU, perCheck(u, n/5)), append(oursC, perCheck(cpu, n/5))
+		if !base {
+			continue
+		}
+		u, cpu, err = measure(ctx, c, "evalsha", func() error { return theirs(n / 5) })
+		if err != nil {
+			return err
+		}
+		baseU, baseC = append(baseU, perCheck(u, n/5)), append(baseC, perCheck(cpu, n/5))
+	}
+	fmt.Fprintf(w, "kind %d, %s, %d checks a call, %d keys of about %d entries (a key: %d, %s)\n", kind, name, batch, keys, per,
+		c.ZCard(ctx, "ratelimit:bench:log:{k1}").Val(), c.ObjectEncoding(ctx, "ratelimit:bench:log:{k1}").Val())
+	fmt.Fprintf(w, "ours:     µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(oursU, " "), strings.Join(oursC, " "))
+	if base {
+		fmt.Fprintf(w, "baseline: µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(baseU, " "), strings.Join(baseC, " "))
+	}
+	return nil
+}
+
+func perCheck(us float64, checks int) string {
+	return strconv.FormatFloat(us/float64(checks), 'f', 2, 64)
+}
+
+// measure runs f and returns the µs Redis spent in calls of cmd
+// (commandstats) and its CPU µs (INFO cpu) meanwhile.
+func measure(ctx context.Context, c *redis.Client, cmd string, f func() error) (usec, cpu float64, err error) {
+	u0, c0 := stats(ctx, c, cmd)
+	if err := f(); err != nil {
+		return 0, 0, err
+	}
+	u1, c1 := stats(ctx, c, cmd)
+	return u1 - u0, (c1 - c0) * 1e6, nil
+}
+
+func stats(ctx context.Context, c *redis.Client, cmd string) (usec, cpu float64) {
+	for _, line := range strings.Split(c.Info(ctx, "commandstats", "cpu").Val(), "\r\n") {
+		name, val, _ := strings.Cut(line, ":")
+		switch name {
+		case "cmdstat_" + cmd:
+			for _, kv := range strings.Split(val, ",") {
+				if v, ok := strings.CutPrefix(kv, "usec="); ok {
+					usec, _ = strconv.ParseFloat(v, 64)
+				}
+			}
+		case "used_cpu_sys", "used_cpu_user":
+			v, _ := strconv.ParseFloat(val, 64)
+			cpu += v
+		}
+	}
+	return usec, cpu
+}
+
+// startRedis starts a redis-server on a free loopback port, files in a
+// temporary directory; stop kills it and removes them.
+func startRedis() (addr string, stop func(), err error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	dir, err := os.MkdirTemp("", "scriptcost")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command("redis-server", "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir)
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, fmt.Errorf("redis-server: %w", err)
+	}
+	stop = func() { cmd.Process.Kill(); cmd.Wait(); os.RemoveAll(dir) }
+	addr = "127.0.0.1:" + strconv.Itoa(port)
+	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
+	defer c.Close()
+	for i := 0; ; i++ {
+		if c.Ping(context.Background()).Err() == nil {
+			return addr, stop, nil
+		}
+		if i == 100 {
+			stop()
+			return "", nil, fmt.Errorf("redis-server on %s did not answer", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
