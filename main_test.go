@@ -16,15 +16,13 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
-	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
-// scriptSHA is the EVALSHA digest of the decision script.
-func scriptSHA(t *testing.T, _ *redistest.Server) string {
+// scriptSHA is the EVALSHA digest of a script (lua.Decide, lua.DecideLog).
+func scriptSHA(t *testing.T, src string) string {
 	t.Helper()
-	sum := sha1.Sum([]byte(lua.Decide))
+	sum := sha1.Sum([]byte(src))
 	return hex.EncodeToString(sum[:])
 }
 

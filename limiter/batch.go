@@ -254,7 +254,7 @@ func (w *worker) run(batch []*batchOp) {
 // sending it again as the store's retry says (the library loaded after
 // "function not found", EVAL after NOSCRIPT).
 func (w *worker) runOne(ops []*batchOp) {
-	cmd, name, loads := w.b.store.head(w.ctx, allPeek(ops))
+	cmd, name, loads := w.b.store.head(w.ctx, allPeek(ops), allLog(ops))
 	args := append(w.args[:0], cmd, name, 0)
 	for _, op := range ops {
 		for i := range op.c.keys {
@@ -287,6 +287,16 @@ func (w *worker) runOne(ops []*batchOp) {
 }
 
 // allPeek reports whether every check of ops only peeks (FCALL_RO).
+// allLog reports whether every check of ops is one lua.DecideLog decides.
+func allLog(ops []*batchOp) bool {
+	for _, op := range ops {
+		if !op.c.log {
+			return false
+		}
+	}
+	return true
+}
+
 func allPeek(ops []*batchOp) bool {
 	for _, op := range ops {
 		if !op.c.peek {
@@ -385,7 +395,7 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 	}
 	for i := range groups {
 		g := &groups[i]
-		cmd, name, _ := w.b.store.head(w.ctx, allPeek(g.ops))
+		cmd, name, _ := w.b.store.head(w.ctx, allPeek(g.ops), allLog(g.ops))
 		args := append(g.args[:0], cmd, name, 0)
 		for _, op := range g.ops {
 			for j := range op.c.keys {

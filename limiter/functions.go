@@ -49,8 +49,10 @@ const (
 var (
 	evalshaArg any = "evalsha"
 	shaArg     any = script.Hash()
+	shaLogArg  any = logScript.Hash()
 	evalArg    any = "eval"
 	srcArg     any = lua.Decide
+	srcLogArg  any = lua.DecideLog
 	fcallArg   any = "fcall"
 	fcallROArg any = "fcall_ro"
 	decideArg  any = lua.DecideFunction
@@ -72,15 +74,17 @@ type scripts struct {
 }
 
 // head is the command and the script or function a call of checks starts
-// with (ro: every check only peeks), and the number of loads it was sent
-// after.
-func (s *RedisStore) head(ctx context.Context, ro bool) (cmd, name any, loads uint64) {
+// with (ro: every check only peeks; log: every check is one lua.DecideLog
+// decides), and the number of loads it was sent after.
+func (s *RedisStore) head(ctx context.Context, ro, log bool) (cmd, name any, loads uint64) {
 	loads = s.scripts.loads.Load()
 	path := callPath(s.scripts.path.Load())
 	if path == pathUnknown {
 		path = s.detect(ctx)
 	}
 	switch {
+	case path != pathFunctions && log:
+		return evalshaArg, shaLogArg, loads
 	case path != pathFunctions:
 		return evalshaArg, shaArg, loads
 	case ro:
@@ -151,13 +155,18 @@ func (s *RedisStore) retry(ctx context.Context, err error, args []any, loads uin
 			}
 		}
 		if noFunctions(err) {
+			// (The full script: the call's checks may be of any kind.)
 			s.scripts.path.Store(int32(pathEval))
 			args[0], args[1] = evalshaArg, shaArg
 			return true, nil
 		}
 	case evalshaArg:
 		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			args[0], args[1] = evalArg, srcArg
+			src := srcArg
+			if args[1] == shaLogArg {
+				src = srcLogArg
+			}
+			args[0], args[1] = evalArg, src
 			return true, nil
 		}
 	}

@@ -324,3 +324,53 @@ func TestScriptsFallBackToEvalsha(t *testing.T) {
 		t.Errorf("libraries %v, want none (no user could load one)", libs)
 	}
 }
+
+// TestLogChecksGoByTheLogScript: on the EVALSHA path a call whose checks
+// are all sliding_log's without a ban goes by the script that holds only
+// the log (lua.DecideLog), and answers as the full one does, after SCRIPT
+// FLUSH too (NOSCRIPT sends its own source); a call with any other check
+// (a counter, a ban) goes by the full script.
+func TestLogChecksGoByTheLogScript(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	exists := func() (log, full bool) {
+		v, err := c.ScriptExists(ctx, redis.NewScript(lua.DecideLog).Hash(), redis.NewScript(lua.Decide).Hash()).Result()
+		if err != nil {
+			t.Fatalf("SCRIPT EXISTS: %v", err)
+		}
+		return v[0], v[1]
+	}
+	for _, opts := range [][]limiter.RedisOption{{limiter.WithScripts(limiter.ScriptsEval)},
+		{limiter.WithScripts(limiter.ScriptsEval), limiter.WithBatching(2, 8)}} {
+		c.ScriptFlush(ctx)
+		s := limiter.NewRedisStore(srv.Client(t), opts...)
+		key := "logscript:{" + randomID(t) + "}"
+		for i := range 3 {
+			mustCount(t, s, key, int64(i+1), "log check")
+		}
+		if log, full := exists(); !log || full {
+			t.Errorf("after log checks: log script loaded %v, full script loaded %v; want only the log's", log, full)
+		}
+		// With a lease and an override key (still the log's script).
+		op := pathOp(key, false)
+		op.Lease = &limiter.LeaseOp{Key: key + ":lease", Max: 5, Timeout: time.Minute.Microseconds(), ID: randomID(t)}
+		op.Override = &limiter.OverrideRef{Key: key + ":ov"}
+		if r, err := s.Do(ctx, op); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 4 || r.InFlight != 1 {
+			t.Fatalf("log check with a lease: %+v %v, want admitted, count 4, 1 in flight", r, err)
+		}
+		c.ScriptFlush(ctx)
+		mustCount(t, s, key, 5, "log check after SCRIPT FLUSH")
+		// A counter goes by the full script.
+		ctr := pathOp(key+":ctr", false)
+		ctr.Parts[0].Kind = limiter.KindCounter
+		if r, err := s.Do(ctx, ctr); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 1 {
+			t.Fatalf("counter check: %+v %v", r, err)
+		}
+		if _, full := exists(); !full {
+			t.Errorf("after a counter check the full script is not loaded")
+		}
+		s.Close()
+	}
+}

@@ -21,8 +21,13 @@ var ErrBadReply = errors.New("malformed reply from redis script")
 // Redis did not run it.
 var ErrLate = errors.New("check reached redis after its deadline; not run")
 
-// script is decide.lua with the algorithms spliced in.
-var script = redis.NewScript(lua.Decide)
+// script is decide.lua with the algorithms spliced in; logScript the same
+// with sliding_log's alone, for EVALSHA calls of log checks without a ban
+// (lua.DecideLog).
+var (
+	script    = redis.NewScript(lua.Decide)
+	logScript = redis.NewScript(lua.DecideLog)
+)
 
 // Scripter is what the Redis store needs of a go-redis client: scripts,
 // commands it builds itself and pipelines (for batches), DEL (for resets)
@@ -140,7 +145,7 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	}
 	var c check
 	c.encode(op, deadline)
-	cmd, name, loads := s.head(ctx, op.Mode == ModePeek)
+	cmd, name, loads := s.head(ctx, c.peek, c.log)
 	args := make([]any, 0, 4+len(c.keys)+len(c.args))
 	args = append(args, cmd, name, len(c.keys))
 	for i := range c.keys {
@@ -268,6 +273,7 @@ type check struct {
 	ints []int64
 	strs []string
 	peek bool // the Op only peeks: it writes nothing
+	log  bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
 }
 
 // encode encodes op, with the deadline on Redis's clock.
@@ -288,6 +294,12 @@ func (c *check) encode(op *Op, deadline int64) {
 	c.ints = resize(c.ints, nargs)
 	c.strs = resize(c.strs, nw+2)
 	c.peek = op.Mode == ModePeek
+	c.log = op.Ban == nil
+	for i := range op.Parts {
+		if op.Parts[i].Kind != KindLog {
+			c.log = false
+		}
+	}
 
 	ban, lease, ov, scope := 0, 0, 0, ""
 	if op.Ban != nil {

@@ -14,7 +14,9 @@
 // the temporary overrides decide.lua reads. One script serves
 // every algorithm, so a batch of checks from limiters of different
 // algorithms is still one EVALSHA, or, on Redis 7 and Valkey, one FCALL of
-// the same code loaded as a function library (LibraryCode).
+// the same code loaded as a function library (LibraryCode). EVALSHA runs
+// the whole body on each call, so a call of sliding_log checks alone goes
+// by DecideLog, the body with the log's file alone.
 package lua
 
 import (
@@ -59,19 +61,30 @@ const (
 
 // body is decide.lua with the algorithm files in place of its @algorithms
 // line, up to its @entry line: the helpers and run, defined, not run.
-var body = func() string {
+var body = bodyOf(slidingLog, slidingCounter, fixedWindow, tokenBucket, share)
+
+// bodyOf is decide.lua with the given algorithm files spliced in.
+func bodyOf(algorithms ...string) string {
 	if strings.Count(decide, algorithmsMarker) != 1 || strings.Count(decide, entryMarker) != 1 {
 		panic("lua: decide.lua must hold the @algorithms and @entry lines once each")
 	}
-	algs := slidingLog + "\n" + slidingCounter + "\n" + fixedWindow + "\n" + tokenBucket + "\n" + share + "\n"
-	b := strings.Replace(decide, algorithmsMarker, algs, 1)
+	b := strings.Replace(decide, algorithmsMarker, strings.Join(algorithms, "\n")+"\n", 1)
 	return b[:strings.Index(b, entryMarker)]
-}()
+}
 
 // Decide is the script for EVALSHA: the body, then a call of run on the
 // call's KEYS and ARGV. Redis runs all of it, defining every helper, on
 // each call.
 var Decide = "local KEYS, ARGV = KEYS, ARGV\n" + body + "return run()\n"
+
+// DecideLog is Decide for calls whose every check is of sliding_log buckets
+// alone, without a ban rule (leases, overrides and every mode included):
+// the body without the other algorithm files, which EVALSHA would define
+// again on each call for nothing. decide.lua reaches their functions only
+// for the kinds they serve (and the ban's count, which uses
+// sliding_counter's estimate), so none of its paths for such checks needs
+// them. Under FCALL the library, built once, serves every check.
+var DecideLog = "local KEYS, ARGV = KEYS, ARGV\n" + bodyOf(slidingLog) + "return run()\n"
 
 // Library is the name of the function library: sliding_ratelimit_ and the
 // first 8 hex digits of the SHA-1 of the body, so that two releases of the

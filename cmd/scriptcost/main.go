@@ -76,7 +76,11 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 	defer c.Close()
 	call := []any{"FCALL", lua.DecideFunction}
 	if eval {
-		sha, err := c.ScriptLoad(ctx, lua.Decide).Result()
+		src := lua.Decide
+		if kind == 1 {
+			src = lua.DecideLog // as the store sends sliding_log checks without a ban
+		}
+		sha, err := c.ScriptLoad(ctx, src).Result()
 		if err != nil {
 			return err
 		}
