@@ -2,10 +2,15 @@ package netproxy
 
 import (
 	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"net"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -260,6 +265,7 @@ func TestReset(t *testing.T) {
 // goleak looks at the whole process.
 func TestCloseLeavesNothing(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
+	exits := exitLines(t, "proxy.go", "serve", "acceptLoop") // before Close: looking is quick
 	t.Run("traffic", func(t *testing.T) {
 		p, err := New(startEcho(t))
 		if err != nil {
@@ -279,9 +285,12 @@ func TestCloseLeavesNothing(t *testing.T) {
 		if err := p.Close(); err != nil {
 			t.Fatalf("Close: %v", err)
 		}
-		if left := proxyGoroutines(); len(left) > 0 {
+		if left := proxyWorking(exits); len(left) > 0 {
 			t.Fatalf("Close returned with %d goroutines of the proxy still running:\n%s", len(left), strings.Join(left, "\n\n"))
 		}
+		// Those past their wg.Done (runnable in serve or acceptLoop
+		// themselves, calling nothing) are gone moments later.
+		waitFor(t, "all the proxy's goroutines gone", func() bool { return len(proxyGoroutines()) == 0 })
 		if err := p.Close(); err != nil {
 			t.Fatalf("second Close: %v", err)
 		}
@@ -297,6 +306,76 @@ func TestCloseLeavesNothing(t *testing.T) {
 		}
 	})
 	goleak.VerifyNone(t, ignore)
+}
+
+// proxyWorking is proxyGoroutines without those that have done their
+// work: a goroutine's wg.Done is its last deferred call, so right after
+// Close's wg.Wait a goroutine may still be runnable in serve or
+// acceptLoop, calling nothing, at a line where the function returns (a
+// return statement or its closing brace), on its way out. Any other
+// goroutine of the proxy (blocked, inside a call, or runnable mid-body)
+// is one Close did not wait for.
+func proxyWorking(exits map[string]bool) []string {
+	var left []string
+	for _, g := range proxyGoroutines() {
+		lines := strings.SplitN(g, "\n", 4)
+		if len(lines) >= 3 && strings.HasSuffix(lines[0], "[runnable]:") && exiting(exits, lines[1], lines[2]) {
+			continue
+		}
+		left = append(left, g)
+	}
+	return left
+}
+
+// exiting: the top frame (its function line, then its "\tfile:line +pc"
+// line) is one of exits in proxy.go.
+func exiting(exits map[string]bool, fn, at string) bool {
+	file, rest, ok := strings.Cut(strings.TrimSpace(at), ":")
+	if !ok || !strings.HasSuffix(file, "/proxy.go") {
+		return false
+	}
+	line, _, _ := strings.Cut(rest, " ")
+	for exit := range exits {
+		name, l, _ := strings.Cut(exit, ":")
+		if l == line && strings.Contains(fn, "netproxy.(*Proxy)."+name+"(") {
+			return true
+		}
+	}
+	return false
+}
+
+// exitLines gives, for each named method in file, "name:line" of every line
+// it returns at: its return statements (not those of function literals
+// inside it) and its closing brace.
+func exitLines(t *testing.T, file string, names ...string) map[string]bool {
+	t.Helper()
+	fset := token.NewFileSet()
+	f, err := parser.ParseFile(fset, file, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exits := map[string]bool{}
+	for _, d := range f.Decls {
+		fd, ok := d.(*ast.FuncDecl)
+		if !ok || fd.Recv == nil || !slices.Contains(names, fd.Name.Name) {
+			continue
+		}
+		add := func(p token.Pos) { exits[fmt.Sprintf("%s:%d", fd.Name.Name, fset.Position(p).Line)] = true }
+		add(fd.Body.Rbrace)
+		ast.Inspect(fd.Body, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.FuncLit:
+				return false
+			case *ast.ReturnStmt:
+				add(n.Pos())
+			}
+			return true
+		})
+	}
+	if len(exits) < len(names) {
+		t.Fatalf("%s: found %d of the methods %v", file, len(exits), names)
+	}
+	return exits
 }
 
 // proxyGoroutines returns the stacks of the goroutines running a method of
