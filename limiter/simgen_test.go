@@ -215,10 +215,11 @@ func genCase(seed uint64, stack string, steps int) simCase {
 // simFoci are the seams a focused history is drawn toward: a fault that
 // starts while a request waits in the queue, an outage under a ban rule
 // while denials are cached, notices a node misses (it reads the overrides'
-// index instead). A random history reaches each only now and then; make
+// index instead), a ban that outlasts its window's refusals while leases
+// are taken and given back (a banned request must take none). A random history reaches each only now and then; make
 // test runs a few focused ones on Redis after the random ones.
 var simFoci = map[string][]string{
-	"redis":  {"queue-fault", "outage-ban", "missed-notice"},
+	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease"},
 	"memory": {"queue-ban", "store-clock"},
 }
 
@@ -253,6 +254,16 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		c.Cfg.GWindows, c.Cfg.GLimits, c.Cfg.Zone, c.Cfg.Burst = nil, nil, "", 0
 		c.Cfg.BanAfter, c.Cfg.BanWithin, c.Cfg.BanFor = int64(4+rng.IntN(3)), "10s", []string{"2s", "10s"}[rng.IntN(2)]
 		c.Cfg.Queue = ""
+	case "ban-lease":
+		// A ban longer than the window: the window has room again while
+		// the key is banned, and requests keep coming with leases free.
+		// Each node's deny cache serves the ban once it has seen it, so
+		// bans are short (many of them) and every node takes requests.
+		c.Cfg.Windows, c.Cfg.Limits = []string{"1s"}, []int64{int64(1 + rng.IntN(2))}
+		c.Cfg.GWindows, c.Cfg.GLimits, c.Cfg.Zone, c.Cfg.Burst = nil, nil, "", 0
+		c.Cfg.BanAfter, c.Cfg.BanWithin, c.Cfg.BanFor = int64(2+rng.IntN(2)), "3s", []string{"2s", "3s"}[rng.IntN(2)]
+		c.Cfg.Conc, c.Cfg.Lease = int64(2+rng.IntN(2)), []string{"2s", "10s"}[rng.IntN(2)]
+		c.Cfg.Queue, c.Cfg.CountOnly = "", false
 	case "missed-notice":
 		c.Cfg.BanAfter, c.Cfg.Queue = 0, ""
 		if c.Cfg.Alg == "token_bucket" {
@@ -263,6 +274,24 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		}
 	}
 	keys := []string{"a", "a", "a", "b"}
+	for focus == "ban-lease" && len(c.Steps) < steps {
+		// Rounds of: enough requests of one key to ban it, the window's
+		// length, a request of it at each node (each node's first sight of
+		// the ban goes to the store, with room in the window and leases
+		// free), some given back, then past the ban.
+		key := keys[rng.IntN(len(keys))]
+		for range c.Cfg.Limits[0] + c.Cfg.BanAfter + int64(rng.IntN(2)) {
+			c.Steps = append(c.Steps, simStep{Op: "req", Node: rng.IntN(c.Nodes), Key: key, Region: "us", Cost: 1})
+		}
+		c.Steps = append(c.Steps, simStep{Op: "tick", Dt: int64(1_000_000 + rng.IntN(500_000))})
+		for _, n := range rng.Perm(c.Nodes) {
+			c.Steps = append(c.Steps, simStep{Op: "req", Node: n, Key: key, Region: "us", Cost: 1})
+			if rng.IntN(2) == 0 {
+				c.Steps = append(c.Steps, simStep{Op: "done", N: rng.IntN(8), Status: []int{200, 401}[rng.IntN(2)]})
+			}
+		}
+		c.Steps = append(c.Steps, simStep{Op: "tick", Dt: int64(2_000_000 + rng.IntN(2_000_000))})
+	}
 	for len(c.Steps) < steps {
 		s := simStep{Node: rng.IntN(c.Nodes)}
 		if focus != "queue-fault" {
@@ -633,6 +662,21 @@ var simReplays = []simCase{
 			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1, QFault: "stall"},
+		}},
+	// Found by the ban-lease focus with the Lua half of the fix reverted
+	// (docs/decision.md's mutation check): a banned request whose window
+	// has room, the first this node sees of the ban, takes no lease.
+	{Name: "a banned request takes no lease on Redis (ban-lease focus)", Stack: "redis", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"1s"}, Limits: []int64{2}, BanAfter: 3, BanWithin: "3s", BanFor: "2s", Conc: 2, Lease: "2s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Node: 2, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "b", Region: "us", Cost: 1},
+			{Op: "req", Key: "b", Region: "us", Cost: 1},
+			{Op: "tick", Dt: 1052519},
+			{Op: "done", Status: 401},
+			{Op: "req", Node: 2, Key: "b", Region: "us", Cost: 1},
 		}},
 	// Found by the mutation check with the fix reverted (docs/decision.md).
 	{Name: "a node that missed an override's notice drops the identity's cached denials when it reads the index (fba412b; missed-notice focus)", Stack: "redis", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
