@@ -286,7 +286,6 @@ func (w *worker) runOne(ops []*batchOp) {
 	clear(w.args) // the keys and values of requests gone
 }
 
-// allPeek reports whether every check of ops only peeks (FCALL_RO).
 // allLog reports whether every check of ops is one lua.DecideLog decides.
 func allLog(ops []*batchOp) bool {
 	for _, op := range ops {
@@ -297,6 +296,7 @@ func allLog(ops []*batchOp) bool {
 	return true
 }
 
+// allPeek reports whether every check of ops only peeks (FCALL_RO).
 func allPeek(ops []*batchOp) bool {
 	for _, op := range ops {
 		if !op.c.peek {

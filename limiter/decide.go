@@ -539,6 +539,10 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	if l.p.AppClock || !l.b.Remote {
 		op.Now = now.UnixMicro()
 	}
+	// On the wall clock, the in-process store takes op.Now for its expiry
+	// (a reading an Op redone after a ledger's answer keeps is older: a key
+	// then expires a moment later, never earlier).
+	op.nowIsWall = l.wallClock && op.Now != 0
 	if len(parts) <= len(b.parts) {
 		op.Parts = b.parts[:len(parts)]
 	} else {
@@ -632,7 +636,6 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		mode = ModeCheckOnly
 	}
 	op := l.op(in, mode, now)
-	op.nowIsWall = l.wallClock && op.Now != 0
 	*d = Decision{Identity: in.Identity, Cost: op.Cost, InFlight: -1}
 	l.queueBudget(op, d)
 	if l.p.Regions {
@@ -691,7 +694,6 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		if d.Outcome == OutcomeLimited && l.wait(ctx, d) {
 			now = l.p.Now()
 			op = l.op(in, mode, now)
-			op.nowIsWall = l.wallClock && op.Now != 0
 			fresh = now
 			l.queueBudget(op, d)
 			continue

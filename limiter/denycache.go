@@ -261,8 +261,7 @@ func (c *DenyCache) forget(match func(tag string) bool) {
 // time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
 // the concurrency bound (FNV-1a over whole words, each step folded: the
 // numbers, the strings 8 bytes at a time and their tails byte by byte, no
-// allocation). It is compared
-// only with shapes of this process.
+// allocation). It is compared only with shapes of this process.
 func opShape(op *Op) uint64 {
 	h := uint64(14695981039346656037)
 	num := func(v int64) {
