@@ -483,20 +483,19 @@ func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub, dir string) erro
 		}
 		*map[string]*string{"sentinel": &c.Sentinel, "sentinel_password": &c.SentinelPassword,
 			"username": &c.Username, "password": &c.Password, "key_prefix": &c.KeyPrefix, "scripts": &c.Scripts}[sub] = v
-	case "db", "pool_size":
+	case "db", "pool_size", "state_format":
 		v, err := oneArg(d)
 		if err != nil {
 			return err
 		}
 		n, err := strconv.Atoi(v)
+		if sub == "state_format" && (err != nil || n != 1 && n != 2) {
+			return d.Errf("%s state_format must be 1 or 2, got '%s'", dir, v)
+		}
 		if err != nil || n < 0 || sub == "pool_size" && n == 0 {
 			return d.Errf("%s %s must be a %s integer, got '%s'", dir, sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)
 		}
-		if sub == "db" {
-			c.DB = n
-		} else {
-			c.PoolSize = n
-		}
+		*map[string]*int{"db": &c.DB, "pool_size": &c.PoolSize, "state_format": &c.StateFormat}[sub] = n
 	case "dial_timeout", "timeout":
 		v, err := oneArg(d)
 		if err != nil {

@@ -375,6 +375,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"lease_timeout below 1ms", "limit 5\nwindow 1m\nmax_concurrent 3\n@lease_timeout 100us", "lease_timeout must be at least 1ms"},
 		{"redis tls unknown option", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@tls verify\n}", "redis tls: unknown option 'verify'"},
 		{"redis tls unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntls {\n@pin abc\n}\n}", "unrecognized sliding_ratelimit redis tls subdirective 'pin'"},
+		{"redis state_format 3", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@state_format 3\n}", "redis state_format must be 1 or 2, got '3'"},
 		{"redis pool_size 0", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@pool_size 0\n}", "redis pool_size must be a positive integer, got '0'"},
 		{"redis negative db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@db -1\n}", "redis db must be a non-negative integer, got '-1'"},
 		{"redis dial_timeout 0", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@dial_timeout 0s\n}", "redis dial_timeout: bad duration '0s'"},
@@ -539,6 +540,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 			pipeline     4
 			key_prefix   rl:
 			scripts      eval
+			state_format 1
 		}
 	}`)
 	var h Handler
@@ -549,7 +551,7 @@ func TestUnmarshalCaddyfileFull(t *testing.T) {
 		Name: "api", Algorithm: "sliding_log", Key: "{http.request.header.X-API-Key}", Region: "{http.request.header.X-Region}",
 		Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Clock: "app", Headers: "ietf",
 		Redis: &RedisConfig{Addresses: []string{"10.0.0.1:6379"}, Username: "limiter", Password: "pw", DB: 2,
-			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, Pipeline: 4, KeyPrefix: "rl:", Scripts: "eval"},
+			DialTimeout: caddy.Duration(300 * time.Millisecond), Timeout: caddy.Duration(40 * time.Millisecond), PoolSize: 64, Pipeline: 4, KeyPrefix: "rl:", Scripts: "eval", StateFormat: 1},
 	}
 	got, _ := json.Marshal(h)
 	exp, _ := json.Marshal(want)

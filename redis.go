@@ -87,6 +87,14 @@ type RedisConfig struct {
 	// later, Valkey) and calls it with FCALL, and uses EVALSHA elsewhere;
 	// "eval" always uses EVALSHA.
 	Scripts string `json:"scripts,omitempty"`
+
+	// StateFormat is the format sliding_log keys are written in: 2 (the
+	// default) or 1, the format of releases before the state format
+	// version, while nodes of such a release share the Redis (a rolling
+	// upgrade from one, a rollback to one). Every key of either format is
+	// read, and turned into this one as it is written. docs/redis.md,
+	// "Upgrading".
+	StateFormat int `json:"state_format,omitempty"`
 }
 
 // RedisTLS configures TLS to Redis. An empty block uses the system roots.
@@ -168,6 +176,9 @@ func (c *RedisConfig) check(dir string) error {
 	if c.Scripts != "" && c.Scripts != "functions" && c.Scripts != "eval" {
 		return redisErr("scripts", "scripts must be functions or eval, got '%s'", c.Scripts)
 	}
+	if c.StateFormat != 0 && c.StateFormat != limiter.LogFormat1 && c.StateFormat != limiter.LogFormat2 {
+		return redisErr("state_format", "state_format must be 1 or 2, got %d", c.StateFormat)
+	}
 	if c.Pipeline < -1 || c.Pipeline > 64 {
 		return redisErr("pipeline", "pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
 	}
@@ -205,6 +216,8 @@ func (c *RedisConfig) checkLedger() error {
 		return dirErr(dir, "pipeline", "pipeline does not apply to the ledger: it is called in the background, one call per renewal, not per request")
 	case c.Scripts != "":
 		return dirErr(dir, "scripts", "scripts does not apply to the ledger: it always uses EVALSHA")
+	case c.StateFormat != 0:
+		return dirErr(dir, "state_format", "state_format does not apply to the ledger: it holds no sliding_log key")
 	}
 	return nil
 }
@@ -408,6 +421,9 @@ func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, e
 		}
 		if cfg.Scripts == "eval" {
 			ropts = append(ropts, limiter.WithScripts(limiter.ScriptsEval))
+		}
+		if cfg.StateFormat != 0 {
+			ropts = append(ropts, limiter.WithStateFormat(cfg.StateFormat))
 		}
 		store := limiter.NewRedisStore(client, ropts...)
 		target := cfg.target()

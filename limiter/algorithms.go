@@ -426,14 +426,13 @@ func parseLen(name string) float64 {
 // logEntry is one admitted request: its time and the units before it (B).
 type logEntry struct{ t, b int64 }
 
-// logState is sliding_log.lua's sorted set: the entries from head on, T
-// and the newest time.
+// logState is sliding_log.lua's sorted set in format 2: the entries from
+// head on, and T (kept across the entries, where the script starts it again
+// from nothing when a key has none: only differences of B are answers).
 type logState struct {
 	entries []logEntry
 	head    int
 	total   int64
-	newest  int64
-	hasNew  bool
 }
 
 func (l *logState) live() []logEntry { return l.entries[l.head:] }
@@ -512,11 +511,16 @@ func logCheck(l *logState, wins []Win, evs []winEval, now, cost int64, peek bool
 	return fits
 }
 
-// logRecord is log_record.
+// logRecord is log_record in format 2. It returns the key's TTL in ms, or
+// 0 to leave it: the first admission in each span of an eighth of the
+// longest window sets it to the window, the span and a second.
 func logRecord(l *logState, wins []Win, evs []winEval, now, cost int64) int64 {
 	at := now
-	if l.hasNew && l.newest > at {
-		at = l.newest
+	e := l.live()
+	newest, hasNew := int64(0), len(e) > 0
+	if hasNew {
+		newest = e[len(e)-1].t
+		at = max(at, newest)
 	}
 	var maxw int64
 	for j := range wins {
@@ -524,12 +528,24 @@ func logRecord(l *logState, wins []Win, evs []winEval, now, cost int64) int64 {
 	}
 	l.entries = append(l.entries, logEntry{t: at, b: l.total})
 	l.total += cost
-	l.newest, l.hasNew = at, true
 	for j := range wins {
 		if evs[j].count == 0 {
 			evs[j].reset = at + wins[j].Len - now
 		}
 		evs[j].count += cost
 	}
-	return (maxw+999)/1000 + 1000
+	span := max(maxw/8, 1)
+	if hasNew && floorDiv(at, span) == floorDiv(newest, span) {
+		return 0
+	}
+	return (maxw+span+999)/1000 + 1000
+}
+
+// floorDiv is a / b rounded down (b > 0), as Lua's math.floor(a / b).
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
 }

@@ -86,7 +86,7 @@ func (b *batcher) close() {
 func (b *batcher) do(ctx context.Context, op *Op, deadline int64, sent time.Time) (Reply, error) {
 	bo := opPool.Get().(*batchOp)
 	bo.ctx, bo.err, bo.vals = ctx, nil, bo.vals[:0]
-	bo.c.encode(op, deadline)
+	bo.c.encode(op, deadline, b.store.format)
 	bo.slot = 0
 	if b.store.cluster {
 		bo.slot = Slot(bo.c.keys[0])

@@ -29,7 +29,7 @@ func TestBatchKeepsEachChecksDeadline(t *testing.T) {
 		o := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
 		o.until, _ = ctx.Deadline()
 		o.c.encode(&Op{Cost: 1, Parts: []Part{{Key: key, Kind: KindLog,
-			Windows: []Win{{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}}}}, 0)
+			Windows: []Win{{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}}}}, 0, 0)
 		return o
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)

@@ -417,7 +417,9 @@ func (m *memDo) recordParts(evs []winEval, keys []*memKey, restate []bool, recor
 				if k == nil {
 					k = &memKey{}
 				}
-				expire(k, logRecord(&k.log, p.Windows, pe, m.now, op.Cost), m.wall)
+				if ttl := logRecord(&k.log, p.Windows, pe, m.now, op.Cost); ttl > 0 {
+					expire(k, ttl, m.wall)
+				}
 				m.s.put(m.sh, p.Key, k)
 			}
 			continue

@@ -64,6 +64,27 @@ type RedisStore struct {
 	clock   offsetClock
 	notify  notifier
 	scripts scripts // how decide.lua is called: FCALL or EVALSHA
+	format  int     // the state format sliding_log keys are written in (LogFormat)
+}
+
+// The state formats of a sliding_log key (lua/sliding_log.lua): LogFormat1
+// is the previous releases', LogFormat2 this one's. A store reads both and
+// writes one, turning a key of the other format into it as it writes.
+const (
+	LogFormat1 = 1
+	LogFormat2 = 2
+)
+
+// WithStateFormat sets the format the store writes sliding_log keys in
+// (LogFormat2 unless set): LogFormat1 while nodes of a release before the
+// state format version share the Redis (a rolling upgrade from one, or a
+// rollback to one: docs/redis.md, "Upgrading").
+func WithStateFormat(f int) RedisOption {
+	return func(s *RedisStore) {
+		if f == LogFormat1 {
+			s.format = LogFormat1
+		}
+	}
 }
 
 // RedisOption configures a RedisStore.
@@ -144,7 +165,7 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 		defer cancel()
 	}
 	var c check
-	c.encode(op, deadline)
+	c.encode(op, deadline, s.format)
 	cmd, name, loads := s.head(ctx, c.peek, c.log)
 	args := make([]any, 0, 4+len(c.keys)+len(c.args))
 	args = append(args, cmd, name, len(c.keys))
@@ -276,8 +297,9 @@ type check struct {
 	log  bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
 }
 
-// encode encodes op, with the deadline on Redis's clock.
-func (c *check) encode(op *Op, deadline int64) {
+// encode encodes op, with the deadline on Redis's clock, its sliding_log
+// parts to be written in format (LogFormat1: kind 7; else kind 1, format 2).
+func (c *check) encode(op *Op, deadline int64, format int) {
 	nw := op.windows()
 	nk, nargs := len(op.Parts), 11+5*len(op.Parts)+6*nw
 	if op.Ban != nil {
@@ -320,7 +342,11 @@ func (c *check) encode(op *Op, deadline int64) {
 		if p.Global {
 			global = 1
 		}
-		c.args = append(c.args, int(p.Kind), len(p.Windows), global)
+		kind := int(p.Kind)
+		if p.Kind == KindLog && format == LogFormat1 {
+			kind = 7
+		}
+		c.args = append(c.args, kind, len(p.Windows), global)
 		if p.Kind == KindShare {
 			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim), c.str(p.Sig))
 		}

@@ -41,7 +41,9 @@
 --        (count_only before the response: the lease is taken, the units are
 --        not recorded); 3 record (count_only after the response: the units
 --        are recorded, nothing checked); 4 release the lease.
--- kind:  1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket,
+-- kind:  1 sliding_log (its state in format 2; 7: in format 1, the format of
+--        releases before the state format version, see sliding_log.lua),
+--        2 sliding_counter, 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
 --        centre's share of the global ceiling (share.lua): its part header
 --        goes on with lead and claim (µs) and the limits' signature, and its
@@ -272,7 +274,7 @@ end
 -- Per part of the check being decided: key, kind, windows j0..j1, whether
 -- its hash holds stale fields, and a log's T, newest time and longest window.
 local pkey, pkind, pj0, pj1, pstale = {}, {}, {}, {}, {}
-local ptot, pnew, pmax = {}, {}, {}
+local ptot, pnew, pmax, pread, pfmt, pwant = {}, {}, {}, {}, {}, {}
 
 -- override applies the identity's active override, if any, to the limits
 -- and bursts of the check's windows; it reports whether a limit changed,
@@ -371,6 +373,11 @@ local function decide(a, k)
       sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
       a = a + 3
     end
+    if kind == 7 then
+      kind, pwant[p] = 1, 1 -- sliding_log in format 1 (sliding_log.lua)
+    else
+      pwant[p] = 2
+    end
     pkey[p], pkind[p], pj0[p] = KEYS[k], kind, nw + 1
     k = k + 1
     for _ = 1, n do
@@ -439,7 +446,7 @@ local function decide(a, k)
     if kind == 6 then
       ok = share_check(p, key, j0, j1, cost)
     elseif kind == 1 then
-      ok, ptot[p], pnew[p], pmax[p] = log_check(key, j0, j1, now, cost, peek)
+      ok, ptot[p], pnew[p], pmax[p], pread[p], pfmt[p] = log_check(key, j0, j1, now, cost, peek, pwant[p])
     else
       local v, f
       v, f, pstale[p] = hash_read(key, kind, j0, j1)
@@ -494,7 +501,7 @@ local function decide(a, k)
       end
     elseif kind == 1 then
       if recording then
-        log_record(key, j0, j1, now, cost, ptot[p], pnew[p], pmax[p])
+        log_record(key, j0, j1, now, cost, ptot[p], pnew[p], pmax[p], pread[p], pfmt[p], pwant[p])
       end
     elseif recording or (pstale[p] and not peek) then
       -- A hash with fields of windows a reload replaced is rewritten in the

@@ -3,20 +3,44 @@
 -- header gives the clock, the units and the window arrays (wlen, wlim, cnt,
 -- rty, rst) these functions read and fill.
 --
--- State (ZSET), one member per admitted request whatever its cost:
+-- Entries (ZSET), one member per admitted request whatever its cost, the
+-- same in both formats below:
 --   "<B>[:<cost>]" score t          t: when it was admitted; B: the units admitted
 --                                   to the key before it (cumulative), in 16
 --                                   digits so requests admitted at the same µs
 --                                   sort by B; ":<cost>" when the cost is not 1
---   "#n"          score -(T + 1)    T: units admitted to the key so far (the next B)
---   "#t"          score -(tn + 1)   tn: the newest admission time
--- The two bookkeeping members score below zero, so they sort first:
--- ZRANGE 0 2 reads T, tn and the oldest entry in one call, and
--- ZREMRANGEBYSCORE 0 <cut> never removes them. Admission times never go back
--- (a request stamped before tn, from a caller whose clock lags, is recorded at
--- tn), so B grows with t and the units in a window (now - w, now] are exactly
--- T - B(its first entry), whatever the costs. One request writes one member:
--- a cost of a million costs Redis what a cost of one does.
+-- Admission times never go back (a request stamped before the newest entry's
+-- time tn, from a caller whose clock lags, is recorded at tn), so B grows with
+-- t and the units in a window (now - w, now] are exactly T - B(its first
+-- entry), T being the units admitted so far (the next B), whatever the costs.
+-- One request writes one member: a cost of a million costs Redis what a cost
+-- of one does.
+--
+-- The key says its format by the members that score below zero (sorted
+-- first, never pruned: ZREMRANGEBYSCORE 0 <cut> leaves them):
+--   format 1 (releases before the format version; kind 7 writes it):
+--     "#n" score -(T + 1) and "#t" score -(tn + 1), rewritten on every
+--     admission; ZRANGE 0 2 reads T, tn and the oldest entry.
+--   format 2 (kind 1 writes it): "#2" score -inf, written once; T and tn
+--     come from the newest entry (T = its B + its cost, tn = its score);
+--     ZRANGE 0 1 reads the format and the oldest entry, ZRANGE -1 -1 the
+--     newest. A format-2 key whose entries are all pruned holds "#2" alone
+--     (T and tn start again from nothing: no entry is left to order after).
+-- Both formats are read by every check; a check that writes (not a peek)
+-- first turns a key of the other format into the one it writes (ZREM of
+-- the other's members, ZADD of its own: the entries stay as they are), so
+-- nodes of this release writing either format stay exact on one key. A
+-- release before the format version reads a format-2 key's "#2" as its
+-- oldest entry and fails on it (its B is not a number): that check errors
+-- and the node's fail mode answers, rather than reading the key as empty.
+-- See docs/redis.md, "Upgrading".
+--
+-- TTL: format 1 refreshes it on every write (the longest window + 1 s).
+-- Format 2 sets it to the longest window + S + 1 s (S = an eighth of the
+-- longest window, at least 1 µs) on the first admission in each span of S µs
+-- (floor(at / S) differs from the newest entry's) and leaves it on the
+-- others: an entry admitted at at lies within S after the one whose write
+-- set the TTL, so it still has its window and a second.
 --
 -- The log holds at most LOG_MAX_ENTRIES requests (one entry each) in its
 -- longest window: a request beyond them is denied until the oldest leaves,
@@ -28,8 +52,7 @@
 -- retry = when denied, the time until the window has room for the cost (the
 -- last entry p with B(p) < T + cost - limit must leave: t(p) + w - now);
 -- reset = the time until the oldest unit in the window leaves it (0 if empty).
--- An entry exactly w old is out of the window. Every write refreshes the TTL
--- (the longest window + 1 s).
+-- An entry exactly w old is out of the window.
 
 local LOG_MAX_T = 4503599627370496 -- 2^52: rebase B before doubles lose units
 local LOG_MAX_ENTRIES = 10000
@@ -77,9 +100,71 @@ local function log_retry(key, r0, b0, x, w, now)
   return tonumber(redis.call("ZRANGE", key, num(lo), num(lo), "WITHSCORES")[2]) + w - now
 end
 
+-- log_cost is the cost of a member: after its 16 digits and ':', else 1.
+local function log_cost(m)
+  if #m > 16 then
+    return tonumber(string.sub(m, 18))
+  end
+  return 1
+end
+
+-- log_head reads a log's format (0: no key), T, tn (false when it holds no
+-- entry), its oldest entry and that entry's score, and the rank of the
+-- first entry (the members before it are the format's).
+local function log_head(key)
+  local h = redis.call("ZRANGE", key, "0", "1", "WITHSCORES")
+  local m = h[1]
+  if not m then
+    return 0, 0, false, false, false, 0
+  end
+  if m == "#2" then
+    local om = h[3]
+    if not om then
+      return 2, 0, false, false, false, 1
+    end
+    local e = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
+    local nm = e[1]
+    return 2, log_b(nm) + log_cost(nm), e[2] + 0, om, h[4] + 0, 1
+  end
+  local total, newest = false, false
+  for i = 1, #h, 2 do
+    if h[i] == "#n" then
+      total = -(h[i + 1] + 0) - 1
+    elseif h[i] == "#t" then
+      newest = -(h[i + 1] + 0) - 1
+    end
+  end
+  if not total or not newest then
+    return error("sliding_log: " .. key .. " is in no known format")
+  end
+  local e = redis.call("ZRANGE", key, "2", "2", "WITHSCORES")
+  if e[1] then
+    return 1, total, newest, e[1], e[2] + 0, 2
+  end
+  return 1, total, newest, false, false, 2
+end
+
+-- log_convert turns a log of format fmt into format want (both 1 or 2), in
+-- place: the entries stay, the members of the format go. It returns the
+-- key's format and the rank of its first entry after.
+local function log_convert(key, fmt, want, total, newest)
+  if want == 2 then
+    redis.call("ZREM", key, "#n", "#t")
+    redis.call("ZADD", key, "-inf", "#2")
+    return 2, 1
+  end
+  redis.call("ZREM", key, "#2")
+  if not newest then
+    return 0, 0 -- nothing was left: the key is gone
+  end
+  redis.call("ZADD", key, num(-total - 1), "#n", num(-newest - 1), "#t")
+  return 1, 2
+end
+
 -- log_check fills windows j0..j1 of one log and reports whether the cost
--- fits all of them, with what log_record needs: T, tn and the longest window.
-local function log_check(key, j0, j1, now, cost, peek)
+-- fits all of them, with what log_record needs: T, tn, the longest window
+-- and the key's format (as read, and after a conversion to want).
+local function log_check(key, j0, j1, now, cost, peek, want)
   local maxw = 0
   for j = j0, j1 do
     if wlen[j] > maxw then
@@ -89,30 +174,23 @@ local function log_check(key, j0, j1, now, cost, peek)
   if not peek then
     redis.call("ZREMRANGEBYSCORE", key, "0", num(now - maxw))
   end
-  local h = redis.call("ZRANGE", key, "0", "2", "WITHSCORES")
-  local total, newest, om, ot = 0, false, false, false
-  for i = 1, #h, 2 do
-    local m, s = h[i], h[i + 1] + 0
-    if m == "#n" then
-      total = -s - 1
-    elseif m == "#t" then
-      newest = -s - 1
-    elseif not om then
-      om, ot = m, s
-    end
+  local read, total, newest, om, ot, base = log_head(key)
+  local fmt = read
+  if read ~= 0 and read ~= want and not peek then
+    fmt, base = log_convert(key, read, want, total, newest)
   end
   local fits = true
   local full = 0
   local ob = om and log_b(om)
   if om and total - ob >= LOG_MAX_ENTRIES then
     -- Enough units for the entry cap to matter: count the entries.
-    if redis.call("ZCARD", key) - 2 >= LOG_MAX_ENTRIES then
+    if redis.call("ZCARD", key) - base >= LOG_MAX_ENTRIES then
       full = ot + maxw - now
     end
   end
   for j = j0, j1 do
     local w, limit = wlen[j], wlim[j]
-    local m, t, r0, b0 = om, ot, 2, ob
+    local m, t, r0, b0 = om, ot, base, ob
     if m and t <= now - w then
       -- The oldest entry is older than this window: find the window's first.
       local f = redis.call("ZRANGEBYSCORE", key, "(" .. num(now - w), "+inf", "WITHSCORES", "LIMIT", "0", "1")
@@ -145,36 +223,54 @@ local function log_check(key, j0, j1, now, cost, peek)
     end
     cnt[j], rty[j], rst[j] = count, retry, reset
   end
-  return fits, total, newest, maxw
+  return fits, total, newest, maxw, read, fmt
 end
 
--- log_record adds the request's member, refreshes the TTL and brings the
--- windows' counts and resets to after the request.
-local function log_record(key, j0, j1, now, cost, total, newest, maxw)
+-- log_rebase takes b0, the oldest entry's B, from every entry (once per
+-- 2^52 units of one key) and returns T after; base is the rank of the
+-- first entry.
+local function log_rebase(key, total, base)
+  local all = redis.call("ZRANGE", key, num(base), "-1", "WITHSCORES")
+  local b0 = total
+  if all[1] then
+    b0 = log_b(all[1])
+  end
+  redis.call("ZREMRANGEBYRANK", key, num(base), "-1")
+  for i = 1, #all, 2 do
+    local m = all[i]
+    redis.call("ZADD", key, all[i + 1], log_member(log_b(m) - b0, log_cost(m)))
+  end
+  return total - b0
+end
+
+-- log_record adds the request's member in format want (read: the key's
+-- format as log_check read it, fmt: after), sets the TTL as that format
+-- does and brings the windows' counts and resets to after the request.
+local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt, want)
   local at = now
   if newest and newest > at then
     at = newest
   end
   if total + cost >= LOG_MAX_T then
-    -- Rebase B so counts stay exact: once per 2^52 units of one key.
-    local all = redis.call("ZRANGE", key, "2", "-1", "WITHSCORES")
-    local b0 = total
-    if all[1] then
-      b0 = log_b(all[1])
-    end
-    redis.call("ZREMRANGEBYRANK", key, "2", "-1")
-    for i = 1, #all, 2 do
-      local m = all[i]
-      local c = 1
-      if #m > 16 then
-        c = tonumber(string.sub(m, 18))
-      end
-      redis.call("ZADD", key, all[i + 1], log_member(log_b(m) - b0, c))
-    end
-    total = total - b0
+    total = log_rebase(key, total, (fmt == 2 and 1) or 2)
   end
-  redis.call("ZADD", key, num(at), log_member(total, cost), num(-(total + cost) - 1), "#n", num(-at - 1), "#t")
-  redis.call("PEXPIRE", key, num(math.ceil(maxw / 1000) + 1000))
+  if want == 1 then
+    redis.call("ZADD", key, num(at), log_member(total, cost), num(-(total + cost) - 1), "#n", num(-at - 1), "#t")
+    redis.call("PEXPIRE", key, num(math.ceil(maxw / 1000) + 1000))
+  else
+    if fmt == 2 then
+      redis.call("ZADD", key, num(at), log_member(total, cost))
+    else
+      redis.call("ZADD", key, "-inf", "#2", num(at), log_member(total, cost))
+    end
+    local span = math.floor(maxw / 8)
+    if span < 1 then
+      span = 1
+    end
+    if not (read == 2 and newest and math.floor(at / span) == math.floor(newest / span)) then
+      redis.call("PEXPIRE", key, num(math.ceil((maxw + span) / 1000) + 1000))
+    end
+  end
   for j = j0, j1 do
     if cnt[j] == 0 then
       rst[j] = at + wlen[j] - now
