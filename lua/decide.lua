@@ -136,6 +136,21 @@ local function num(x)
   return x
 end
 
+-- NUM holds the numbers of the arguments that repeat from check to check
+-- (a check's shape, its cost, a window's length, limit and burst), by their
+-- string: a table lookup where s + 0 runs strtod (several hundred
+-- instructions). It lives as long as the chunk (one FUNCTION LOAD) and
+-- starts again past 4096 strings.
+local NUM, NUMN = {}, 0
+local function numof(s)
+  local v = s + 0
+  if NUMN >= 4096 then
+    NUM, NUMN = {}, 0
+  end
+  NUM[s], NUMN = v, NUMN + 1
+  return v
+end
+
 -- The windows of the check being decided, numbered across its parts:
 -- name (the length's decimal string, or the calendar period), length, limit,
 -- burst, calendar bounds; filled by the algorithms: count, retry, reset, and
@@ -347,11 +362,11 @@ end
 local function decide(a, k)
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
-  local mode = ARGV[a + 2] + 0
+  local mode = NUM[ARGV[a + 2]] or numof(ARGV[a + 2])
   local now = ARGV[a + 3] + 0
   local deadline = ARGV[a + 4] + 0
-  local cost = ARGV[a + 5] + 0
-  local nparts = ARGV[a + 6] + 0
+  local cost = NUM[ARGV[a + 5]] or numof(ARGV[a + 5])
+  local nparts = NUM[ARGV[a + 6]] or numof(ARGV[a + 6])
   local hasban, haslease = ARGV[a + 7] == "1", ARGV[a + 8] == "1"
   local hasov, scope = ARGV[a + 9] == "1", ARGV[a + 10]
   if deadline ~= 0 then
@@ -366,7 +381,7 @@ local function decide(a, k)
   a = a + 11
   local nw = 0
   for p = 1, nparts do
-    local kind, n = ARGV[a] + 0, ARGV[a + 1] + 0
+    local kind, n = NUM[ARGV[a]] or numof(ARGV[a]), NUM[ARGV[a + 1]] or numof(ARGV[a + 1])
     pglobal[p] = ARGV[a + 2] == "1"
     a = a + 3
     if kind == 6 then
@@ -382,12 +397,12 @@ local function decide(a, k)
     k = k + 1
     for _ = 1, n do
       nw = nw + 1
-      wname[nw], wlim[nw], wkind[nw] = ARGV[a], ARGV[a + 1] + 0, kind
+      wname[nw], wlim[nw], wkind[nw] = ARGV[a], NUM[ARGV[a + 1]] or numof(ARGV[a + 1]), kind
       if kind == 5 then
         cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
         a = a + 6
       else
-        wlen[nw], wburst[nw] = ARGV[a] + 0, ARGV[a + 2] + 0
+        wlen[nw], wburst[nw] = NUM[ARGV[a]] or numof(ARGV[a]), NUM[ARGV[a + 2]] or numof(ARGV[a + 2])
         a = a + 3
       end
     end
@@ -602,7 +617,7 @@ local function run()
       else
         out[c] = {err = tostring(r)}
       end
-      a, k = a + ARGV[a], k + ARGV[a + 1]
+      a, k = a + (NUM[ARGV[a]] or numof(ARGV[a])), k + (NUM[ARGV[a + 1]] or numof(ARGV[a + 1]))
     end
   end
   return out
