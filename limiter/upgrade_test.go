@@ -1,0 +1,299 @@
+package limiter_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// previousRelease is the last commit before the state format version: its
+// sliding_log keys are in format 1, and it knows no other.
+const previousRelease = "50c28e7"
+
+// oldEngineMain serves the previous release's RedisStore over stdin and
+// stdout: one JSON Op a line in, one JSON {Reply, Err} a line out.
+const oldEngineMain = `package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"os"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+func main() {
+	c := redis.NewClient(&redis.Options{Addr: os.Args[1], DisableIdentity: true})
+	s := limiter.NewRedisStore(c)
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<20)
+	out := json.NewEncoder(os.Stdout)
+	for in.Scan() {
+		var op limiter.Op
+		var res struct {
+			Reply limiter.Reply
+			Err   string
+		}
+		if err := json.Unmarshal(in.Bytes(), &op); err != nil {
+			res.Err = err.Error()
+		} else if r, err := s.Do(context.Background(), &op); err != nil {
+			res.Err = err.Error()
+		} else {
+			res.Reply = r
+		}
+		if out.Encode(res) != nil {
+			return
+		}
+	}
+}
+`
+
+// buildPreviousRelease builds the previous release's engine from this
+// repository's history (git archive of its go.mod, go.sum, limiter and lua)
+// into dir, offline: the modules are the ones this build already has.
+func buildPreviousRelease(t *testing.T, dir string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	root, err := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse: %v (the test builds the previous release from this clone's history)", err)
+	}
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(filepath.Join(src, "cmd", "oldengine"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" go.mod go.sum limiter lua | tar -x -C "$3"`,
+		"sh", strings.TrimSpace(string(root)), previousRelease, src)
+	if out, err := archive.CombinedOutput(); err != nil {
+		t.Fatalf("git archive %s: %v\n%s(a shallow clone lacks it: git fetch --unshallow)", previousRelease, err, out)
+	}
+	if err := os.WriteFile(filepath.Join(src, "cmd", "oldengine", "main.go"), []byte(oldEngineMain), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "oldengine")
+	start := time.Now()
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "./cmd/oldengine")
+	build.Dir = src
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off", "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building %s's engine: %v\n%s", previousRelease, err, out)
+	}
+	t.Logf("built %s's engine in %v", previousRelease, time.Since(start).Round(time.Millisecond))
+	return bin
+}
+
+// oldEngine is a running previous release's engine.
+type oldEngine struct {
+	in  *json.Encoder
+	out *bufio.Scanner
+}
+
+func startOldEngine(t *testing.T, bin, addr string) *oldEngine {
+	t.Helper()
+	cmd := exec.Command(bin, addr)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	sc := bufio.NewScanner(stdout)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	return &oldEngine{in: json.NewEncoder(stdin), out: sc}
+}
+
+// Reset is not used on the previous release's engine.
+func (e *oldEngine) Reset(context.Context, ...string) error { return fmt.Errorf("not served") }
+
+func (e *oldEngine) Do(_ context.Context, op *limiter.Op) (limiter.Reply, error) {
+	if err := e.in.Encode(op); err != nil {
+		return limiter.Reply{}, err
+	}
+	if !e.out.Scan() {
+		return limiter.Reply{}, fmt.Errorf("the previous release's engine ended: %v", e.out.Err())
+	}
+	var res struct {
+		Reply limiter.Reply
+		Err   string
+	}
+	if err := json.Unmarshal(e.out.Bytes(), &res); err != nil {
+		return limiter.Reply{}, err
+	}
+	if res.Err != "" {
+		return limiter.Reply{}, fmt.Errorf("%s", res.Err)
+	}
+	return res.Reply, nil
+}
+
+// upgradeOracle is the exact log of every sliding_log key: the units each
+// admitted request recorded, and when.
+type upgradeOracle map[string][][2]int64
+
+func (o upgradeOracle) count(key string, w, now int64) int64 {
+	var n int64
+	for _, e := range o[key] {
+		if e[0] > now-w {
+			n += e[1]
+		}
+	}
+	return n
+}
+
+// TestMixedVersions: three nodes share one redis-server through a rolling
+// upgrade from the previous release (built from this repository's history)
+// to this one, a switch of the state format from 1 to 2, and the way back
+// (format 1 again, then the previous release), as docs/redis.md's
+// "Upgrading" says. Requests of the same keys (a bucket in one of two
+// regions and the identity's global ceiling, two windows, costs 1 to 3, some
+// peeks) go to the nodes in turn, on one clock; every reply must be the
+// exact log's: admitted exactly when every window has room (over-admission
+// 0), and every window's count the oracle's (no key read as empty). After
+// the switch to format 2, the previous release must fail on a key in it
+// rather than read it as empty.
+func TestMixedVersions(t *testing.T) {
+	t.Parallel()
+	bin := buildPreviousRelease(t, t.TempDir())
+	srv := redistest.Start(t)
+	old := startOldEngine(t, bin, srv.Addr())
+	newStore := func(opts ...limiter.RedisOption) limiter.Store {
+		s := limiter.NewRedisStore(srv.Client(t), opts...)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	f1 := limiter.WithStateFormat(limiter.LogFormat1)
+	eval := limiter.WithScripts(limiter.ScriptsEval)
+	engines := map[string][2]limiter.Store{ // by version, for even and odd nodes (FCALL, EVALSHA)
+		"old": {old, old},
+		"f1":  {newStore(f1), newStore(f1, eval)},
+		"f2":  {newStore(), newStore(eval)},
+	}
+	phases := [][3]string{
+		{"old", "old", "old"},
+		{"f1", "old", "old"}, {"f1", "f1", "old"}, {"f1", "f1", "f1"}, // the rolling upgrade, state_format 1
+		{"f2", "f1", "f1"}, {"f2", "f2", "f1"}, {"f2", "f2", "f2"}, // state_format removed, node by node
+		{"f1", "f2", "f2"}, {"f1", "f1", "f2"}, {"f1", "f1", "f1"}, // rollback: state_format 1 first
+		{"old", "f1", "f1"}, {"old", "old", "f1"}, {"old", "old", "old"},
+	}
+	kb, _ := limiter.NewKeyBuilder("up:", "api")
+	rng := rand.New(rand.NewPCG(29, 2))
+	oracle := upgradeOracle{}
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).UnixMicro()
+	wins := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: 10e6, Limit: 8},
+		{Name: limiter.WindowName(30 * time.Second), Len: 30e6, Limit: 20}}
+	global := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: 10e6, Limit: 12}}
+	ctx := context.Background()
+	seen := map[string]int{}
+	for ph, nodes := range phases {
+		var ids []string
+		for i := range 4 {
+			ids = append(ids, fmt.Sprint("id", i))
+		}
+		for i := range 80 {
+			now += rng.Int64N(300_000)
+			node := i % 3
+			id := ids[rng.IntN(len(ids))]
+			if ph == 9 && i < 2*len(ids) {
+				// Before the previous release comes back, every key is
+				// checked by a node writing format 1 (or has expired).
+				id, node = ids[i/2], 0
+			}
+			region := fmt.Sprint("r", rng.IntN(2))
+			if ph == 9 && i < 2*len(ids) {
+				region = fmt.Sprint("r", i%2)
+			}
+			op := &limiter.Op{Now: now, Cost: 1 + rng.Int64N(3), Mode: limiter.ModeCheck, Parts: []limiter.Part{
+				{Key: kb.Key("log", id, true, region), Kind: limiter.KindLog, Windows: wins},
+				{Key: kb.Global("log", id), Kind: limiter.KindLog, Global: true, Windows: global}}}
+			if rng.IntN(8) == 0 && !(ph == 9 && i < 2*len(ids)) {
+				op.Mode = limiter.ModePeek
+			}
+			checkAgainstOracle(t, oracle, engines[nodes[node]][node%2], op, fmt.Sprintf("phase %d %v, node %d (%s), request %d", ph, nodes, node, nodes[node], i), seen)
+		}
+		if ph == 6 {
+			// Every node writes format 2 now: the previous release, were it
+			// still running, must fail on such a key, not read it as empty.
+			op := &limiter.Op{Now: now, Cost: 1, Mode: limiter.ModeCheck, Parts: []limiter.Part{
+				{Key: kb.Global("log", ids[0]), Kind: limiter.KindLog, Global: true, Windows: global}}}
+			if oracle.count(op.Parts[0].Key, global[0].Len, now) == 0 {
+				t.Fatalf("the key %s holds nothing in format 2 to try the previous release on", op.Parts[0].Key)
+			}
+			if r, err := old.Do(ctx, op); err == nil {
+				t.Fatalf("the previous release read a format-2 key and answered %+v, want an error", r)
+			}
+		}
+	}
+	t.Logf("%v", seen)
+	if seen["allowed"] < 100 || seen["denied"] < 50 || seen["peek"] < 50 {
+		t.Errorf("too easy: %v", seen)
+	}
+}
+
+// checkAgainstOracle runs op on s and holds its reply to the exact log,
+// then records it there when admitted.
+func checkAgainstOracle(t *testing.T, oracle upgradeOracle, s limiter.Store, op *limiter.Op, where string, seen map[string]int) {
+	t.Helper()
+	fits := true
+	for _, p := range op.Parts {
+		for _, w := range p.Windows {
+			if oracle.count(p.Key, w.Len, op.Now)+op.Cost > w.Limit {
+				fits = false
+			}
+		}
+	}
+	r, err := s.Do(context.Background(), cloneOp(op))
+	if err != nil {
+		t.Fatalf("%s: %v", where, err)
+	}
+	if got := r.Status == limiter.StatusAllowed; got != fits {
+		t.Fatalf("%s: admitted %v, the exact log says %v (%+v)", where, got, fits, r)
+	}
+	record := fits && op.Mode == limiter.ModeCheck
+	j := 0
+	for _, p := range op.Parts {
+		for _, w := range p.Windows {
+			want := oracle.count(p.Key, w.Len, op.Now)
+			if record {
+				want += op.Cost
+			}
+			if r.Usage[j].Count != want {
+				t.Fatalf("%s: %s window %d s counts %d, the exact log %d (%+v)", where, p.Key, w.Len/1e6, r.Usage[j].Count, want, r)
+			}
+			j++
+		}
+	}
+	if record {
+		for _, p := range op.Parts {
+			oracle[p.Key] = append(oracle[p.Key], [2]int64{op.Now, op.Cost})
+		}
+	}
+	switch {
+	case op.Mode == limiter.ModePeek:
+		seen["peek"]++
+	case fits:
+		seen["allowed"]++
+	default:
+		seen["denied"]++
+	}
+}
