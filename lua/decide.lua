@@ -586,9 +586,15 @@ local function decide(a, k)
     end
   end
 
-  local reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
-  for j = 1, nw do
-    reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
+  local reply
+  if nw == 1 then
+    -- (One constructor sizes the table once; appending grows it.)
+    reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
+  else
+    reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
+    for j = 1, nw do
+      reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
+    end
   end
   if overridden then
     return with_limits(reply, nw)

@@ -71,7 +71,11 @@ end
 
 -- log_b is B of a member: its first 16 digits.
 local function log_b(m)
-  return tonumber(string.sub(m, 1, 16)) -- not + 0: the Lua of miniredis reads leading zeros as octal there
+  -- (not + 0: the Lua of miniredis reads leading zeros as octal there)
+  if #m == 16 then
+    return tonumber(m)
+  end
+  return tonumber(string.sub(m, 1, 16))
 end
 
 -- log_retry is the time until the window whose first entry has rank r0 and
@@ -124,7 +128,11 @@ local function log_head(key)
     end
     local e = redis.call("ZRANGE", key, "-1", "-1", "WITHSCORES")
     local nm = e[1]
-    return 2, log_b(nm) + log_cost(nm), e[2] + 0, om, h[4] + 0, 1
+    local nc = 1
+    if #nm > 16 then
+      nc = log_cost(nm)
+    end
+    return 2, log_b(nm) + nc, e[2] + 0, om, h[4] + 0, 1
   end
   local total, newest = false, false
   for i = 1, #h, 2 do
@@ -263,11 +271,12 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt
     else
       redis.call("ZADD", key, "-inf", "#2", num(at), log_member(total, cost))
     end
-    local span = math.floor(maxw / 8)
-    if span < 1 then
-      span = 1
+    local span = maxw - maxw % 8
+    if span < 8 then
+      span = 8
     end
-    if not (read == 2 and newest and math.floor(at / span) == math.floor(newest / span)) then
+    span = span / 8 -- math.floor(maxw / 8), at least 1
+    if not (read == 2 and newest and at - at % span == newest - newest % span) then
       redis.call("PEXPIRE", key, num(math.ceil((maxw + span) / 1000) + 1000))
     end
   end
