@@ -41,6 +41,7 @@ type simCfg struct {
 	Queue     string
 	DryRun    bool
 	Fail      string
+	Format    int // redis: the state format sliding_log keys are written in (1; 0: 2)
 }
 
 // simStep is one step of a history.
@@ -63,6 +64,7 @@ type simStep struct {
 	Cancel bool   // req: the client goes away while queued
 	QFault string // req: a fault (kill, stall) that starts while the request waits in the queue
 	Deaf   int    // ovset, ovdel: node Deaf-1 misses the notice, then reads the overrides' index
+	Format int    // reload (redis): the node's store writes this state format from now on (1, 2), on a new client
 }
 
 // simCase is a whole history: the stack, the start, the config, the steps.
@@ -728,8 +730,11 @@ func (r *simRun) reload(ni int, s *simStep) error {
 		cfg.Windows = append([]string(nil), s.Wins...)
 		cfg.Limits = append([]int64(nil), s.Limits[:len(s.Wins)]...)
 	}
+	if s.Format != 0 {
+		cfg.Format = s.Format
+	}
 	old := n.l
-	nn, err := r.env.node(r, ni, cfg, s.Client)
+	nn, err := r.env.node(r, ni, cfg, s.Client || s.Format != 0)
 	if err != nil {
 		return fmt.Errorf("reload: %v", err)
 	}
@@ -747,6 +752,9 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	}
 	if s.Client {
 		r.event("reload_client")
+	}
+	if s.Format != 0 {
+		r.event("reload_format")
 	}
 	return nil
 }

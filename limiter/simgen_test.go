@@ -142,6 +142,12 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 			for range c.Cfg.Limits {
 				s.Limits = append(s.Limits, int64(2+rng.IntN(6)))
 			}
+			if c.Stack == "redis" && s.Client {
+				// The node's new client writes the state format 1 or 2
+				// (drawn from the step's place, not the generator, so
+				// that the seeds' histories stay as they were).
+				s.Format = 1 + len(steps)%2
+			}
 		default:
 			if c.Stack != "redis" {
 				continue
@@ -216,10 +222,12 @@ func genCase(seed uint64, stack string, steps int) simCase {
 // starts while a request waits in the queue, an outage under a ban rule
 // while denials are cached, notices a node misses (it reads the overrides'
 // index instead), a ban that outlasts its window's refusals while leases
-// are taken and given back (a banned request must take none). A random history reaches each only now and then; make
+// are taken and given back (a banned request must take none), nodes of the
+// Redis stack switching between the state formats (reloads that write sliding_log keys in
+// format 1 or 2). A random history reaches each only now and then; make
 // test runs a few focused ones on Redis after the random ones.
 var simFoci = map[string][]string{
-	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease"},
+	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease", "format"},
 	"memory": {"queue-ban", "store-clock"},
 }
 
@@ -264,6 +272,10 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		c.Cfg.BanAfter, c.Cfg.BanWithin, c.Cfg.BanFor = int64(2+rng.IntN(2)), "3s", []string{"2s", "3s"}[rng.IntN(2)]
 		c.Cfg.Conc, c.Cfg.Lease = int64(2+rng.IntN(2)), []string{"2s", "10s"}[rng.IntN(2)]
 		c.Cfg.Queue, c.Cfg.CountOnly = "", false
+	case "format":
+		// The log, with its global ceiling when drawn, keys written in
+		// turn by nodes of either state format.
+		c.Cfg.Alg, c.Cfg.Burst, c.Cfg.BanAfter, c.Cfg.Queue, c.Cfg.Conc, c.Cfg.CountOnly = "sliding_log", 0, 0, "", 0, false
 	case "missed-notice":
 		c.Cfg.BanAfter, c.Cfg.Queue = 0, ""
 		if c.Cfg.Alg == "token_bucket" {
@@ -326,6 +338,8 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
 				}
 			}
+		case x < 90 && focus == "format":
+			s.Op, s.Client, s.Format = "reload", true, 1+rng.IntN(2)
 		case x < 90 && focus == "outage-ban":
 			s.Op, s.Fault = "fault", []string{"stall", "stall", "kill", "heal"}[rng.IntN(4)]
 		case x < 90:
@@ -565,7 +579,7 @@ func TestSimRedis(t *testing.T) {
 	e := &simEnv{t: t, srv: redistest.Start(t)}
 	seen := simulate(t, e, "redis")
 	if os.Getenv("SIM_SEED") == "" {
-		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client",
+		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client", "reload_format",
 			"release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
 			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable", "fault:queued", "notice_missed",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})

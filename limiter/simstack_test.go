@@ -115,6 +115,12 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			if i%2 == 1 {
 				opts = append(opts, limiter.WithScripts(limiter.ScriptsEval))
 			}
+			if cfg.Format == limiter.LogFormat1 {
+				// A node switched to the state format of the previous
+				// release (a reload with a Format): the keys it writes
+				// go back and forth between the formats.
+				opts = append(opts, limiter.WithStateFormat(limiter.LogFormat1))
+			}
 			s := limiter.NewRedisStore(c, opts...)
 			var local *limiter.MemoryStore
 			if old != nil {
