@@ -134,6 +134,7 @@ func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
 //			pipeline     <n> | off
 //			key_prefix   <string>
 //			scripts      functions | eval
+//			state_format 1 | 2
 //		}
 //		global_redis  <url>
 //		global_redis {
