@@ -63,8 +63,9 @@ func main() {
 `
 
 // buildPreviousRelease builds the previous release's engine from this
-// repository's history (git archive of its go.mod, go.sum, limiter and lua)
-// into dir, offline: the modules are the ones this build already has.
+// repository's history (git archive of its limiter and lua) into dir,
+// offline, with this checkout's go.mod and go.sum: the modules are the ones
+// this test's own build has fetched.
 func buildPreviousRelease(t *testing.T, dir string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
@@ -77,10 +78,20 @@ func buildPreviousRelease(t *testing.T, dir string) string {
 	if err := os.MkdirAll(filepath.Join(src, "cmd", "oldengine"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" go.mod go.sum limiter lua | tar -x -C "$3"`,
-		"sh", strings.TrimSpace(string(root)), previousRelease, src)
+	top := strings.TrimSpace(string(root))
+	archive := exec.CommandContext(ctx, "sh", "-c", `git -C "$1" archive "$2" limiter lua | tar -x -C "$3"`,
+		"sh", top, previousRelease, src)
 	if out, err := archive.CombinedOutput(); err != nil {
 		t.Fatalf("git archive %s: %v\n%s(a shallow clone lacks it: git fetch --unshallow)", previousRelease, err, out)
+	}
+	for _, f := range []string{"go.mod", "go.sum"} {
+		b, err := os.ReadFile(filepath.Join(top, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(src, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(src, "cmd", "oldengine", "main.go"), []byte(oldEngineMain), 0o644); err != nil {
 		t.Fatal(err)
