@@ -308,3 +308,39 @@ func checkAgainstOracle(t *testing.T, oracle upgradeOracle, s limiter.Store, op 
 		seen["denied"]++
 	}
 }
+
+// TestLogEntryCapInBothFormats: a log holds at most MaxLogEntries requests
+// in its window whatever units are left, in either state format (their
+// members before the first entry differ: "#n" and "#t", or "#2") and in
+// the in-process store: with a limit of 20,000 a minute, 10,000 requests
+// of cost 1 fill the log, the next is denied until the oldest leaves, and
+// a request once it has left is admitted.
+func TestLogEntryCapInBothFormats(t *testing.T) {
+	t.Parallel()
+	client := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	for _, s := range []struct {
+		name  string
+		store limiter.Store
+	}{{"format 2", limiter.NewRedisStore(client)}, {"format 1", limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.LogFormat1))},
+		{"memory", limiter.NewMemoryStore()}} {
+		key := "cap:{" + s.name + "}"
+		now := t0.UnixMicro()
+		for i := range limiter.MaxLogEntries {
+			r, err := s.store.Do(ctx, logOp(key, time.Minute, 20000, now+int64(i)))
+			if err != nil || r.Status != limiter.StatusAllowed {
+				t.Fatalf("%s: request %d: %+v %v", s.name, i+1, r, err)
+			}
+		}
+		at := now + limiter.MaxLogEntries + 5
+		r, err := s.store.Do(ctx, logOp(key, time.Minute, 20000, at))
+		if err != nil || r.Status != limiter.StatusDenied || r.Usage[0].Count != limiter.MaxLogEntries ||
+			r.Usage[0].Retry != now+time.Minute.Microseconds()-at {
+			t.Fatalf("%s: request %d: %+v %v, want denied at count %d until the oldest leaves", s.name, limiter.MaxLogEntries+1, r, err, limiter.MaxLogEntries)
+		}
+		r, err = s.store.Do(ctx, logOp(key, time.Minute, 20000, now+time.Minute.Microseconds()))
+		if err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != limiter.MaxLogEntries {
+			t.Fatalf("%s: once the oldest left: %+v %v, want admitted at count %d", s.name, r, err, limiter.MaxLogEntries)
+		}
+	}
+}
