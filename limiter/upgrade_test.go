@@ -344,3 +344,31 @@ func TestLogEntryCapInBothFormats(t *testing.T) {
 		}
 	}
 }
+
+// TestLogTTLAcrossFormats: a key turned from state format 1 into format 2
+// by a check that denies (and so writes no entry) takes format 2's TTL, so
+// that a later admission in the newest entry's span, which leaves the TTL,
+// still has the key live until its entry leaves the window.
+func TestLogTTLAcrossFormats(t *testing.T) {
+	t.Parallel()
+	client := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	f1, f2 := limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.LogFormat1)), limiter.NewRedisStore(client)
+	key := "ttl:{" + randomID(t) + "}"
+	span := time.Minute.Microseconds() / 8
+	at := t0.UnixMicro()/span*span + 1 // the start of a span
+	do := func(s limiter.Store, cost, dt int64, want limiter.Status) {
+		op := logOp(key, time.Minute, 2, at+dt)
+		op.Cost = cost
+		if r, err := s.Do(ctx, op); err != nil || r.Status != want {
+			t.Fatalf("cost %d at +%d µs: %+v %v, want status %v", cost, dt, r, err, want)
+		}
+	}
+	do(f1, 1, 0, limiter.StatusAllowed)         // format 1, its TTL the window + 1 s
+	do(f2, 2, 1_000_000, limiter.StatusDenied)  // turned into format 2
+	do(f2, 1, 2_000_000, limiter.StatusAllowed) // the newest entry's span: the TTL is left
+	need := time.Minute + 2*time.Second         // the last entry's window, from the first write, and 1 s
+	if ttl := client.PTTL(ctx, key).Val(); ttl < need {
+		t.Errorf("the log's TTL is %v, want at least %v (its newest entry's window and a second)", ttl, need)
+	}
+}

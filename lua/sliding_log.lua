@@ -40,7 +40,8 @@
 -- longest window, at least 1 µs) on the first admission in each span of S µs
 -- (floor(at / S) differs from the newest entry's) and leaves it on the
 -- others: an entry admitted at at lies within S after the one whose write
--- set the TTL, so it still has its window and a second.
+-- set the TTL, so it still has its window and a second. (A key turned from
+-- format 1 into format 2 gets format 2's TTL then.)
 --
 -- The log holds at most LOG_MAX_ENTRIES requests (one entry each) in its
 -- longest window: a request beyond them is denied until the oldest leaves,
@@ -152,6 +153,19 @@ local function log_head(key)
   return 1, total, newest, false, false, 2
 end
 
+-- log_span is format 2's span of TTL for a longest window maxw:
+-- math.floor(maxw / 8), at least 1; log_ttl2 its TTL in ms.
+local function log_span(maxw)
+  local span = maxw - maxw % 8
+  if span < 8 then
+    return 1
+  end
+  return span / 8
+end
+local function log_ttl2(maxw)
+  return math.ceil((maxw + log_span(maxw)) / 1000) + 1000
+end
+
 -- log_convert turns a log of format fmt into format want (both 1 or 2), in
 -- place: the entries stay, the members of the format go. It returns the
 -- key's format and the rank of its first entry after.
@@ -186,6 +200,11 @@ local function log_check(key, j0, j1, now, cost, peek, want)
   local fmt = read
   if read ~= 0 and read ~= want and not peek then
     fmt, base = log_convert(key, read, want, total, newest)
+    if fmt == 2 then
+      -- Format 1's TTL has no span: format 2's admissions in the newest
+      -- entry's span would leave it (log_record).
+      redis.call("PEXPIRE", key, num(log_ttl2(maxw)))
+    end
   end
   local fits = true
   local full = 0
@@ -271,13 +290,9 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt
     else
       redis.call("ZADD", key, "-inf", "#2", num(at), log_member(total, cost))
     end
-    local span = maxw - maxw % 8
-    if span < 8 then
-      span = 8
-    end
-    span = span / 8 -- math.floor(maxw / 8), at least 1
+    local span = log_span(maxw)
     if not (read == 2 and newest and at - at % span == newest - newest % span) then
-      redis.call("PEXPIRE", key, num(math.ceil((maxw + span) / 1000) + 1000))
+      redis.call("PEXPIRE", key, num(log_ttl2(maxw)))
     end
   end
   for j = j0, j1 do
