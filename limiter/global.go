@@ -406,7 +406,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
 		}
 	}
-	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig}
+	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts)}
 	for _, r := range req.Returns {
 		dep.Returned = append(dep.Returned, r.ID)
 	}

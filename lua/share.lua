@@ -22,9 +22,14 @@
 -- clock, one clock for every node of the data centre), whatever clock the
 -- region's windows use.
 --
--- Per window of the global ceiling (they share the one pool): count = the
--- limit less what the share still holds (remaining = what this data centre
--- admits without asking the ledger); retry = when the share is short, the
+-- "G": the units the ledger counted in each window of the ceiling (in the
+-- part's order, space-separated) at the last renewal that reached it.
+--
+-- Per window of the global ceiling (they share the one pool): count = what
+-- the ledger counted at the last renewal less what the share still holds
+-- unspent (remaining = the ledger's room then, and this data centre's
+-- share: never the share alone shown as the ceiling's remaining); without
+-- "G" (a share an older release wrote), the limit less the share; retry = when the share is short, the
 -- time until the ledger said it has room; else the lead (a renewal is on its
 -- way); or 1 µs when the ledger never answered for these limits (the
 -- identity's first request here: the caller asks it now); reset = the time
@@ -34,13 +39,29 @@
 local share_fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp", "L",
+  "f", "c", "dw", "dc", "dp", "L", "G",
 }
 
 -- Per share part of the check being decided: the hash's values, what the
 -- share holds and whether it fits, the renewal's lead and claim, and the
 -- limits' signature.
 local sh_v, sh_rem, sh_fit, sh_lead, sh_claim, sh_sig, sh_new = {}, {}, {}, {}, {}, {}, {}
+
+-- share_count is window j's count (of the part's windows j0..): what the
+-- ledger counted ("G", as v holds it) less rem, the share's unspent units.
+local function share_count(v, j, j0, rem)
+  local c = wlim[j]
+  if v[31] then
+    local k = 0
+    for x in string.gmatch(v[31], "%d+") do
+      k = k + 1
+      if k == j - j0 + 1 then
+        c = tonumber(x)
+      end
+    end
+  end
+  return math.max(c - rem, 0)
+end
 
 -- share_check fills the share's windows j0..j1 and reports whether the
 -- share holds cost.
@@ -56,6 +77,7 @@ local function share_check(p, key, j0, j1, cost)
     for i = 1, 25 do
       v[i] = false
     end
+    v[31] = false
   end
   local rem, soon = 0, 0
   for i = 0, 3 do
@@ -70,7 +92,7 @@ local function share_check(p, key, j0, j1, cost)
   local f = tonumber(v[25]) or 0
   local fits = rem >= cost
   for j = j0, j1 do
-    cnt[j], rty[j], rst[j] = math.max(wlim[j] - rem, 0), 0, 0
+    cnt[j], rty[j], rst[j] = share_count(v, j, j0, rem), 0, 0
     if soon > 0 then
       rst[j] = soon - t
     end
@@ -151,7 +173,7 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
     end
     rem = rem - cost
     for j = j0, j1 do
-      cnt[j] = math.max(wlim[j] - rem, 0)
+      cnt[j] = share_count(v, j, j0, rem)
     end
   end
   -- soon: when the first live grant ends, and its length.

@@ -1,0 +1,109 @@
+package slidingratelimit
+
+// global_redis: the numbers a client and an operator are shown say what
+// was admitted and what is left of the ceiling, never a data centre's
+// share presented as the ceiling.
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+)
+
+// TestGlobalRedisHeadersSayTheCeiling: the first response of a key in a
+// data centre says 19 of the ceiling's 20 are left (X-RateLimit-Remaining,
+// RateLimit's global r), not the units of the share this data centre was
+// granted (it said 3); each next one a unit fewer; the first in another
+// data centre, once 4 were admitted, the ledger's room and its own share:
+// at most 15, 19 less what the ledger counts of the first data centre's
+// grants (their unspent units count as used: another data centre cannot
+// rely on them).
+func TestGlobalRedisHeadersSayTheCeiling(t *testing.T) {
+	t.Parallel()
+	ledger, eu, us := redistest.Start(t), redistest.Start(t), redistest.Start(t)
+	name := uniqueName()
+	hs := map[string]*Handler{
+		"eu-west": parseBlock(t, ledgerBlock(name, "eu-west", eu.Addr(), "global_redis redis://"+ledger.Addr())),
+		"us-east": parseBlock(t, ledgerBlock(name, "us-east", us.Addr(), "global_redis redis://"+ledger.Addr())),
+	}
+	for _, h := range hs {
+		provision(t, h, nil)
+	}
+	send := func(dc string) (int, int64, string) {
+		t.Helper()
+		o := mustServe(t, hs[dc], map[string]string{"X-API-Key": "k", "X-Region": dc})
+		rem, err := strconv.ParseInt(o.header.Get("X-RateLimit-Remaining"), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: X-RateLimit-Remaining %q", dc, o.header.Get("X-RateLimit-Remaining"))
+		}
+		return o.code, rem, o.header.Get("RateLimit")
+	}
+	for i := range int64(4) {
+		code, rem, rl := send("eu-west")
+		want := 19 - i
+		if code != http.StatusOK || rem != want || !hasItem(rl, name+"-global", want) {
+			t.Fatalf("eu-west request %d: %d, X-RateLimit-Remaining %d, RateLimit %q; want 200, %d left of the ceiling in both", i+1, code, rem, rl, want)
+		}
+	}
+	// What the ledger counts of eu-west's grants, once its renewals ahead
+	// of need are done (two reads alike, 100 ms apart).
+	counted := int64(-1)
+	for range 50 {
+		c := countedOf(t, hs["eu-west"], "k", "eu-west")
+		if c == counted {
+			break
+		}
+		counted = c
+		time.Sleep(100 * time.Millisecond) // for a renewal in flight to deposit, not to cross a window
+	}
+	code, rem, rl := send("us-east")
+	switch {
+	case code == http.StatusOK && rem == 19-counted && rem <= 15 && hasItem(rl, name+"-global", rem):
+	case code == http.StatusTooManyRequests && counted == 20 && rem == 0 && hasItem(rl, name+"-global", 0):
+		// eu-west was granted the whole ceiling: none of it is left to
+		// rely on here.
+	default:
+		t.Fatalf("us-east's first request: %d, X-RateLimit-Remaining %d, RateLimit %q; want 200 and %d left (at most 15: 5 admitted; eu-west's %d counted by the ledger count as used), or 429 and 0 when eu-west holds the whole ceiling",
+			code, rem, rl, 19-counted, counted)
+	}
+}
+
+// countedOf is what the ledger counts of dc's grants of key.
+func countedOf(t *testing.T, h *Handler, key, dc string) int64 {
+	t.Helper()
+	shares, err := h.rt.lim.Shares(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range shares {
+		if s.Datacenter == dc {
+			return s.Counted
+		}
+	}
+	return 0
+}
+
+// hasItem reports whether a RateLimit header has policy's item with r.
+func hasItem(rl, policy string, r int64) bool {
+	for _, it := range splitItems(rl) {
+		if it == `"`+policy+`";r=`+strconv.FormatInt(r, 10) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitItems is a RateLimit header's items, each without its t.
+func splitItems(rl string) []string {
+	var out []string
+	for _, it := range strings.Split(rl, ", ") {
+		it, _, _ = strings.Cut(it, ";t=")
+		out = append(out, it)
+	}
+	return out
+}
