@@ -6,7 +6,9 @@ package slidingratelimit
 
 import (
 	"context"
+	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -106,4 +108,98 @@ func splitItems(rl string) []string {
 		out = append(out, it)
 	}
 	return out
+}
+
+// TestGlobalRedisAdminCountsWhatWasAdmitted: the admin GET and `caddy
+// ratelimit show` count the global window as what was admitted, per data
+// centre and in all (they said the limit less what this data centre's
+// share held: 20 used when 5 were admitted), each data centre's admitted
+// exact where it is asked and, for another, as it last told the ledger;
+// and `datacenters` is the data centres listed (it said 1 while listing
+// 2: this node's count from its last ledger call).
+func TestGlobalRedisAdminCountsWhatWasAdmitted(t *testing.T) {
+	t.Parallel()
+	ledger, eu, us := redistest.Start(t), redistest.Start(t), redistest.Start(t)
+	name := uniqueName()
+	hs := map[string]*Handler{
+		"eu-west": parseBlock(t, ledgerBlock(name, "eu-west", eu.Addr(), "global_redis redis://"+ledger.Addr())),
+		"us-east": parseBlock(t, ledgerBlock(name, "us-east", us.Addr(), "global_redis redis://"+ledger.Addr())),
+	}
+	for _, h := range hs {
+		provision(t, h, nil)
+	}
+	admitted := map[string]int64{}
+	for dc, n := range map[string]int{"eu-west": 3, "us-east": 2} {
+		for range n {
+			if o := mustServe(t, hs[dc], map[string]string{"X-API-Key": "k", "X-Region": dc}); o.code == http.StatusOK {
+				admitted[dc]++
+			}
+		}
+	}
+	total := admitted["eu-west"] + admitted["us-east"]
+	for dc, h := range hs {
+		u := usageOf(t, h, name, "k")
+		g := u.Global
+		if g == nil || g.SharesError != "" || g.Datacenters != 2 || len(g.Shares) != 2 {
+			t.Fatalf("%s: admin GET global %+v: want the ledger's 2 shares and datacenters 2", dc, g)
+		}
+		var sum int64
+		for _, s := range g.Shares {
+			sum += s.Admitted
+			if s.Datacenter == dc && s.Admitted != admitted[dc] {
+				t.Errorf("%s: its share says %d admitted, want the %d it admitted", dc, s.Admitted, admitted[dc])
+			}
+			if s.Admitted > s.Counted {
+				t.Errorf("%s: share %+v admitted more than the ledger counts", dc, s)
+			}
+		}
+		if g.Admitted != sum || g.Admitted < admitted[dc] || g.Admitted > total {
+			t.Errorf("%s: admitted %d in all (shares' sum %d), want %d to %d (this data centre's exact, the other's as it last told the ledger)", dc, g.Admitted, sum, admitted[dc], total)
+		}
+		var global *windowUsage
+		for i := range u.Windows {
+			if u.Windows[i].Global {
+				global = &u.Windows[i]
+			}
+		}
+		if global == nil || global.Count != g.Admitted || global.Limit != 20 || global.Remaining > 20-total {
+			t.Errorf("%s: the global window %+v: want count %d (admitted in all), limit 20, at most %d remaining", dc, global, g.Admitted, 20-total)
+		}
+		var out strings.Builder
+		if err := writeUsage(&out, &u); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"2 data centres known", "DATACENTER", "ADMITTED", dc + " (this node)  " + strconv.FormatInt(admitted[dc], 10) + " ", "in all", name + "-global  " + strconv.FormatInt(g.Admitted, 10) + " "} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("%s: caddy ratelimit show:\n%s\nwant %q", dc, out.String(), want)
+			}
+		}
+	}
+}
+
+// usageOf is the admin GET of key.
+func usageOf(t *testing.T, h *Handler, name, key string) usageInfo {
+	t.Helper()
+	code, body := adminGetHandler(t, h, name, "key="+key+"&region="+h.Datacenter)
+	if code != http.StatusOK {
+		t.Fatalf("admin GET: %d %s", code, body)
+	}
+	var u usageInfo
+	if err := json.Unmarshal([]byte(body), &u); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// adminGetHandler is the admin GET as h's node answers it (two data
+// centres' handlers of one name live in this one process; the admin API
+// would answer from the newest).
+func adminGetHandler(t *testing.T, h *Handler, name, query string) (int, string) {
+	t.Helper()
+	w := httptest.NewRecorder()
+	r := httptest.NewRequest(http.MethodGet, "/sliding_ratelimit/"+name+"?"+query, nil)
+	if err := serveKey(w, r, name, []*Handler{h}); err != nil {
+		return http.StatusInternalServerError, err.Error()
+	}
+	return w.Code, w.Body.String()
 }

@@ -357,6 +357,9 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 		} else {
 			live += gr.Units - gr.Used
 			open++
+			if gr.Used > 0 {
+				req.Used = append(req.Used, LedgerReturn{ID: gr.ID, Used: gr.Used})
+			}
 		}
 	}
 	req.Want = max(want-live, cost)

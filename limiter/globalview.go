@@ -4,6 +4,8 @@ package limiter
 // decisions and an operator are shown (headers, the admin GET): the
 // ledger's counts, as the share keeps them, and what was admitted.
 
+import "context"
+
 // shareCounts puts the ledger's counts (in the policy's order of the
 // global windows) in the share part's order; nil when the ledger gave
 // none for every window.
@@ -22,4 +24,48 @@ func (g *global) shareCounts(counts []int64) []int64 {
 		}
 	}
 	return out
+}
+
+// GlobalUse is what was admitted under an identity's global ceiling, in
+// its longest window, per data centre and in all.
+type GlobalUse struct {
+	// Shares are the ledger's, each data centre's Admitted as it last told
+	// the ledger, but this data centre's exact: what the ledger counts of
+	// its grants less what its share holds of them unspent.
+	Shares []LedgerShare
+	// Admitted is their sum; Unspent what this data centre's share holds
+	// of its grants, not used.
+	Admitted, Unspent int64
+}
+
+// GlobalUse reads the ledger's shares of in's identity and this data
+// centre's share (ok false without global_redis).
+func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, error) {
+	if l.g == nil {
+		return GlobalUse{}, false, nil
+	}
+	shares, err := l.Shares(ctx, in.Identity)
+	if err != nil {
+		return GlobalUse{}, true, err
+	}
+	view, err := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in))
+	if err != nil {
+		return GlobalUse{}, true, err
+	}
+	var u GlobalUse
+	for _, gr := range view.Grants {
+		// The ledger counts a grant in a slot at its units until it comes
+		// back, while a window holds it.
+		if gr.Deadline > view.Now-l.g.wmax || gr.Deadline <= 1 {
+			u.Unspent += max(gr.Units-gr.Used, 0)
+		}
+	}
+	for _, s := range shares {
+		if s.Datacenter == l.g.cfg.Datacenter {
+			s.Admitted = max(s.Counted-u.Unspent, 0)
+		}
+		u.Admitted += s.Admitted
+		u.Shares = append(u.Shares, s)
+	}
+	return u, true, nil
 }
