@@ -205,6 +205,8 @@ type globalInfo struct {
 	// centre holds of its grants, not used.
 	Admitted int64 `json:"admitted"`
 	Unspent  int64 `json:"unspent"`
+
+	use limiter.GlobalUse
 }
 
 // shareInfo is one data centre's part of a key's global ceiling: Held,
@@ -380,7 +382,7 @@ func globalUsage(ctx context.Context, h *Handler, in *limiter.Input) *globalInfo
 		g.Shares = append(g.Shares, shareInfo{Datacenter: s.Datacenter, Held: s.Held, Counted: s.Counted, Admitted: s.Admitted, Rate: s.Rate})
 	}
 	g.Datacenters = int64(len(use.Shares))
-	g.Admitted, g.Unspent = use.Admitted, use.Unspent
+	g.Admitted, g.Unspent, g.use = use.Admitted, use.Unspent, use
 	return g
 }
 
@@ -393,10 +395,6 @@ func (u *usageInfo) countAdmitted(d *limiter.Decision) {
 	if u.Global == nil || u.Global.SharesError != "" {
 		return
 	}
-	var counted int64
-	for _, s := range u.Global.Shares {
-		counted += s.Counted
-	}
 	var longest int64
 	for _, w := range d.Windows {
 		if w.Global {
@@ -407,7 +405,7 @@ func (u *usageInfo) countAdmitted(d *limiter.Decision) {
 		if w.Global && w.Seconds == longest && i < len(u.Windows) {
 			u.Windows[i].Count = u.Global.Admitted
 			if !w.Denied {
-				u.Windows[i].Remaining = max(min(w.Limit-counted+u.Global.Unspent, w.Limit), 0)
+				u.Windows[i].Remaining = u.Global.use.Remaining(w.Limit)
 			}
 		}
 	}

@@ -34,8 +34,15 @@ type GlobalUse struct {
 	// its grants less what its share holds of them unspent.
 	Shares []LedgerShare
 	// Admitted is their sum; Unspent what this data centre's share holds
-	// of its grants, not used.
-	Admitted, Unspent int64
+	// of its grants, not used; Counted what the ledger counts of every
+	// data centre's grants.
+	Admitted, Unspent, Counted int64
+}
+
+// Remaining is what this data centre's requests can rely on now of a
+// limit (the longest window's): the ledger's room and its unspent share.
+func (u *GlobalUse) Remaining(limit int64) int64 {
+	return max(min(limit-u.Counted+u.Unspent, limit), 0)
 }
 
 // GlobalUse reads the ledger's shares of in's identity and this data
@@ -65,6 +72,7 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 			s.Admitted = max(s.Counted-u.Unspent, 0)
 		}
 		u.Admitted += s.Admitted
+		u.Counted += s.Counted
 		u.Shares = append(u.Shares, s)
 	}
 	return u, true, nil
