@@ -80,11 +80,14 @@ func unavailable(t *testing.T, what string, o faultOutcome) {
 	}
 }
 
-// passed checks a request admitted from source.
+// passed checks a request admitted from source: from the share, with the
+// ceiling's RateLimit item and X-RateLimit-Remaining; passed by fail open,
+// with neither (nothing was counted).
 func passed(t *testing.T, what string, o faultOutcome, source string) {
 	t.Helper()
-	if o.code != http.StatusOK || o.source != source {
-		t.Errorf("%s: %s; want 200 from %s", what, o, source)
+	counted := source != "fail_open"
+	if o.code != http.StatusOK || o.source != source || strings.Contains(o.rl, `-global";r=`) != counted || (o.remaining != "") != counted {
+		t.Errorf("%s: %s; want 200 from %s, a RateLimit item of the ceiling and X-RateLimit-Remaining: %v", what, o, source, counted)
 	}
 }
 
