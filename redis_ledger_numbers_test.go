@@ -116,7 +116,8 @@ func splitItems(rl string) []string {
 // share held: 20 used when 5 were admitted), each data centre's admitted
 // exact where it is asked and, for another, as it last told the ledger;
 // and `datacenters` is the data centres listed (it said 1 while listing
-// 2: this node's count from its last ledger call).
+// 2: this node's count from its last ledger call). The metrics count the
+// units each data centre admitted under the ceiling.
 func TestGlobalRedisAdminCountsWhatWasAdmitted(t *testing.T) {
 	t.Parallel()
 	ledger, eu, us := redistest.Start(t), redistest.Start(t), redistest.Start(t)
@@ -137,6 +138,11 @@ func TestGlobalRedisAdminCountsWhatWasAdmitted(t *testing.T) {
 		}
 	}
 	total := admitted["eu-west"] + admitted["us-east"]
+	for dc, n := range admitted {
+		if got := gatherLabel(t, "caddy_sliding_ratelimit_global_admitted_units_total", name, "datacenter", dc); got != float64(n) {
+			t.Errorf("global_admitted_units_total{datacenter=%q} = %v, want the %d it admitted", dc, got, n)
+		}
+	}
 	for dc, h := range hs {
 		u := usageOf(t, h, name, "k")
 		g := u.Global
