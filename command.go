@@ -329,7 +329,7 @@ func writeShares(out io.Writer, g *globalInfo) error {
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/s\n", name, s.Admitted, s.Held, s.Counted, s.Rate)
 	}
-	fmt.Fprintf(tw, "in all\t%d\t\t\t\n", g.Admitted)
+	fmt.Fprintf(tw, "in all\t%d\n", g.Admitted)
 	if err := tw.Flush(); err != nil {
 		return err
 	}

@@ -33,8 +33,10 @@
 -- time until the ledger said it has room; else the lead (a renewal is on its
 -- way); or 1 µs when the ledger never answered for these limits (the
 -- identity's first request here: the caller asks it now); reset = the time
--- until the first grant ends. Only that first request waits for the ledger:
--- every other short share is renewed in the background.
+-- until the first grant ends. That first request waits for the ledger, and
+-- so does one the share alone refuses while the ledger has not said it is
+-- full (the caller joins or makes a renewal); every other short share is
+-- renewed in the background.
 
 local share_fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
