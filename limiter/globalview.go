@@ -55,11 +55,8 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 	if err != nil {
 		return GlobalUse{}, true, err
 	}
-	view, err := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in))
-	if err != nil {
-		return GlobalUse{}, true, err
-	}
 	var u GlobalUse
+	view, verr := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in))
 	for _, gr := range view.Grants {
 		// The ledger counts a grant in a slot at its units until it comes
 		// back, while a window holds it.
@@ -68,7 +65,9 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		}
 	}
 	for _, s := range shares {
-		if s.Datacenter == l.g.cfg.Datacenter {
+		if s.Datacenter == l.g.cfg.Datacenter && verr == nil {
+			// (The data centre's store not answering, as it last told
+			// the ledger.)
 			s.Admitted = max(s.Counted-u.Unspent, 0)
 		}
 		u.Admitted += s.Admitted
