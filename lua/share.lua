@@ -48,21 +48,13 @@ local share_fields = {
 -- share holds and whether it fits, the renewal's lead and claim, and the
 -- limits' signature.
 local sh_v, sh_rem, sh_fit, sh_lead, sh_claim, sh_sig, sh_new = {}, {}, {}, {}, {}, {}, {}
+local sh_g = {} -- per share part: the ledger's counts ("G"), by window from 1
 
--- share_count is window j's count (of the part's windows j0..): what the
--- ledger counted ("G", as v holds it) less rem, the share's unspent units.
-local function share_count(v, j, j0, rem)
-  local c = wlim[j]
-  if v[31] then
-    local k = 0
-    for x in string.gmatch(v[31], "%d+") do
-      k = k + 1
-      if k == j - j0 + 1 then
-        c = tonumber(x)
-      end
-    end
-  end
-  return math.max(c - rem, 0)
+-- share_count is window j's count (of part p's windows j0..): what the
+-- ledger counted less rem, the share's unspent units; the limit less rem
+-- without "G".
+local function share_count(p, j, j0, rem)
+  return math.max((sh_g[p][j - j0 + 1] or wlim[j]) - rem, 0)
 end
 
 -- share_check fills the share's windows j0..j1 and reports whether the
@@ -81,6 +73,13 @@ local function share_check(p, key, j0, j1, cost)
     end
     v[31] = false
   end
+  local g = {}
+  if v[31] then
+    for x in string.gmatch(v[31], "%d+") do
+      g[#g + 1] = tonumber(x)
+    end
+  end
+  sh_g[p] = g
   local rem, soon = 0, 0
   for i = 0, 3 do
     local n, u, d = tonumber(v[i * 6 + 1]), tonumber(v[i * 6 + 2]), tonumber(v[i * 6 + 3])
@@ -94,7 +93,7 @@ local function share_check(p, key, j0, j1, cost)
   local f = tonumber(v[25]) or 0
   local fits = rem >= cost
   for j = j0, j1 do
-    cnt[j], rty[j], rst[j] = share_count(v, j, j0, rem), 0, 0
+    cnt[j], rty[j], rst[j] = share_count(p, j, j0, rem), 0, 0
     if soon > 0 then
       rst[j] = soon - t
     end
@@ -175,7 +174,7 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
     end
     rem = rem - cost
     for j = j0, j1 do
-      cnt[j] = share_count(v, j, j0, rem)
+      cnt[j] = share_count(p, j, j0, rem)
     end
   end
   -- soon: when the first live grant ends, and its length.
