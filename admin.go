@@ -200,16 +200,26 @@ type globalInfo struct {
 	// ledger sees it; SharesError why the ledger did not tell.
 	Shares      []shareInfo `json:"shares"`
 	SharesError string      `json:"shares_error,omitempty"`
+	// Admitted is what every data centre admitted in the longest global
+	// window (the sum of the shares' admitted); Unspent what this data
+	// centre holds of its grants, not used.
+	Admitted int64 `json:"admitted"`
+	Unspent  int64 `json:"unspent"`
+
+	use limiter.GlobalUse
 }
 
 // shareInfo is one data centre's part of a key's global ceiling: Held,
 // the units granted it and not ended; Counted, the units counted in the
-// longest global window; Rate, the demand it last reported (units per
-// second).
+// longest global window (granted, counted as used until what was not used
+// comes back); Admitted, the units of those it admitted (this data
+// centre's exact, another's as it last told the ledger); Rate, the demand
+// it last reported (units per second).
 type shareInfo struct {
 	Datacenter string `json:"datacenter"`
 	Held       int64  `json:"held"`
 	Counted    int64  `json:"counted"`
+	Admitted   int64  `json:"admitted"`
 	Rate       int64  `json:"rate"`
 }
 
@@ -319,7 +329,8 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 			u.Windows = append(u.Windows, windowUsage{Policy: w.Policy, Global: w.Global, Count: w.Count,
 				Limit: w.Limit, Remaining: w.Remaining, Reset: ceilSeconds(w.Reset)})
 		}
-		u.Global = globalUsage(ctx, h, key)
+		u.Global = globalUsage(ctx, h, in)
+		u.countAdmitted(&d)
 		return writeJSON(w, u)
 	case http.MethodDelete:
 		// Every live instance of the limiter on this node; the store once;
@@ -352,21 +363,52 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 // globalUsage is the key's global ceiling across data centres (nil
 // without global_redis): a ledger that does not answer is said, not a
 // failed GET (that is when an operator looks).
-func globalUsage(ctx context.Context, h *Handler, key string) *globalInfo {
+//
+// Datacenters is how many the ledger lists (this node's count, read at its
+// last ledger call, when the ledger does not answer).
+func globalUsage(ctx context.Context, h *Handler, in *limiter.Input) *globalInfo {
 	st, ok := h.rt.lim.GlobalState()
 	if !ok {
 		return nil
 	}
 	g := &globalInfo{Datacenter: st.Datacenter, Static: st.Static, Datacenters: st.Datacenters,
 		RoundTripMS: float64(st.RoundTrip.Microseconds()) / 1000, Shares: []shareInfo{}}
-	shares, err := h.rt.lim.Shares(ctx, key)
+	use, _, err := h.rt.lim.GlobalUse(ctx, in)
 	if err != nil {
 		g.SharesError = err.Error()
+		return g
 	}
-	for _, s := range shares {
-		g.Shares = append(g.Shares, shareInfo{Datacenter: s.Datacenter, Held: s.Held, Counted: s.Counted, Rate: s.Rate})
+	for _, s := range use.Shares {
+		g.Shares = append(g.Shares, shareInfo{Datacenter: s.Datacenter, Held: s.Held, Counted: s.Counted, Admitted: s.Admitted, Rate: s.Rate})
 	}
+	g.Datacenters = int64(len(use.Shares))
+	g.Admitted, g.Unspent, g.use = use.Admitted, use.Unspent, use
 	return g
+}
+
+// countAdmitted makes the count of the longest global window what every
+// data centre admitted in it (the ledger's view, this data centre's
+// exact), not the limit less what this data centre may still admit, and
+// its remaining what this data centre's requests can rely on now: the
+// ledger's room and what this data centre holds unspent.
+func (u *usageInfo) countAdmitted(d *limiter.Decision) {
+	if u.Global == nil || u.Global.SharesError != "" {
+		return
+	}
+	var longest int64
+	for _, w := range d.Windows {
+		if w.Global {
+			longest = max(longest, w.Seconds)
+		}
+	}
+	for i, w := range d.Windows {
+		if w.Global && w.Seconds == longest && i < len(u.Windows) {
+			u.Windows[i].Count = u.Global.Admitted
+			if !w.Denied {
+				u.Windows[i].Remaining = u.Global.use.Remaining(w.Limit)
+			}
+		}
+	}
 }
 
 // adminInput is the Input of a key as the admin GET asks about it: static

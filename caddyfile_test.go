@@ -100,7 +100,7 @@ func TestExamplesAdapt(t *testing.T) {
 
 // exampleEnv are the environment variables the examples read when adapted
 // ({$VAR:default}), each with a loopback default.
-var exampleEnv = []string{"REDIS_URL", "REDIS_CLUSTER", "UPSTREAM", "LEDGER_URL", "DATACENTER"}
+var exampleEnv = []string{"REDIS_URL", "REDIS_CLUSTER", "UPSTREAM", "LEDGER_URL", "DATACENTER", "PORT", "ADMIN", "REGION_LIMIT", "GLOBAL_LIMIT"}
 
 // TestExamplesValidateWithEmptyEnvironment runs this repo's Caddy as a user
 // would, `caddy validate --config <example>`, with an empty environment:

@@ -321,15 +321,21 @@ func writeShares(out io.Writer, g *globalInfo) error {
 		return err
 	}
 	tw := newTable(out)
-	fmt.Fprintln(tw, "DATACENTER\tHELD\tCOUNTED\tDEMAND")
+	fmt.Fprintln(tw, "DATACENTER\tADMITTED\tHELD\tCOUNTED\tDEMAND")
 	for _, s := range g.Shares {
 		name := s.Datacenter
 		if name == g.Datacenter {
 			name += " (this node)"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d/s\n", name, s.Held, s.Counted, s.Rate)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d/s\n", name, s.Admitted, s.Held, s.Counted, s.Rate)
 	}
-	return tw.Flush()
+	fmt.Fprintf(tw, "in all\t%d\n", g.Admitted)
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(out, "  (admitted: in the longest global window, another data centre's as it last told the ledger;\n"+
+		"  held: granted and not ended; counted: what the ledger counts, unspent units until they come back)")
+	return err
 }
 
 // writeReset prints what a reset did: the key, the windows it cleared

@@ -125,9 +125,9 @@ api     0      100    100        -
 	}, {
 		name: "show, a global ceiling across data centres",
 		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"eu","allowed":false,"outcome":"limited","retry_after":4,
-		        "windows":[{"policy":"api","count":30,"limit":100,"remaining":70,"reset":40},{"policy":"api-global","global":true,"count":12,"limit":12,"remaining":0,"reset":4}],
-		        "global":{"datacenter":"eu-west","static":false,"datacenters":3,"round_trip_ms":2.125,
-		                  "shares":[{"datacenter":"eu-west","held":3,"counted":12,"rate":5},{"datacenter":"us-east","held":0,"counted":980,"rate":40},{"datacenter":"ap-south","held":8,"counted":8,"rate":1}]}}`,
+		        "windows":[{"policy":"api","count":30,"limit":100,"remaining":70,"reset":40},{"policy":"api-global","global":true,"count":986,"limit":1000,"remaining":0,"reset":4}],
+		        "global":{"datacenter":"eu-west","static":false,"datacenters":3,"round_trip_ms":2.125,"admitted":986,"unspent":3,
+		                  "shares":[{"datacenter":"eu-west","admitted":9,"held":3,"counted":12,"rate":5},{"datacenter":"us-east","admitted":975,"held":0,"counted":980,"rate":40},{"datacenter":"ap-south","admitted":2,"held":8,"counted":8,"rate":1}]}}`,
 		write: func(t *testing.T, out io.Writer, js string) error {
 			var u usageInfo
 			decode(t, js, &u)
@@ -142,13 +142,16 @@ datacenter    eu-west (this node), on the ledger; 3 data centres known; ledger r
 
 WINDOW      COUNT  LIMIT  REMAINING  RESET IN
 api         30     100    70         40s
-api-global  12     12     0          4s
+api-global  986    1000   0          4s
 
 Shares of the global ceiling, as the ledger sees them
-DATACENTER           HELD  COUNTED  DEMAND
-eu-west (this node)  3     12       5/s
-us-east              0     980      40/s
-ap-south             8     8        1/s
+DATACENTER           ADMITTED  HELD  COUNTED  DEMAND
+eu-west (this node)  9         3     12       5/s
+us-east              975       0     980      40/s
+ap-south             2         8     8        1/s
+in all               986
+  (admitted: in the longest global window, another data centre's as it last told the ledger;
+  held: granted and not ended; counted: what the ledger counts, unspent units until they come back)
 `,
 	}, {
 		name: "show, cut off from the ledger",

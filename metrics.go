@@ -46,6 +46,7 @@ var metrics struct {
 	// The global ceiling across data centres (global_redis).
 	grants, grantedUnits, returns, returnedUnits *prometheus.CounterVec
 	renewals, starved, failOpenGlobal            *prometheus.CounterVec
+	admittedGlobal                               *prometheus.CounterVec
 	ledgerErrs                                   *prometheus.CounterVec
 	ledgerTime                                   *prometheus.HistogramVec
 	scrape                                       collector
@@ -98,7 +99,7 @@ func initMetrics() {
 		metrics.collectors = []prometheus.Collector{metrics.requests, metrics.storeErrs, metrics.checkTime,
 			metrics.nearLimit, metrics.windowDeny, metrics.bans, metrics.queued, metrics.queueWait, metrics.emptyKeys,
 			metrics.grants, metrics.grantedUnits, metrics.returns, metrics.returnedUnits, metrics.renewals, metrics.starved,
-			metrics.failOpenGlobal, metrics.ledgerErrs, metrics.ledgerTime, &metrics.scrape}
+			metrics.failOpenGlobal, metrics.admittedGlobal, metrics.ledgerErrs, metrics.ledgerTime, &metrics.scrape}
 	})
 }
 
@@ -114,6 +115,10 @@ func initGlobalMetrics() {
 	metrics.grantedUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "global_granted_units_total",
 		Help: "Units the ledger granted this node's data centre, over every grant.",
+	}, dc)
+	metrics.admittedGlobal = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "global_admitted_units_total",
+		Help: "Units this node admitted under the global ceiling, from its data centre's share (fail open's passes are in global_fail_open_total): summed by datacenter, what each data centre admitted; in all, what every one did.",
 	}, dc)
 	metrics.returns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "global_returns_total",
@@ -229,6 +234,9 @@ func (m *limiterMetrics) observe(d *limiter.Decision) {
 			m.window(w).Inc()
 		}
 	}
+	if m.global != nil && d.Outcome == limiter.OutcomeAllowed && d.Source != limiter.SourceFailOpen {
+		m.global.admitted.Add(float64(d.Cost))
+	}
 }
 
 func (m *limiterMetrics) window(w *limiter.WindowUsage) prometheus.Counter {
@@ -273,6 +281,7 @@ var ledgerErrKinds = []string{string(limiter.ErrKindTimeout), string(limiter.Err
 type globalMetrics struct {
 	grants, grantedUnits, returns, returnedUnits prometheus.Counter
 	renewals, starved, failOpen                  prometheus.Counter
+	admitted                                     prometheus.Counter
 	roundTrip                                    prometheus.Observer
 	errs                                         map[string]prometheus.Counter
 	held                                         *heldShare
@@ -286,7 +295,8 @@ func newGlobalMetrics(name, dc string, windows []limiter.Window) *globalMetrics 
 		returns: metrics.returns.WithLabelValues(name, dc), returnedUnits: metrics.returnedUnits.WithLabelValues(name, dc),
 		renewals: metrics.renewals.WithLabelValues(name, dc), starved: metrics.starved.WithLabelValues(name, dc),
 		failOpen: metrics.failOpenGlobal.WithLabelValues(name, dc), roundTrip: metrics.ledgerTime.WithLabelValues(name, dc),
-		errs: make(map[string]prometheus.Counter, len(ledgerErrKinds)), held: newHeldShare(grantLength(windows), time.Now),
+		admitted: metrics.admittedGlobal.WithLabelValues(name, dc),
+		errs:     make(map[string]prometheus.Counter, len(ledgerErrKinds)), held: newHeldShare(grantLength(windows), time.Now),
 		datacenter: dc,
 	}
 	for _, k := range ledgerErrKinds {

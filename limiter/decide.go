@@ -724,10 +724,11 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 
 // shared acts on what the store said of the request's share of the global
 // ceiling: the first request of the identity here (the ledger never
-// answered for it) asks the ledger now, once (the caller asks the store
-// again); a claim to renew is renewed in the background; a share that ran
-// out while the ledger does not answer follows the fail mode. It returns
-// the Op to ask next.
+// answered for it), or one the share alone refused while the ledger had
+// not said it was full, asks the ledger now, once (the caller asks the
+// store again); a claim to renew is renewed in the background; a share
+// that ran out while the ledger does not answer follows the fail mode. It
+// returns the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
 		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
@@ -735,13 +736,28 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		}
 		return l.op(in, mode, now), true, nil
 	}
-	if r.Share&ShareRenew != 0 {
-		l.g.later(in, r)
-	}
-	if r.Status == StatusDenied && r.Share&ShareOnly != 0 && !asked && l.g.down.Load() {
+	short := r.Status == StatusDenied && r.Share&ShareOnly != 0 && !asked
+	if short && l.g.down.Load() {
 		// The share ran out and the ledger does not answer: the fail
 		// mode, as for the identity's first request.
+		if r.Share&ShareRenew != 0 {
+			l.g.later(in, r)
+		}
 		return op, asked, ErrLedgerUnreachable
+	}
+	if short && r.Share&ShareFull == 0 {
+		// The share ran out while the ledger had not said it was full:
+		// the request waits for a renewal (the one in flight here, or its
+		// own, holding the claim when it has it), once, so that a ledger
+		// that does not answer is the fail mode, not a refusal.
+		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
+			return op, true, err
+		}
+		r.Share |= ShareAsk // the caller asks the store again
+		return l.op(in, mode, now), true, nil
+	}
+	if r.Share&ShareRenew != 0 {
+		l.g.later(in, r)
 	}
 	if r.Status == StatusDenied && r.Share&ShareOnly != 0 && r.Share&ShareFull == 0 {
 		// Refused here while the ledger had not said it was full.
@@ -780,7 +796,8 @@ func (l *Limiter) neverFits(in *Input, cost int64) bool {
 }
 
 // ask sends op down the stack within the timeout; when the store fails,
-// fail local asks the in-process store. It returns the store that
+// fail local asks the in-process store (not under a ceiling kept in a
+// ledger). It returns the store that
 // decided, nil when none did. now, when set, is the policy's clock read
 // just before (the Op's deadline counts from it when that clock is the
 // wall clock).
@@ -810,7 +827,11 @@ func (l *Limiter) ask(ctx context.Context, op *Op, now time.Time) (Reply, Store,
 	if err == nil {
 		return reply, l.b.Store, nil
 	}
-	if l.p.Fail == FailLocal && l.b.Local != nil {
+	if l.p.Fail == FailLocal && l.b.Local != nil && l.g == nil {
+		// Under a ceiling kept in a ledger (l.g), the in-process store has
+		// no share of it, and asking the ledger from here would hide the
+		// ask from the data centre's static-share wait: no local decision
+		// (the caller's fail closed, a 503).
 		local := *op
 		local.Now, local.Deadline, local.nowIsWall = l.p.Now().UnixMicro(), time.Time{}, false
 		if lr, lerr := l.b.Local.Do(ctx, &local); lerr == nil {

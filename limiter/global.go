@@ -357,6 +357,9 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 		} else {
 			live += gr.Units - gr.Used
 			open++
+			if gr.Used > 0 {
+				req.Used = append(req.Used, LedgerReturn{ID: gr.ID, Used: gr.Used})
+			}
 		}
 	}
 	req.Want = max(want-live, cost)
@@ -406,7 +409,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
 		}
 	}
-	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig}
+	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts)}
 	for _, r := range req.Returns {
 		dep.Returned = append(dep.Returned, r.ID)
 	}

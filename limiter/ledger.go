@@ -71,6 +71,9 @@ type LedgerRequest struct {
 	Want, Length, Rate int64
 	Returns            []LedgerReturn
 	Windows            []LedgerWindow
+	// Used: the units used so far of the grants not ended (ID, Used), for
+	// what the ledger shows as admitted.
+	Used []LedgerReturn
 }
 
 // LedgerReply is the ledger's answer.
@@ -141,6 +144,10 @@ func (lg *Ledger) args(req *LedgerRequest, op string) []any {
 		} else {
 			a = append(a, w.Name, 0, w.Len, w.Limit, 0, 0, 0, 0)
 		}
+	}
+	a = append(a, len(req.Used))
+	for _, u := range req.Used {
+		a = append(a, u.ID, u.Used)
 	}
 	return a
 }
@@ -291,8 +298,10 @@ func parseLedger(raw []any) (LedgerReply, error) {
 type LedgerShare struct {
 	Datacenter string
 	// Held: units granted and not ended; Counted: units counted in the
-	// longest window; Rate: the demand it last reported (per second).
-	Held, Counted, Rate int64
+	// longest window; Rate: the demand it last reported (per second);
+	// Admitted: the units of those grants it used, as it last told the
+	// ledger (at its renewals).
+	Held, Counted, Rate, Admitted int64
 }
 
 // Ping asks the ledger for its clock, which changes nothing there: a
@@ -309,12 +318,13 @@ func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, 
 		return nil, err
 	}
 	var out []LedgerShare
-	for i := 1; i+3 < len(raw); i += 4 {
+	for i := 1; i+4 < len(raw); i += 5 {
 		name, _ := raw[i].(string)
 		h, _ := raw[i+1].(int64)
 		c, _ := raw[i+2].(int64)
 		r, _ := raw[i+3].(int64)
-		out = append(out, LedgerShare{Datacenter: name, Held: h, Counted: c, Rate: r})
+		u, _ := raw[i+4].(int64)
+		out = append(out, LedgerShare{Datacenter: name, Held: h, Counted: c, Rate: r, Admitted: u})
 	}
 	return out, nil
 }

@@ -82,6 +82,11 @@ type Deposit struct {
 	// Sig is the limits' signature: a share of another one drops its
 	// grants first.
 	Sig string
+	// Counts are the ledger's counts of the share part's windows, in its
+	// order, after the grant (nil: the ledger did not answer; the share
+	// keeps the last ones): a window's count is them less what the share
+	// holds unspent.
+	Counts []int64
 }
 
 // ---- the in-process store ------------------------------------------------
@@ -94,6 +99,7 @@ type shareState struct {
 	claim      int64 // c
 	dw, dc, dp int64 // the demand, per second
 	sig        string
+	counts     []int64 // G
 }
 
 // under is the share as checks under the limits of signature sig see it:
@@ -103,7 +109,7 @@ type shareState struct {
 // as the script writes "L" only in a deposit.
 func (st *shareState) under(sig string, adopt bool) {
 	if st.sig != sig {
-		st.g, st.has, st.full = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0
+		st.g, st.has, st.full, st.counts = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0, nil
 		if adopt {
 			st.sig = sig
 		}
@@ -141,6 +147,15 @@ func (st *shareState) rate(now int64) (rate, idx, dc, dp int64) {
 	return 0, idx, 0, 0
 }
 
+// count is share_count: window j's count, the ledger's ("G") less rem.
+func (st *shareState) count(j int, limit, rem int64) int64 {
+	c := limit
+	if j < len(st.counts) {
+		c = st.counts[j]
+	}
+	return max(c-rem, 0)
+}
+
 // shareCheck is share_check.
 func (m *memDo) shareCheck(p *Part, k *memKey, pe []winEval) bool {
 	t := m.s.now().UnixMicro()
@@ -152,7 +167,7 @@ func (m *memDo) shareCheck(p *Part, k *memKey, pe []winEval) bool {
 	rem, soon, _, _, _ := st.held(t)
 	fits := rem >= m.op.Cost
 	for j := range pe {
-		pe[j] = winEval{count: max(p.Windows[j].Limit-rem, 0)}
+		pe[j] = winEval{count: st.count(j, p.Windows[j].Limit, rem)}
 		if soon > 0 {
 			pe[j].reset = soon - t
 		}
@@ -207,7 +222,7 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 		}
 		rem -= cost
 		for j := range pe {
-			pe[j].count = max(p.Windows[j].Limit-rem, 0)
+			pe[j].count = st.count(j, p.Windows[j].Limit, rem)
 		}
 		write = true
 	}
@@ -291,6 +306,9 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 		}
 	}
 	st.claim, st.full = 0, 0
+	if len(d.Counts) > 0 {
+		st.counts = append([]int64(nil), d.Counts...)
+	}
 	if d.Retry > 0 {
 		st.full = t + d.Retry
 	}
@@ -394,6 +412,10 @@ func (s *RedisStore) ShareDeposit(ctx context.Context, key string, d Deposit) (i
 	args := []any{"deposit", d.T0, d.Units, d.Length, d.ID, d.Retry, d.Sig, len(d.Returned)}
 	for _, id := range d.Returned {
 		args = append(args, id)
+	}
+	args = append(args, len(d.Counts))
+	for _, c := range d.Counts {
+		args = append(args, c)
 	}
 	slot, err := dcshareScript.Run(ctx, s.client, []string{key}, args...).Int()
 	return slot, err

@@ -10,7 +10,10 @@
 --            for an empty slot; a grant under other limits as ended): now
 --            is read before the ledger is asked, so a grant's deadline here
 --            (now + its length) falls before the ledger's end of it.
---   deposit  KEYS[1] the share; ARGV t0 n len id retry sig nret ids...: the
+--   deposit  KEYS[1] the share; ARGV t0 n len id retry sig nret ids...
+--            [ncount counts...]: the counts (the ledger's, of each window,
+--            after the grant) become "G" (none: "G" stays, or goes with the
+--            grants of other limits); the
 --            slots of the grants the ledger took back (ids) are emptied,
 --            the claim is released, a grant of n units (n > 0) goes into a
 --            free slot (or one whose grant has ended) with deadline t0 +
@@ -39,7 +42,7 @@ end
 local fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp", "L",
+  "f", "c", "dw", "dc", "dp", "L", "G",
 }
 
 local function standing(key, t)
@@ -92,7 +95,12 @@ if op == "deposit" then
       redis.call("HDEL", key, i .. "n", i .. "u", i .. "d", i .. "s", i .. "l", i .. "g")
       v[i * 6 - 5] = false
     end
+    redis.call("HDEL", key, "G")
     redis.call("HSET", key, "L", sig)
+  end
+  local nc = tonumber(ARGV[9 + nret]) or 0
+  if nc > 0 then
+    redis.call("HSET", key, "G", table.concat(ARGV, " ", 10 + nret, 9 + nret + nc))
   end
   local free, ended = 0, 0
   local latest = t

@@ -22,7 +22,8 @@
 --
 -- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
 -- wmax tail; then for grant: want len rate nret [id used last]... nwin
--- [name kind len limit b0 b1 b2 b3]...; show takes nothing more.
+-- [name kind len limit b0 b1 b2 b3]... nuse [id used]...; show takes
+-- nothing more.
 --   deadline  ledger TIME (µs) after which nothing runs (0: none): the
 --             caller gave up by then
 --   seen      the epoch the caller last saw here ("" never)
@@ -40,6 +41,9 @@
 --             centre's demand (units per second)
 --   id used last  a returned grant: the units used and the last use, µs
 --             after the grant's start (0: unused)
+--   id used   (nuse) a grant not ended: the units used so far. "u<id>" in
+--             the hash keeps a grant's units used as last told (returns
+--             too), for show's admitted; it changes nothing granted
 --   kind      0 a duration window of len µs, 1 a calendar period: b0 < b1 <
 --             b2 < b3 the starts of three periods in a row and the end of
 --             the third, around the caller's clock (the one holding the
@@ -64,7 +68,8 @@
 -- new epoch or a failover: retry until it ends), 3 late (nothing ran).
 -- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
 -- Reply (show): {now, then per data centre: name, units held (grants not
--- ended), units counted (in the longest window), demand}.
+-- ended), units counted (in the longest window), demand, units admitted
+-- (of the grants counted, as the data centre last told)}.
 
 local function fmt(x)
   return string.format("%.0f", x)
@@ -153,7 +158,7 @@ local z, h = KEYS[3], KEYS[4]
 
 if op == "show" then
   local ids = redis.call("ZRANGEBYSCORE", z, "(" .. fmt(now - wmax), "+inf", "WITHSCORES")
-  local held, counted = {}, {}
+  local held, counted, used = {}, {}, {}
   for i = 1, #ids, 2 do
     local id, e = ids[i], tonumber(ids[i + 1])
     local g = redis.call("HGET", h, "g" .. id)
@@ -161,6 +166,7 @@ if op == "show" then
       local n = tonumber(string.match(g, " (%d+)$"))
       local d = string.match(id, "^(.*)%.")
       counted[d] = (counted[d] or 0) + n
+      used[d] = (used[d] or 0) + math.min(tonumber(redis.call("HGET", h, "u" .. id)) or 0, n)
       if e > now then
         held[d] = (held[d] or 0) + n
       end
@@ -173,6 +179,7 @@ if op == "show" then
     out[#out + 1] = held[name] or 0
     out[#out + 1] = counted[name] or 0
     out[#out + 1] = r
+    out[#out + 1] = used[name] or 0
   end
   return out
 end
@@ -206,11 +213,19 @@ for j = 1, nwin do
   end
   a = a + 8
 end
+-- The use so far of grants not ended (for show).
+local nuse = tonumber(ARGV[a]) or 0
+for i = 1, nuse do
+  local uid = ARGV[a + 2 * i - 1]
+  if redis.call("HEXISTS", h, "g" .. uid) == 1 then
+    redis.call("HSET", h, "u" .. uid, ARGV[a + 2 * i])
+  end
+end
 
 -- Forget grants no window counts any more.
 local old = redis.call("ZRANGEBYSCORE", z, "-inf", fmt(now - wmax))
 for i = 1, #old do
-  redis.call("HDEL", h, "g" .. old[i])
+  redis.call("HDEL", h, "g" .. old[i], "u" .. old[i])
 end
 if #old > 0 then
   redis.call("ZREMRANGEBYSCORE", z, "-inf", fmt(now - wmax))
@@ -244,8 +259,9 @@ for i = 1, nret do
     end
     if used <= 0 then
       redis.call("ZREM", z, id)
-      redis.call("HDEL", h, "g" .. id)
+      redis.call("HDEL", h, "g" .. id, "u" .. id)
     else
+      redis.call("HSET", h, "u" .. id, used)
       local e = tonumber(redis.call("ZSCORE", z, id))
       if e and gs + last < e then
         redis.call("ZADD", z, gs + last, id)

@@ -22,25 +22,40 @@
 -- clock, one clock for every node of the data centre), whatever clock the
 -- region's windows use.
 --
--- Per window of the global ceiling (they share the one pool): count = the
--- limit less what the share still holds (remaining = what this data centre
--- admits without asking the ledger); retry = when the share is short, the
+-- "G": the units the ledger counted in each window of the ceiling (in the
+-- part's order, space-separated) at the last renewal that reached it.
+--
+-- Per window of the global ceiling (they share the one pool): count = what
+-- the ledger counted at the last renewal less what the share still holds
+-- unspent (remaining = the ledger's room then, and this data centre's
+-- share: never the share alone shown as the ceiling's remaining); without
+-- "G" (a share an older release wrote), the limit less the share; retry = when the share is short, the
 -- time until the ledger said it has room; else the lead (a renewal is on its
 -- way); or 1 µs when the ledger never answered for these limits (the
 -- identity's first request here: the caller asks it now); reset = the time
--- until the first grant ends. Only that first request waits for the ledger:
--- every other short share is renewed in the background.
+-- until the first grant ends. That first request waits for the ledger, and
+-- so does one the share alone refuses while the ledger has not said it is
+-- full (the caller joins or makes a renewal); every other short share is
+-- renewed in the background.
 
 local share_fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp", "L",
+  "f", "c", "dw", "dc", "dp", "L", "G",
 }
 
 -- Per share part of the check being decided: the hash's values, what the
 -- share holds and whether it fits, the renewal's lead and claim, and the
 -- limits' signature.
 local sh_v, sh_rem, sh_fit, sh_lead, sh_claim, sh_sig, sh_new = {}, {}, {}, {}, {}, {}, {}
+local sh_g = {} -- per share part: the ledger's counts ("G"), by window from 1
+
+-- share_count is window j's count (of part p's windows j0..): what the
+-- ledger counted less rem, the share's unspent units; the limit less rem
+-- without "G".
+local function share_count(p, j, j0, rem)
+  return math.max((sh_g[p][j - j0 + 1] or wlim[j]) - rem, 0)
+end
 
 -- share_check fills the share's windows j0..j1 and reports whether the
 -- share holds cost.
@@ -56,7 +71,15 @@ local function share_check(p, key, j0, j1, cost)
     for i = 1, 25 do
       v[i] = false
     end
+    v[31] = false
   end
+  local g = {}
+  if v[31] then
+    for x in string.gmatch(v[31], "%d+") do
+      g[#g + 1] = tonumber(x)
+    end
+  end
+  sh_g[p] = g
   local rem, soon = 0, 0
   for i = 0, 3 do
     local n, u, d = tonumber(v[i * 6 + 1]), tonumber(v[i * 6 + 2]), tonumber(v[i * 6 + 3])
@@ -70,7 +93,7 @@ local function share_check(p, key, j0, j1, cost)
   local f = tonumber(v[25]) or 0
   local fits = rem >= cost
   for j = j0, j1 do
-    cnt[j], rty[j], rst[j] = math.max(wlim[j] - rem, 0), 0, 0
+    cnt[j], rty[j], rst[j] = share_count(p, j, j0, rem), 0, 0
     if soon > 0 then
       rst[j] = soon - t
     end
@@ -151,7 +174,7 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
     end
     rem = rem - cost
     for j = j0, j1 do
-      cnt[j] = math.max(wlim[j] - rem, 0)
+      cnt[j] = share_count(p, j, j0, rem)
     end
   end
   -- soon: when the first live grant ends, and its length.

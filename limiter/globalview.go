@@ -1,0 +1,78 @@
+package limiter
+
+// What a data centre knows of an identity's global ceiling, for what the
+// decisions and an operator are shown (headers, the admin GET): the
+// ledger's counts, as the share keeps them, and what was admitted.
+
+import "context"
+
+// shareCounts puts the ledger's counts (in the policy's order of the
+// global windows) in the share part's order; nil when the ledger gave
+// none for every window.
+func (g *global) shareCounts(counts []int64) []int64 {
+	nb := len(g.l.p.Windows)
+	if len(counts) != len(g.l.p.GlobalWindows) {
+		return nil
+	}
+	var out []int64
+	for _, ps := range g.l.parts {
+		if ps.kind != KindShare {
+			continue
+		}
+		for _, i := range ps.windows {
+			out = append(out, counts[i-nb])
+		}
+	}
+	return out
+}
+
+// GlobalUse is what was admitted under an identity's global ceiling, in
+// its longest window, per data centre and in all.
+type GlobalUse struct {
+	// Shares are the ledger's, each data centre's Admitted as it last told
+	// the ledger, but this data centre's exact: what the ledger counts of
+	// its grants less what its share holds of them unspent.
+	Shares []LedgerShare
+	// Admitted is their sum; Unspent what this data centre's share holds
+	// of its grants, not used; Counted what the ledger counts of every
+	// data centre's grants.
+	Admitted, Unspent, Counted int64
+}
+
+// Remaining is what this data centre's requests can rely on now of a
+// limit (the longest window's): the ledger's room and its unspent share.
+func (u *GlobalUse) Remaining(limit int64) int64 {
+	return max(min(limit-u.Counted+u.Unspent, limit), 0)
+}
+
+// GlobalUse reads the ledger's shares of in's identity and this data
+// centre's share (ok false without global_redis).
+func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, error) {
+	if l.g == nil {
+		return GlobalUse{}, false, nil
+	}
+	shares, err := l.Shares(ctx, in.Identity)
+	if err != nil {
+		return GlobalUse{}, true, err
+	}
+	var u GlobalUse
+	view, verr := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in))
+	for _, gr := range view.Grants {
+		// The ledger counts a grant in a slot at its units until it comes
+		// back, while a window holds it.
+		if gr.Deadline > view.Now-l.g.wmax || gr.Deadline <= 1 {
+			u.Unspent += max(gr.Units-gr.Used, 0)
+		}
+	}
+	for _, s := range shares {
+		if s.Datacenter == l.g.cfg.Datacenter && verr == nil {
+			// (The data centre's store not answering, as it last told
+			// the ledger.)
+			s.Admitted = max(s.Counted-u.Unspent, 0)
+		}
+		u.Admitted += s.Admitted
+		u.Counted += s.Counted
+		u.Shares = append(u.Shares, s)
+	}
+	return u, true, nil
+}

@@ -1,0 +1,64 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// TestLedgerShowsWhatWasAdmitted: the ledger's show says what each data
+// centre admitted of its grants as it last told the ledger: the use of a
+// grant not ended, reported at a renewal (3 of 5), then at its return (4,
+// the count shrunk to it), and nothing of a grant given back unused; the
+// count it grants by is unchanged by the reports.
+func TestLedgerShowsWhatWasAdmitted(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	lg := limiter.NewLedger(c)
+	ctx := context.Background()
+	req := func(want int64) *limiter.LedgerRequest {
+		return &limiter.LedgerRequest{Namespace: "lu:", Tag: "k", DC: "a", QWait: 62_000_000, Skew: 1_000_000, Beat: 2_000_000,
+			WMax: 60_000_000, Tail: 3_000_000, Want: want, Length: 1_000_000, Rate: 1,
+			Windows: []limiter.LedgerWindow{{Name: "1m", Len: 60_000_000, Limit: 20}}}
+	}
+	show := func(what string, admitted, counted int64) {
+		t.Helper()
+		shares, err := lg.Show(ctx, req(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(shares) != 1 || shares[0].Datacenter != "a" || shares[0].Admitted != admitted || shares[0].Counted != counted {
+			t.Fatalf("%s: shares %+v, want a's admitted %d of %d counted", what, shares, admitted, counted)
+		}
+	}
+	g, err := lg.Do(ctx, "grant", req(5))
+	if err != nil || g.Units != 5 {
+		t.Fatalf("grant: %+v, %v", g, err)
+	}
+	show("granted", 0, 5)
+	r := req(0)
+	r.Used = []limiter.LedgerReturn{{ID: g.ID, Used: 3}}
+	if _, err := lg.Do(ctx, "grant", r); err != nil {
+		t.Fatal(err)
+	}
+	show("3 used, told at a renewal", 3, 5)
+	r = req(2)
+	r.Returns = []limiter.LedgerReturn{{ID: g.ID, Used: 4, Last: 1000}}
+	g2, err := lg.Do(ctx, "grant", r)
+	if err != nil || g2.Units != 2 || g2.Counts[0] != 6 {
+		t.Fatalf("a return and a grant of 2: %+v, %v; want 2 granted, 6 counted", g2, err)
+	}
+	show("4 used, returned", 4, 6)
+	r = req(0)
+	r.Returns = []limiter.LedgerReturn{{ID: g2.ID, Used: 0}}
+	if _, err := lg.Do(ctx, "grant", r); err != nil {
+		t.Fatal(err)
+	}
+	show("a grant returned unused", 4, 4)
+}
