@@ -115,6 +115,7 @@ type renewal struct {
 	// recall: the ledger recalled the share's unspent grants (every live
 	// one ends, and goes back with this renewal).
 	recall bool
+	cost   int64 // the cost of the request that queued it: the least worth asking for
 }
 
 // ticket is what a renewal needs, as the ledger keeps it for a recall.
@@ -397,6 +398,10 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 		}
 	}
 	req.Want = max(want-live, cost)
+	req.Least = max(cost-live, 1)
+	if cost == 0 {
+		req.Least = 0 // a recall's: it asks for nothing it has no demand for
+	}
 	if open >= shareSlots {
 		// Every slot holds a live grant: one more would have nowhere to go
 		// (the ledger would count it, nothing would use it). Only give back.
@@ -460,7 +465,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 // later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
 func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{tag: Tag(in.Identity), key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r)}
+	rn := renewal{tag: Tag(in.Identity), key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
 	select {
 	case g.queue <- rn:
 		g.event(GlobalEvent{Kind: EventRenewal})
@@ -484,7 +489,7 @@ func (g *global) renewer() {
 			if c == nil {
 				return
 			}
-			cost := int64(1)
+			cost := rn.cost
 			if rn.recall {
 				cost = 0
 			}

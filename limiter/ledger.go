@@ -67,10 +67,11 @@ type LedgerRequest struct {
 	// WasStatic: it was in static mode.
 	Static, WasStatic bool
 	// Grant: units wanted, the grant's length (µs), the demand (units per
-	// second), the grants returned and the ceiling's windows.
-	Want, Length, Rate int64
-	Returns            []LedgerReturn
-	Windows            []LedgerWindow
+	// second), the fewest units worth granting (a request's cost less what
+	// the share holds), the grants returned and the ceiling's windows.
+	Want, Length, Rate, Least int64
+	Returns                   []LedgerReturn
+	Windows                   []LedgerWindow
 	// Ticket is what this data centre's nodes need to renew the share: the
 	// ledger keeps it and hands it back in a recall (Recalls).
 	Ticket string
@@ -136,7 +137,7 @@ func (lg *Ledger) args(req *LedgerRequest, op string) []any {
 	if op != "grant" {
 		return a
 	}
-	a = append(a, req.Want, req.Length, req.Rate, req.Ticket, len(req.Returns))
+	a = append(a, req.Want, req.Length, req.Rate, req.Least, req.Ticket, len(req.Returns))
 	for _, r := range req.Returns {
 		a = append(a, r.ID, r.Used, r.Last)
 	}

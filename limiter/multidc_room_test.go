@@ -19,7 +19,14 @@ import (
 // records it as hammer does.
 func (w *mdcWorld) roomDecide(ctx context.Context, dc, ni int, id string, limit int64) limiter.Decision {
 	w.t.Helper()
-	in := &limiter.Input{Identity: id, Region: w.dcs[dc].name, Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
+	return w.costDecide(ctx, dc, ni, id, limit, 1)
+}
+
+// costDecide is roomDecide for a request of cost units: the oracle holds
+// it to the ceiling in whole requests, limit / cost.
+func (w *mdcWorld) costDecide(ctx context.Context, dc, ni int, id string, limit, cost int64) limiter.Decision {
+	w.t.Helper()
+	in := &limiter.Input{Identity: id, Region: w.dcs[dc].name, Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}, Cost: cost}
 	w.mu.Lock()
 	n := w.dcs[dc].nodes[ni]
 	w.mu.Unlock()
@@ -34,7 +41,7 @@ func (w *mdcWorld) roomDecide(ctx context.Context, dc, ni int, id string, limit 
 		w.failOpen++
 	case d.Pass:
 		w.admitted = append(w.admitted, d.At)
-		w.limits = append(w.limits, limit)
+		w.limits = append(w.limits, limit/cost)
 		w.perDC[w.dcs[dc].name] = append(w.perDC[w.dcs[dc].name], d.At)
 	case d.Outcome == limiter.OutcomeUnavailable:
 		w.unavailable[w.dcs[dc].name]++
@@ -134,7 +141,7 @@ func TestNoLockoutAfterALedgerStall(t *testing.T) {
 // start until end, evenly spaced (a late one is sent at once, never two
 // at the same time), and returns how many it asked and how many were
 // admitted.
-func (w *mdcWorld) paced(ctx context.Context, dc int, id string, limit int64, rate float64, start, end time.Time) (asked, admitted int) {
+func (w *mdcWorld) paced(ctx context.Context, dc int, id string, limit, cost int64, rate float64, start, end time.Time) (asked, admitted int) {
 	for i := 0; ; i++ {
 		at := start.Add(time.Duration(float64(i) / rate * float64(time.Second)))
 		if !at.Before(end) || ctx.Err() != nil {
@@ -142,7 +149,7 @@ func (w *mdcWorld) paced(ctx context.Context, dc int, id string, limit int64, ra
 		}
 		time.Sleep(time.Until(at))
 		asked++
-		if d := w.roomDecide(ctx, dc, i%len(w.dcs[dc].nodes), id, limit); d.Pass {
+		if d := w.costDecide(ctx, dc, i%len(w.dcs[dc].nodes), id, limit, cost); d.Pass {
 			admitted++
 		} else if debugMDC && rate < 10 {
 			w.t.Logf("%v dc%d refused: %v %+v", time.Since(start), dc, d.Outcome, d.Windows[1])
@@ -195,7 +202,7 @@ func (w *mdcWorld) bins(start time.Time, d time.Duration, n int) []int {
 // trip), one node each, a ceiling of limit per win; dc2 sends viral a
 // second, dc0 and dc1 flat a second each, for run. It returns each data
 // centre's asked and admitted, and when the traffic started.
-func viralWorld(t *testing.T, limit int64, win, run time.Duration, viral, flat float64) (*mdcWorld, [3][2]int, time.Time) {
+func viralWorld(t *testing.T, limit, cost int64, win, run time.Duration, viral, flat float64) (*mdcWorld, [3][2]int, time.Time) {
 	o := mdcOptions(limiter.FailClosed)
 	o.nodes = 1
 	o.length = 0 // the default: the window / 60
@@ -211,7 +218,7 @@ func viralWorld(t *testing.T, limit int64, win, run time.Duration, viral, flat f
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			got[dc][0], got[dc][1] = w.paced(ctx, dc, "viral", limit, rate, start, end)
+			got[dc][0], got[dc][1] = w.paced(ctx, dc, "viral", limit, cost, rate, start, end)
 		}()
 	}
 	wg.Wait()
@@ -227,10 +234,30 @@ func viralWorld(t *testing.T, limit int64, win, run time.Duration, viral, flat f
 // their demand, kept nothing for them.
 func TestSmallDatacentresAreNotStarved(t *testing.T) {
 	const limit, win = 100, 5 * time.Second
-	w, got, _ := viralWorld(t, limit, win, 12*time.Second, 100, 3)
+	w, got, _ := viralWorld(t, limit, 1, win, 12*time.Second, 100, 3)
 	for dc := range 2 {
 		if asked, admitted := got[dc][0], got[dc][1]; float64(admitted) < 0.95*float64(asked) {
 			t.Errorf("dc%d asked %d (less than an equal share) and got %d: %.0f %%, want at least 95 %%", dc, asked, admitted,
+				100*float64(admitted)/float64(asked))
+		}
+	}
+	w.exact(t, win)
+}
+
+// TestCostlyRequestsAreServed: as TestSmallDatacentresAreNotStarved, with
+// requests of 50 units against a ceiling of 5,000: the two asking less
+// than an equal share get at least 90 % of what they ask (28 or more of
+// 30; the one or two refused, one window in). A renewal in the
+// background asked for one unit more than the share held, whatever the
+// requests cost: the ledger's grants, a few units each, filled the share's
+// slots and no request could spend them (found by make multidc's sweep:
+// 4 % for a flat data centre at 100,000 a window).
+func TestCostlyRequestsAreServed(t *testing.T) {
+	const limit, cost, win = 5000, 50, 5 * time.Second
+	w, got, _ := viralWorld(t, limit, cost, win, 10*time.Second, 100, 3)
+	for dc := range 2 {
+		if asked, admitted := got[dc][0], got[dc][1]; float64(admitted) < 0.90*float64(asked) {
+			t.Errorf("dc%d asked %d of %d units each and got %d: %.0f %%, want at least 90 %%", dc, asked, cost, admitted,
 				100*float64(admitted)/float64(asked))
 		}
 	}
@@ -248,7 +275,7 @@ func TestSmallDatacentresAreNotStarved(t *testing.T) {
 // ones' trickle read as 4 a second kept room for them they never used.
 func TestTheCeilingIsUsedWithOneDatacentreViral(t *testing.T) {
 	const limit, win = 200, 5 * time.Second
-	w, _, start := viralWorld(t, limit, win, 11*time.Second, 150, 3)
+	w, _, start := viralWorld(t, limit, 1, win, 11*time.Second, 150, 3)
 	median, least, at := w.underUse(start.Add(500*time.Millisecond), start.Add(11*time.Second), win, 100*time.Millisecond, limit)
 	t.Logf("windows of the ceiling used: median %.1f %%, least %.1f %% (from %v); admitted per half second %v", 100*median, 100*least, at.Sub(start), w.bins(start, 500*time.Millisecond, 22))
 	slack := 3.0 / limit // one unit per data centre

@@ -28,7 +28,7 @@
 -- centre's.
 --
 -- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
--- wmax tail heard; then for grant: want len rate ticket nret [id used
+-- wmax tail heard; then for grant: want len rate least ticket nret [id used
 -- last]... nwin [name kind len limit b0 b1 b2 b3]...; show and recalls take
 -- nothing more.
 --   deadline  ledger TIME (µs) after which nothing runs (0: none): the
@@ -50,7 +50,9 @@
 --             recorded (the call's deadline) and the clocks' error; heard
 --             again sooner, it never was, and nothing stays reserved
 --   want      units asked for; len the grant's length (µs); rate the data
---             centre's demand (units per second); ticket what its nodes
+--             centre's demand (units per second); least the fewest units
+--             worth granting (a request's cost, less what the share holds:
+--             fewer would sit in a slot, of no use); ticket what its nodes
 --             need to renew the share (a recall gives it back)
 --   id used last  a returned grant: the units used and the last use, µs
 --             after the grant's start (0: unused)
@@ -218,10 +220,10 @@ if op ~= "grant" then
   return redis.error_reply("ledger: unknown operation " .. tostring(op))
 end
 
-local want, len, rate = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
-local ticket = ARGV[16]
-local nret = tonumber(ARGV[17])
-local a = 18
+local want, len, rate, least = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local ticket = ARGV[17]
+local nret = tonumber(ARGV[18])
+local a = 19
 local rets = {}
 for i = 1, nret do
   rets[i] = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])}
@@ -401,13 +403,14 @@ end
 -- of the tightest window less what it holds there; room others are
 -- allowed is kept for them (while they ask), the rest is anyone's. Its
 -- part is its fair rate over the window and two grant lengths, and two
--- units: what it holds there includes a unit it holds unspent, and each
+-- requests: what it holds there includes a request's worth unspent, and each
 -- unit is counted until a window after its grant's end, a grant's length
 -- (a trickle's: the time to its next request) after its use.
 local allow, others, lower = false, 0, 0
+local slack = 2 * math.max(least, 1) -- two requests (as this one costs)
 if jf then
   for name, fr in pairs(fairof) do
-    local a = math.max(math.min(math.floor(fr * (wl[jf] + 2 * len) / 1000000) + 2, wlim[jf]) - (bydc[name] or 0), 0)
+    local a = math.max(math.min(math.floor(fr * (wl[jf] + 2 * len) / 1000000) + slack, wlim[jf]) - (bydc[name] or 0), 0)
     if name == dc then
       allow = a
     else
@@ -430,7 +433,7 @@ local burst = 2
 if jf then
   burst = math.max(burst, math.min(10, math.floor(fr * wl[jf] / 1000000)))
 end
-local tol = math.max(2 * len, math.floor(burst * 1000000 / fr))
+local tol = math.max(2 * len, math.floor(math.max(burst, least) * 1000000 / fr))
 local tat = tonumber(redis.call("HGET", h, "v" .. dc)) or now
 -- Capped: the ceiling in demand (half full or more), or this data
 -- centre's demand above its max-min fair rate (a viral one: uncapped, it
@@ -439,13 +442,13 @@ local tat = tonumber(redis.call("HGET", h, "v" .. dc)) or now
 local capped = occ >= 0.5 or rate > fair
 
 local glen = len
-local least = false
+local lowest = false
 for j = 1, nwin do
-  if not least or wlim[j] < least then
-    least = wlim[j]
+  if not lowest or wlim[j] < lowest then
+    lowest = wlim[j]
   end
 end
-if occ < 0.5 and want * 100 <= least then
+if occ < 0.5 and want * 100 <= lowest then
   -- Room to spare and a small want (a quiet identity): a longer grant
   -- spares renewals. A large one stays short: what it leaves unused
   -- counts until a window after its end.
@@ -505,7 +508,10 @@ elseif want > 0 then
     end
   end
   units = math.max(math.min(want, roomall, bound), 0)
-  if units > 0 and fr > 0 then
+  if units < least then
+    units = 0
+  end
+  if units > 0 then
     redis.call("HSET", h, "v" .. dc, fmt(math.max(tat, now) + units * 1000000 / fr))
   end
   if units > 0 then
