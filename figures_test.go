@@ -263,12 +263,15 @@ func TestFiguresMultidc(t *testing.T) {
 	rec := readFile(t, multidcRecord)
 	readme := readFile(t, "README.md")
 	for _, f := range []struct{ readme, record string }{
-		{`over-admission (-?\d+)`, `less global_limit: (-?\d+) \(must be`},
-		{`under-use median\s+([\d.]+) %`, `median ([\d.]+) %\. Acceptance`},
-		{`worst\s+([\d.]+) %\s+\(target 3 %`, `worst ([\d.]+) % \(the window`},
-		{`p99 added ([\d.]+) ms`, `(?m)^    p99 +[\d.]+ ms +[\d.]+ ms +([\d.]+) ms`},
-		{`p50 added ([\d.]+) ms`, `(?m)^    p50 +[\d.]+ ms +[\d.]+ ms +([\d.]+) ms`},
-		{`got ([\d.]+) % of its max-min`, `dc7 \(viral\) +\d+ +\d+ +\d+ +[\d.]+ % +([\d.]+) %`},
+		{`(\d+) cells over the ceiling`, `over-admission: (\d+) cells over the ceiling`},
+		{`the least median\s+window\s+used\s+([\d.]+) %`, `median window >= \d+ % \(or within the slack\): \d+ of \d+ cells; the least median ([\d.]+) %`},
+		{`the least worst\s+window\s+([\d.]+) %`, `worst window >= \d+ % \(or within the slack\): \d+ of \d+ cells; the least ([\d.]+) %`},
+		{`met\s+in\s+(\d+)\s+and`, `median window >= \d+ % \(or within the slack\): (\d+) of`},
+		{`and\s+(\d+)\s+of\s+\d+\s+cells\)`, `worst window >= \d+ % \(or within the slack\): (\d+) of`},
+		{`of\s+(\d+)\s+cells\)`, `Summary over (\d+) cells`},
+		{`at\s+least\s+([\d.]+) %\s+of\s+its\s+ask`, `fairness, a flat data centre >= \d+ % of what it asked: \d+ of \d+ cells; the least ([\d.]+) %`},
+		{`recovery\s+at\s+most\s+([\d.]+) s`, `the slowest ([\d.]+) s`},
+		{`p99\s+added\s+at\s+most\s+(-?[\d.]+) ms`, `p99 added, the most of any cell: (-?[\d.]+) ms`},
 	} {
 		got := regexp.MustCompile(f.readme).FindStringSubmatch(readme)
 		want := regexp.MustCompile(f.record).FindStringSubmatch(rec)

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -91,6 +92,7 @@ type global struct {
 	suspect atomic.Bool
 	polled  atomic.Int64 // UnixMicro of the last read of the standing
 	n       atomic.Int64 // data centres the ledger knows
+	asked   atomic.Int64 // UnixMicro of this node's last grant call
 
 	mu     sync.Mutex
 	flight map[string]*shareCall
@@ -108,9 +110,32 @@ type shareCall struct {
 }
 
 type renewal struct {
-	identity, key, sig string
-	win                []LedgerWindow
+	tag, key, sig string
+	win           []LedgerWindow
+	// recall: the ledger recalled the share's unspent grants (every live
+	// one ends, and goes back with this renewal).
+	recall bool
+	cost   int64 // the cost of the request that queued it: the least worth asking for
 }
+
+// ticket is what a renewal needs, as the ledger keeps it for a recall.
+type ticket struct {
+	Tag string         `json:"t"`
+	Key string         `json:"k"`
+	Sig string         `json:"s"`
+	Win []LedgerWindow `json:"w"`
+}
+
+// shareRecheck is how long a share the ledger had no room for waits at
+// most before it asks again (while requests want it): the ledger hears its
+// demand within its 2 s, keeps its fair part for it, and recalls others'
+// unspent grants.
+const shareRecheck = time.Second
+
+// recallEvery is how often a node asks the ledger for its data centre's
+// recalls, while it asked the ledger within the longest window and two
+// grants (8 times as rarely otherwise: another node's grants).
+const recallEvery = 250 * time.Millisecond
 
 // errStatic: the data centre is in static mode (a node found it cut off).
 var errStatic = errors.New("limiter: the data centre is on its static share")
@@ -166,6 +191,8 @@ func newGlobal(l *Limiter, cfg Global) (*global, error) {
 		g.wg.Add(1)
 		go g.renewer()
 	}
+	g.wg.Add(1)
+	go g.recaller()
 	if l.p.Fail == FailLocal {
 		g.wg.Add(1)
 		go g.beater()
@@ -211,6 +238,15 @@ func (g *global) staticWait() int64 {
 	return g.beat + 2*g.timeout + g.glenMax + g.wmax + g.skew
 }
 
+// heard is the least time from the last call of this data centre the
+// ledger heard until the data centre may be on its static share: the
+// static wait counts from the last ask recorded in the data centre's store,
+// which is before that call by at most the store's read and the call's
+// deadline (4 timeouts: renew's), and the clocks' error (a skew, twice).
+// A data centre heard again sooner was never on its static share, and the
+// ledger reserves nothing for it after.
+func (g *global) heard() int64 { return max(g.staticWait()-4*g.timeout-2*g.skew, 0) }
+
 // staticLimit is the static share of a limit: the limit over the data
 // centres the ledger knew (0: none).
 func (g *global) staticLimit(limit int64) int64 {
@@ -237,7 +273,7 @@ func (g *global) request(tag string) *LedgerRequest {
 		Namespace: g.l.keys.Namespace(), Tag: tag, DC: g.cfg.Datacenter,
 		Deadline: time.Now().Add(g.cfg.Timeout),
 		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
-		Tail:   g.staticFresh() + g.skew,
+		Tail: g.staticFresh() + g.skew, Heard: g.heard(),
 		Static: g.l.p.Fail == FailLocal,
 	}
 }
@@ -282,7 +318,7 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 	c := &shareCall{done: make(chan struct{})}
 	g.flight[tag] = c
 	g.mu.Unlock()
-	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost)
+	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost, false)
 	g.mu.Lock()
 	delete(g.flight, tag)
 	g.mu.Unlock()
@@ -290,9 +326,10 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 	return c.err
 }
 
-// renew is one renewal: read the share, ask the ledger (returning the
-// grants that ended), keep what it grants.
-func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64) error {
+// renew is one renewal: read the share (recall: ending its live grants
+// first), ask the ledger (returning the grants that ended), keep what it
+// grants.
+func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64, recall bool) error {
 	if g.suspect.Load() {
 		g.down.Store(true)
 		return ErrLedgerUnreachable
@@ -306,11 +343,12 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 		g.polled.Store(time.Now().UnixMicro())
 		return errStatic
 	}
-	view, err := g.dc.ShareBegin(ctx, key, sig)
-	if err != nil {
+	view, err := g.dc.ShareBegin(ctx, key, sig, recall)
+	if err != nil || view.Stale {
 		return err
 	}
 	req := g.grantRequest(tag, wins, &view, cost)
+	req.Ticket = g.ticket(tag, key, sig, wins)
 	rep, took, err := g.ask(ctx, req)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
 		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig})
@@ -363,6 +401,10 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 		}
 	}
 	req.Want = max(want-live, cost)
+	req.Least = max(cost-live, 1)
+	if cost == 0 {
+		req.Least = 0 // a recall's: it asks for nothing it has no demand for
+	}
 	if open >= shareSlots {
 		// Every slot holds a live grant: one more would have nowhere to go
 		// (the ledger would count it, nothing would use it). Only give back.
@@ -393,6 +435,7 @@ func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time
 		return rep, took, err
 	}
 	g.down.Store(false)
+	g.asked.Store(time.Now().UnixMicro())
 	g.rtt.Store((3*g.rtt.Load() + took.Microseconds()) / 4)
 	if rep.N > 0 {
 		g.n.Store(rep.N)
@@ -409,7 +452,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
 		}
 	}
-	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts)}
+	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts), Recheck: shareRecheck.Microseconds()}
 	for _, r := range req.Returns {
 		dep.Returned = append(dep.Returned, r.ID)
 	}
@@ -425,7 +468,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 // later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
 func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{identity: in.Identity, key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r)}
+	rn := renewal{tag: Tag(in.Identity), key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
 	select {
 	case g.queue <- rn:
 		g.event(GlobalEvent{Kind: EventRenewal})
@@ -440,19 +483,69 @@ func (g *global) renewer() {
 		case <-g.stop:
 			return
 		case rn := <-g.queue:
-			tag, key := Tag(rn.identity), rn.key
+			tag, key := rn.tag, rn.key
 			// The request that queued this renewal holds the claim: it
 			// runs, after the renewal in flight for the identity (whose
 			// deposit may have let this one claim), never instead of it.
+			// A recall asks for no unit it has no demand for.
 			c := g.take(tag)
 			if c == nil {
 				return
 			}
-			c.err = g.renew(context.Background(), tag, key, rn.sig, rn.win, 1)
+			cost := rn.cost
+			if rn.recall {
+				cost = 0
+			}
+			c.err = g.renew(context.Background(), tag, key, rn.sig, rn.win, cost, rn.recall)
 			g.mu.Lock()
 			delete(g.flight, tag)
 			g.mu.Unlock()
 			close(c.done)
+		}
+	}
+}
+
+// ticket is the renewal of a share as the ledger keeps it for a recall.
+func (g *global) ticket(tag, key, sig string, wins []LedgerWindow) string {
+	b, _ := json.Marshal(ticket{Tag: tag, Key: key, Sig: sig, Win: wins})
+	return string(b)
+}
+
+// recaller asks the ledger, every recallEvery, for the shares it recalled
+// from this data centre (another one was refused for want of room), and
+// queues a renewal of each that gives its unspent grants back.
+func (g *global) recaller() {
+	defer g.wg.Done()
+	t := time.NewTicker(recallEvery)
+	defer t.Stop()
+	for i := 0; ; i++ {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+			recent := time.Now().UnixMicro()-g.asked.Load() < g.wmax+2*g.glenMax
+			if (recent || i%8 == 0) && !g.suspect.Load() {
+				g.recallOnce()
+			}
+		}
+	}
+}
+
+func (g *global) recallOnce() {
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+	defer cancel()
+	tickets, err := g.cfg.Ledger.Recalls(ctx, g.request(""))
+	if err != nil {
+		return // the ledger's renewals and beats see it too
+	}
+	for _, s := range tickets {
+		var tk ticket
+		if json.Unmarshal([]byte(s), &tk) != nil || tk.Tag == "" || tk.Key == "" {
+			continue
+		}
+		select {
+		case g.queue <- renewal{tag: tk.Tag, key: tk.Key, sig: tk.Sig, win: tk.Win, recall: true}:
+		default: // a full queue: its grants come back when they end
 		}
 	}
 }

@@ -56,7 +56,7 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		return GlobalUse{}, true, err
 	}
 	var u GlobalUse
-	view, verr := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in))
+	view, verr := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in), false)
 	for _, gr := range view.Grants {
 		// The ledger counts a grant in a slot at its units until it comes
 		// back, while a window holds it.

@@ -61,19 +61,23 @@ type LedgerRequest struct {
 	DC             string
 	// Deadline: the call does not run after it (on the ledger's clock).
 	Deadline time.Time
-	// QWait, Skew, Beat, WMax, Tail: see lua/ledger.lua (µs).
-	QWait, Skew, Beat, WMax, Tail int64
+	// QWait, Skew, Beat, WMax, Tail, Heard: see lua/ledger.lua (µs).
+	QWait, Skew, Beat, WMax, Tail, Heard int64
 	// Static: this data centre goes to a static share when cut off;
 	// WasStatic: it was in static mode.
 	Static, WasStatic bool
 	// Grant: units wanted, the grant's length (µs), the demand (units per
-	// second), the grants returned and the ceiling's windows.
-	Want, Length, Rate int64
-	Returns            []LedgerReturn
-	Windows            []LedgerWindow
+	// second), the fewest units worth granting (a request's cost less what
+	// the share holds), the grants returned and the ceiling's windows.
+	Want, Length, Rate, Least int64
+	Returns                   []LedgerReturn
+	Windows                   []LedgerWindow
 	// Used: the units used so far of the grants not ended (ID, Used), for
 	// what the ledger shows as admitted.
 	Used []LedgerReturn
+	// Ticket is what this data centre's nodes need to renew the share: the
+	// ledger keeps it and hands it back in a recall (Recalls).
+	Ticket string
 }
 
 // LedgerReply is the ledger's answer.
@@ -99,6 +103,9 @@ var ErrLedgerNotDurable = errors.New("limiter: a grant the ledger's replicas did
 
 func (lg *Ledger) keys(req *LedgerRequest, op string) []string {
 	k := []string{req.Namespace + "{ledger}:members", req.Namespace + "{ledger}:epoch"}
+	if op == "recalls" {
+		return append(k, req.Namespace+"{ledger}:recall:"+req.DC)
+	}
 	if op != "beat" {
 		k = append(k, req.Namespace+"{ledger}:g:"+req.Tag, req.Namespace+"{ledger}:h:"+req.Tag)
 	}
@@ -129,11 +136,11 @@ func (lg *Ledger) args(req *LedgerRequest, op string) []any {
 	if !req.Deadline.IsZero() {
 		deadline = max(lg.clock.deadline(req.Deadline), 0)
 	}
-	a := []any{op, req.DC, deadline, seen, req.QWait, req.Skew, req.Beat, b01(req.Static), b01(req.WasStatic), req.WMax, req.Tail}
+	a := []any{op, req.DC, deadline, seen, req.QWait, req.Skew, req.Beat, b01(req.Static), b01(req.WasStatic), req.WMax, req.Tail, req.Heard}
 	if op != "grant" {
 		return a
 	}
-	a = append(a, req.Want, req.Length, req.Rate, len(req.Returns))
+	a = append(a, req.Want, req.Length, req.Rate, req.Least, req.Ticket, len(req.Returns))
 	for _, r := range req.Returns {
 		a = append(a, r.ID, r.Used, r.Last)
 	}
@@ -309,6 +316,29 @@ type LedgerShare struct {
 func (lg *Ledger) Ping(ctx context.Context) error {
 	lg.clock.known.Store(false)
 	return lg.learn(ctx)
+}
+
+// Recalls returns the tickets of the identities whose unspent grants the
+// ledger asks req.DC to give back (another data centre was refused for want
+// of room), each once. It changes nothing else there: no membership.
+func (lg *Ledger) Recalls(ctx context.Context, req *LedgerRequest) ([]string, error) {
+	raw, err := eval(ctx, lg.client, lg.keys(req, "recalls"), lg.args(req, "recalls"))
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) < 2 {
+		return nil, fmt.Errorf("%w: recalls of %d values", ErrBadReply, len(raw))
+	}
+	if st, _ := raw[0].(int64); st == 3 {
+		return nil, ErrLate
+	}
+	out := make([]string, 0, len(raw)-2)
+	for _, v := range raw[2:] {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out, nil
 }
 
 // Show returns each data centre's share of an identity's ceiling.

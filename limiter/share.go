@@ -42,6 +42,9 @@ type ShareView struct {
 	// Rate is the demand, units per second.
 	Rate   int64
 	Grants []ShareGrant
+	// Stale: a recall under other limits than the share's (nothing was
+	// read or changed: its grants are in use under the others).
+	Stale bool
 }
 
 // Standing is a data centre's standing with the ledger, kept in its store.
@@ -60,11 +63,14 @@ type Standing struct {
 type ShareStore interface {
 	// ShareBegin reads a share before its renewal.
 	// Grants under limits of another signature than sig read as ended.
-	ShareBegin(ctx context.Context, key, sig string) (ShareView, error)
+	// Recall (the ledger recalled the share's unspent grants) ends every
+	// live grant first: none is used after.
+	ShareBegin(ctx context.Context, key, sig string, recall bool) (ShareView, error)
 	// ShareDeposit empties the slots of the grants returned, releases the
 	// claim, keeps a grant of units (when > 0) usable until t0 + length,
-	// and records until when the ledger has no room (t0 + retry; retry 0:
-	// none). It returns the grant's slot, 0 when none was free.
+	// and records until when the ledger has no room (now + retry; retry 0:
+	// none) and when to ask it again anyway (now + the least of retry and
+	// recheck). It returns the grant's slot, 0 when none was free.
 	ShareDeposit(ctx context.Context, key string, d Deposit) (int, error)
 	// StandingDo runs an operation on the data centre's standing: "send"
 	// (before asking the ledger: false when in static mode), "static"
@@ -76,9 +82,9 @@ type ShareStore interface {
 
 // Deposit is what a renewal writes into a share.
 type Deposit struct {
-	T0, Units, Length, Retry int64
-	ID                       string
-	Returned                 []string
+	T0, Units, Length, Retry, Recheck int64
+	ID                                string
+	Returned                          []string
 	// Sig is the limits' signature: a share of another one drops its
 	// grants first.
 	Sig string
@@ -96,6 +102,7 @@ type shareState struct {
 	g          [shareSlots]ShareGrant
 	has        [shareSlots]bool
 	full       int64 // f
+	next       int64 // k
 	claim      int64 // c
 	dw, dc, dp int64 // the demand, per second
 	sig        string
@@ -109,7 +116,7 @@ type shareState struct {
 // as the script writes "L" only in a deposit.
 func (st *shareState) under(sig string, adopt bool) {
 	if st.sig != sig {
-		st.g, st.has, st.full, st.counts = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0, nil
+		st.g, st.has, st.full, st.counts, st.next = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0, nil, 0
 		if adopt {
 			st.sig = sig
 		}
@@ -140,7 +147,7 @@ func (st *shareState) rate(now int64) (rate, idx, dc, dp int64) {
 	idx = now / 1_000_000
 	switch st.dw {
 	case idx:
-		return max(st.dc*1_000_000/max(now-idx*1_000_000, 250_000), st.dp), idx, st.dc, st.dp
+		return max(st.dc, st.dp), idx, st.dc, st.dp
 	case idx - 1:
 		return st.dc, idx, 0, st.dc
 	}
@@ -238,7 +245,8 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 		}
 	}
 	low := cost + int64(math.Ceil(float64(rate)*float64(p.Lead)/1e6))
-	more := demand && (rem < low || soon > 0 && float64(soon-t) < math.Max(float64(p.Lead), float64(slen)/2)) && st.full-t < p.Lead
+	more := demand && (rem < low || soon > 0 && float64(soon-t) < math.Max(float64(p.Lead), float64(slen)/2)) &&
+		(st.full-t < p.Lead || st.next > 0 && st.next <= t)
 	if st.full > t {
 		flags |= ShareFull
 	}
@@ -256,16 +264,23 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 }
 
 // ShareBegin implements ShareStore.
-func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string) (ShareView, error) {
+func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string, recall bool) (ShareView, error) {
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	t := s.now().UnixMicro()
 	v := ShareView{Now: t}
 	if k := sh.get(key, time.Now().UnixNano()); k != nil && k.share != nil {
+		if recall && k.share.sig != sig {
+			v.Stale = true
+			return v, nil
+		}
 		v.Rate, _, _, _ = k.share.rate(t)
 		for i := range k.share.g {
 			if k.share.has[i] {
+				if recall && !k.share.g[i].closed(t) {
+					k.share.g[i].Deadline = t
+				}
 				g := k.share.g[i]
 				if k.share.sig != sig {
 					g.Deadline = min(g.Deadline, 1)
@@ -305,12 +320,12 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 			latest = max(latest, g.Deadline)
 		}
 	}
-	st.claim, st.full = 0, 0
+	st.claim, st.full, st.next = 0, 0, 0
 	if len(d.Counts) > 0 {
 		st.counts = append([]int64(nil), d.Counts...)
 	}
 	if d.Retry > 0 {
-		st.full = t + d.Retry
+		st.full, st.next = t+d.Retry, t+min(d.Retry, d.Recheck)
 	}
 	slot := 0
 	if d.Units > 0 {
@@ -386,15 +401,18 @@ func (s *MemoryStore) StandingDo(_ context.Context, key, op string, arg int64) (
 var dcshareScript = redis.NewScript(lua.DCShare)
 
 // ShareBegin implements ShareStore.
-func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string) (ShareView, error) {
-	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, "begin", sig).Slice()
+func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string, recall bool) (ShareView, error) {
+	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, "begin", sig, b01(recall)).Slice()
 	if err != nil {
 		return ShareView{}, err
+	}
+	n := func(i int) int64 { v, _ := raw[i].(int64); return v }
+	if len(raw) == 2 && n(1) == -1 {
+		return ShareView{Now: n(0), Stale: true}, nil
 	}
 	if len(raw) != 2+6*shareSlots {
 		return ShareView{}, fmt.Errorf("%w: share of %d values", ErrBadReply, len(raw))
 	}
-	n := func(i int) int64 { v, _ := raw[i].(int64); return v }
 	v := ShareView{Now: n(0), Rate: n(1)}
 	for i := range shareSlots {
 		o := 2 + 6*i
@@ -409,7 +427,7 @@ func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string) (ShareView
 
 // ShareDeposit implements ShareStore.
 func (s *RedisStore) ShareDeposit(ctx context.Context, key string, d Deposit) (int, error) {
-	args := []any{"deposit", d.T0, d.Units, d.Length, d.ID, d.Retry, d.Sig, len(d.Returned)}
+	args := []any{"deposit", d.T0, d.Units, d.Length, d.ID, d.Retry, d.Sig, d.Recheck, len(d.Returned)}
 	for _, id := range d.Returned {
 		args = append(args, id)
 	}

@@ -5,21 +5,25 @@
 -- Redis's TIME in µs.
 --
 -- ARGV[1] is the operation:
---   begin    KEYS[1] the share; ARGV sig, the limits' signature. Reply
+--   begin    KEYS[1] the share; ARGV sig, the limits' signature, and
+--            recall (1: the ledger recalled the share's unspent grants:
+--            every live one ends now, before anything is read; a recall
+--            under other limits than the share's is stale: reply {now, -1}
+--            and nothing changes, as its grants were dropped). Reply
 --            {now, rate, then per slot 1..4: n, u, d, s, l, g} (0 and ""
 --            for an empty slot; a grant under other limits as ended): now
 --            is read before the ledger is asked, so a grant's deadline here
 --            (now + its length) falls before the ledger's end of it.
---   deposit  KEYS[1] the share; ARGV t0 n len id retry sig nret ids...
---            [ncount counts...]: the counts (the ledger's, of each window,
---            after the grant) become "G" (none: "G" stays, or goes with the
---            grants of other limits); the
---            slots of the grants the ledger took back (ids) are emptied,
---            the claim is released, a grant of n units (n > 0) goes into a
---            free slot (or one whose grant has ended) with deadline t0 +
---            len, and "f" becomes now + retry (0: none). Reply: the slot, or
---            0 when every slot holds a live grant (the grant is not kept:
---            the ledger counts it, nothing uses it).
+--   deposit  KEYS[1] the share; ARGV t0 n len id retry sig recheck nret
+--            ids... [ncount counts...]: the counts (the ledger's, of each
+--            window, after the grant) become "G" (none: "G" stays, or goes
+--            with the grants of other limits); the slots of the grants the
+--            ledger took back (ids) are emptied, the claim is released, a
+--            grant of n units (n > 0) goes into a free slot (or one whose
+--            grant has ended) with deadline t0 + len, "f" becomes now + retry
+--            (0: none) and "k" now + the least of retry and recheck (0:
+--            none). Reply: the slot, or 0 when every slot holds a live grant
+--            (the grant is not kept: the ledger counts it, nothing uses it).
 --   send     KEYS[1] the data centre's standing: before the ledger is asked
 --            (beat or grant). Reply {1, now} and "sent" set to now, or {0,
 --            now} when the data centre is in static mode (only a beat that
@@ -42,7 +46,7 @@ end
 local fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp", "L", "G",
+  "f", "c", "dw", "dc", "dp", "L", "G", "k",
 }
 
 local function standing(key, t)
@@ -57,12 +61,28 @@ local t = now()
 if op == "begin" then
   local v = redis.call("HMGET", key, unpack(fields))
   local other = v[30] ~= ARGV[2] -- grants under other limits: ended
+  if ARGV[3] == "1" and other then
+    -- A stale recall: the share holds grants of other limits, which it
+    -- uses; reading them as ended here would give back units in use.
+    return {t, -1}
+  end
+  if ARGV[3] == "1" then
+    -- Recalled: no live grant is used after now (each ends here; the
+    -- renewal gives it back as used so far).
+    for i = 0, 3 do
+      local n, u, d = tonumber(v[i * 6 + 1]), tonumber(v[i * 6 + 2]), tonumber(v[i * 6 + 3])
+      if n and d > t and u < n then
+        redis.call("HSET", key, (i + 1) .. "d", t)
+        v[i * 6 + 3] = t
+      end
+    end
+  end
   local idx = math.floor(t / 1000000)
   local w, c, pr = tonumber(v[27]), tonumber(v[28]) or 0, tonumber(v[29]) or 0
   local rate = 0
   if w == idx then
     -- As share.lua's share_rate.
-    rate = math.max(math.floor(c * 1000000 / math.max(t - idx * 1000000, 250000)), pr)
+    rate = math.max(c, pr)
   elseif w == idx - 1 then
     rate = c
   end
@@ -82,10 +102,11 @@ end
 
 if op == "deposit" then
   local t0, n, len, id, retry, sig = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5], tonumber(ARGV[6]), ARGV[7]
-  local nret = tonumber(ARGV[8])
+  local recheck = tonumber(ARGV[8])
+  local nret = tonumber(ARGV[9])
   local back = {}
   for i = 1, nret do
-    back[ARGV[8 + i]] = true
+    back[ARGV[9 + i]] = true
   end
   local v = redis.call("HMGET", key, unpack(fields))
   if v[30] ~= sig then
@@ -98,9 +119,9 @@ if op == "deposit" then
     redis.call("HDEL", key, "G")
     redis.call("HSET", key, "L", sig)
   end
-  local nc = tonumber(ARGV[9 + nret]) or 0
+  local nc = tonumber(ARGV[10 + nret]) or 0
   if nc > 0 then
-    redis.call("HSET", key, "G", table.concat(ARGV, " ", 10 + nret, 9 + nret + nc))
+    redis.call("HSET", key, "G", table.concat(ARGV, " ", 11 + nret, 10 + nret + nc))
   end
   local free, ended = 0, 0
   local latest = t
@@ -125,11 +146,11 @@ if op == "deposit" then
   -- Full until: the ledger's retry from its clock, which read it after
   -- t0, as late as this call's (a renewal asked too soon after it was
   -- refused would only be refused again).
-  local f = 0
+  local f, k = 0, 0
   if retry > 0 then
-    f = t + retry
+    f, k = t + retry, t + math.min(retry, recheck)
   end
-  redis.call("HSET", key, "c", 0, "f", f)
+  redis.call("HSET", key, "c", 0, "f", f, "k", k)
   local slot = 0
   if n > 0 then
     slot = free

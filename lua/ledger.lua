@@ -16,13 +16,21 @@
 -- centres (members), KEYS[2] the ledger's epoch, and
 -- for grant and show KEYS[3] an identity's grants (a sorted set: grant id
 -- by its end, µs) and KEYS[4] its hash: "g<id>" = "<start> <units>" per
--- grant, "<window>s", "<window>e", "<window>n" per calendar period (start,
--- end, units granted in it), "r<dc>" and "a<dc>" (a data centre's demand,
--- units per second, and when it said so), "seq" (the ids).
+-- grant ("<start> <units> r" once given back: final), "<window>s",
+-- "<window>e", "<window>n" per calendar period (start, end, units granted
+-- in it), "r<dc>" and "a<dc>" (a data centre's demand, units per second,
+-- and when it said so), "k<dc>" (its ticket: what its nodes need to renew
+-- the identity's share, opaque here), "q<dc>" (when it was last recalled),
+-- "seq" (the ids). Recalls: per data centre a hash, the members key's name
+-- with "recall:<dc>" for "members" (on the one slot): identity's grants
+-- key = the data centre's ticket, for each identity whose unspent grants it
+-- is asked to give back; KEYS[3] of the recalls operation is this data
+-- centre's.
 --
 -- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
--- wmax tail; then for grant: want len rate nret [id used last]... nwin
--- [name kind len limit b0 b1 b2 b3]... nuse [id used]...; show takes
+-- wmax tail heard; then for grant: want len rate least ticket nret [id used
+-- last]... nwin [name kind len limit b0 b1 b2 b3]... nuse [id used]...; show
+-- and recalls take
 -- nothing more.
 --   deadline  ledger TIME (µs) after which nothing runs (0: none): the
 --             caller gave up by then
@@ -37,8 +45,16 @@
 --   wmax      the longest global window (µs)
 --   tail      how long after the data centre is heard again one of its
 --             nodes may still use its static share (µs)
+--   heard     the least time from the last call heard here until the data
+--             centre may be on its static share (µs): its static wait less
+--             how much earlier than that call its last ask may have been
+--             recorded (the call's deadline) and the clocks' error; heard
+--             again sooner, it never was, and nothing stays reserved
 --   want      units asked for; len the grant's length (µs); rate the data
---             centre's demand (units per second)
+--             centre's demand (units per second); least the fewest units
+--             worth granting (a request's cost, less what the share holds:
+--             fewer would sit in a slot, of no use); ticket what its nodes
+--             need to renew the share (a recall gives it back)
 --   id used last  a returned grant: the units used and the last use, µs
 --             after the grant's start (0: unused)
 --   id used   (nuse) a grant not ended: the units used so far. "u<id>" in
@@ -67,6 +83,8 @@
 -- (units may be 0: no room, retry µs until there may be), 0 waiting (a
 -- new epoch or a failover: retry until it ends), 3 late (nothing ran).
 -- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
+-- Reply (recalls): {4, now, ticket...}: the identities this data centre is
+-- asked to give back its unspent grants of (each once: they are removed).
 -- Reply (show): {now, then per data centre: name, units held (grants not
 -- ended), units counted (in the longest window), demand, units admitted
 -- (of the grants counted, as the data centre last told)}.
@@ -80,10 +98,28 @@ local t = tonumber(t0[1]) * 1000000 + tonumber(t0[2])
 local op, dc, deadline, seen = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local qwait, skew, beat = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local static, wasstatic, wmax, tail = ARGV[8] == "1", ARGV[9] == "1", tonumber(ARGV[10]), tonumber(ARGV[11])
+local heard = tonumber(ARGV[12])
 if deadline > 0 and t > deadline then
   return {3, t}
 end
 local mkey, ekey = KEYS[1], KEYS[2]
+
+if op == "recalls" then
+  -- Recalls change nothing else here (no membership: the static share's
+  -- wait counts asks that could renew it, and this is none).
+  local all = redis.call("HGETALL", KEYS[3])
+  local out, del = {4, t}, {}
+  for i = 1, #all, 2 do
+    if #del < 64 then
+      del[#del + 1] = all[i]
+      out[#out + 1] = all[i + 1]
+    end
+  end
+  if #del > 0 then
+    redis.call("HDEL", KEYS[3], unpack(del))
+  end
+  return out
+end
 
 -- The epoch.
 local run = string.match(redis.call("INFO", "server"), "run_id:(%w+)") or ""
@@ -117,9 +153,12 @@ if op ~= "show" then
   local mv = redis.call("HMGET", mkey, "l" .. dc, "e" .. dc)
   if static then
     local ends = tonumber(mv[2]) or 0
-    if wasstatic or (mv[1] and tonumber(mv[1]) < now) then
+    local l = tonumber(mv[1])
+    if wasstatic or (l and l < now and now >= l - beat + heard) then
       -- It may have been on its static share: its room stays reserved one
-      -- window (and a beat) after it is heard again.
+      -- window (and a beat) after it is heard again. A membership that
+      -- lapsed for less than the static wait (a stall of seconds) leaves
+      -- nothing reserved: no node of it can have been on its static share.
       ends = math.max(ends, now + wmax + tail)
     end
     redis.call("HSET", mkey, "l" .. dc, now + beat, "s" .. dc, 1, "e" .. dc, ends)
@@ -163,7 +202,7 @@ if op == "show" then
     local id, e = ids[i], tonumber(ids[i + 1])
     local g = redis.call("HGET", h, "g" .. id)
     if g then
-      local n = tonumber(string.match(g, " (%d+)$"))
+      local n = tonumber(string.match(g, "^%d+ (%d+)"))
       local d = string.match(id, "^(.*)%.")
       counted[d] = (counted[d] or 0) + n
       used[d] = (used[d] or 0) + math.min(tonumber(redis.call("HGET", h, "u" .. id)) or 0, n)
@@ -188,9 +227,10 @@ if op ~= "grant" then
   return redis.error_reply("ledger: unknown operation " .. tostring(op))
 end
 
-local want, len, rate = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
-local nret = tonumber(ARGV[15])
-local a = 16
+local want, len, rate, least = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local ticket = ARGV[17]
+local nret = tonumber(ARGV[18])
+local a = 19
 local rets = {}
 for i = 1, nret do
   rets[i] = {ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])}
@@ -248,7 +288,7 @@ for i = 1, nret do
   local id, used, last = rets[i][1], rets[i][2], rets[i][3]
   local g = redis.call("HGET", h, "g" .. id)
   if g then
-    local gs, gn = string.match(g, "^(%d+) (%d+)$")
+    local gs, gn = string.match(g, "^(%d+) (%d+)")
     gs, gn = tonumber(gs), tonumber(gn)
     if used < gn then
       for j = 1, nwin do
@@ -266,16 +306,15 @@ for i = 1, nret do
       if e and gs + last < e then
         redis.call("ZADD", z, gs + last, id)
       end
-      if used < gn then
-        redis.call("HSET", h, "g" .. id, fmt(gs) .. " " .. fmt(used))
-      end
+      -- Final: given back, it is no one's unspent grant (a recall skips it).
+      redis.call("HSET", h, "g" .. id, fmt(gs) .. " " .. fmt(math.min(used, gn)) .. " r")
     end
   end
 end
 
 -- What each window counts: grants, and the static shares reserved.
 local ids = redis.call("ZRANGEBYSCORE", z, "(" .. fmt(now - wmax), "+inf", "WITHSCORES")
-local weights = {}
+local weights, final = {}, {}
 if #ids > 0 then
   local f = {}
   for i = 1, #ids, 2 do
@@ -283,7 +322,9 @@ if #ids > 0 then
   end
   local gv = redis.call("HMGET", h, unpack(f))
   for i = 1, #gv do
-    weights[i] = tonumber(string.match(gv[i] or "", " (%d+)$")) or 0
+    weights[i] = tonumber(string.match(gv[i] or "", "^%d+ (%d+)")) or 0
+    final[i] = string.sub(gv[i] or "", -2) == " r"
+
   end
 end
 -- jf: the tightest duration window (the least limit per µs), where each
@@ -294,7 +335,8 @@ for j = 1, nwin do
     jf, jr = j, wlim[j] / wl[j]
   end
 end
-local bydc, live = {}, {} -- per data centre: counted in jf, and not ended
+-- per data centre: counted in jf, not ended, and ended but not given back
+local bydc, live, pend = {}, {}, {}
 local count, first, room = {}, {}, {}
 local roomall, occ = false, 0
 for j = 1, nwin do
@@ -313,8 +355,13 @@ for j = 1, nwin do
         if j == jf then
           local d = string.match(ids[i], "^(.*)%.") or ""
           bydc[d] = (bydc[d] or 0) + wt
-          if e > now then
+          -- A grant given back is no one's to spend (its end, shrunk to its
+          -- last use as measured from before it was asked, may lie ahead).
+          if final[(i + 1) / 2] then
+          elseif e > now then
             live[d] = (live[d] or 0) + wt
+          else
+            pend[d] = (pend[d] or 0) + wt
           end
         end
       end
@@ -344,6 +391,9 @@ for j = 1, nwin do
   end
 end
 redis.call("HSET", h, "r" .. dc, rate, "a" .. dc, now)
+if ticket ~= "" then
+  redis.call("HSET", h, "k" .. dc, ticket)
+end
 local recent = math.max(2 * len, 2000000)
 local dem = {}
 for name, _ in pairs(mem) do
@@ -367,27 +417,54 @@ for i = 1, #dem do
 end
 -- Max-min fair in the window: a data centre's allowance is its fair part
 -- of the tightest window less what it holds there; room others are
--- allowed is kept for them (while they ask), the rest is anyone's.
-local allow, others = false, 0
+-- allowed is kept for them (while they ask), the rest is anyone's. Its
+-- part is its fair rate over the window and two grant lengths, and two
+-- requests: what it holds there includes a request's worth unspent, and each
+-- unit is counted until a window after its grant's end, a grant's length
+-- (a trickle's: the time to its next request) after its use.
+local allow, others, lower = false, 0, 0
+local slack = 2 * math.max(least, 1) -- two requests (as this one costs)
 if jf then
   for name, fr in pairs(fairof) do
-    local a = math.max(math.floor(fr / cap * wlim[jf]) - (bydc[name] or 0), 0)
+    local a = math.max(math.min(math.floor(fr * (wl[jf] + 2 * len) / 1000000) + slack, wlim[jf]) - (bydc[name] or 0), 0)
     if name == dc then
       allow = a
     else
       others = others + a
+      if fr < (fairof[dc] or 0) then
+        -- Owed to a data centre asking less: served first (max-min).
+        lower = lower + a
+      end
     end
   end
 end
 
+-- fr: this data centre's max-min fair rate (the water level: at least its
+-- demand when that is less); tol: its bucket, two grant lengths' worth, or
+-- its fair part of the window up to 10 units (a small ceiling's burst, as
+-- a sliding window admits it), or two units; tat: when the bucket is full
+-- again (a data centre new here starts it full).
+local fr = math.max(fair, 1e-9)
+local burst = 2
+if jf then
+  burst = math.max(burst, math.min(10, math.floor(fr * wl[jf] / 1000000)))
+end
+local tol = math.max(2 * len, math.floor(math.max(burst, least) * 1000000 / fr))
+local tat = tonumber(redis.call("HGET", h, "v" .. dc)) or now
+-- Capped: the ceiling in demand (half full or more), or this data
+-- centre's demand above its max-min fair rate (a viral one: uncapped, it
+-- would fill the ceiling in seconds, then wait for those units to leave
+-- the window, and the windows between would stand nearly empty).
+local capped = occ >= 0.5 or rate > fair
+
 local glen = len
-local least = false
+local lowest = false
 for j = 1, nwin do
-  if not least or wlim[j] < least then
-    least = wlim[j]
+  if not lowest or wlim[j] < lowest then
+    lowest = wlim[j]
   end
 end
-if occ < 0.5 and want * 100 <= least then
+if occ < 0.5 and want * 100 <= lowest then
   -- Room to spare and a small want (a quiet identity): a longer grant
   -- spares renewals. A large one stays short: what it leaves unused
   -- counts until a window after its end.
@@ -399,37 +476,60 @@ if occ < 0.5 and want * 100 <= least then
   end
   glen = math.max(len, math.min(len * 16, math.floor(shortest / 2)))
 end
+if rate > 0 then
+  -- A grant lasts until it would be spent at the demand's rate (and a
+  -- length more: its renewal), or a trickle's units would die unused
+  -- before its next request; at most the longest grant. One spent sooner
+  -- is given back sooner, at its last use.
+  local shortest = false
+  for j = 1, nwin do
+    if not shortest or wl[j] < shortest then
+      shortest = wl[j]
+    end
+  end
+  local most = math.max(len, math.min(len * 16, math.floor(shortest / 2)))
+  glen = math.max(glen, math.min(math.floor(want * 1000000 / rate) + len, most))
+end
+if capped and allow and fr * len < 1000000 then
+  -- A unit per bucket's step: it lasts until the next may be granted.
+  glen = math.max(glen, math.min(math.floor(1000000 / fr), len * 16))
+end
 for j = 1, nwin do
   if wk[j] == 1 then
     glen = math.min(glen, we[j] - now)
   end
 end
 
+local ttl = math.ceil((2 * wmax + glen) / 1000) + 60000
 local units, retry, status, gid = 0, 0, 1, ""
 if now < q then
   status, retry = 0, q - now
 elseif want > 0 then
   local bound = math.max(math.ceil(fair * glen / 1000000 * 2), math.floor(roomall * fair / cap))
-  if allow and occ >= 0.5 then
-    -- A ceiling in demand: a data centre holds at most its max-min fair
-    -- rate over two grants' lengths (what it holds unspent is counted,
-    -- and no one else's), and what others are owed in the window is kept
-    -- for them.
-    local fr = fairof[dc] or fair
-    local held = math.max(math.ceil(fr * 2 * len / 1000000) - (live[dc] or 0), 0)
-    local owed = allow + others
+  if allow then
+    -- What others are owed in the window is kept for them; when the room
+    -- is less than what is owed, those asking less are served first: their
+    -- parts are small and steady (a unit or two split in proportion rounds
+    -- to nothing for each).
     local part = roomall - others
-    if owed > roomall then
-      part = math.floor(roomall * allow / owed)
+    if allow + others > roomall then
+      part = math.min(allow, roomall - lower)
     end
-    bound = math.min(held, math.max(part, 0))
-    if bound == 0 and roomall > 0 and (live[dc] or 0) == 0 then
-      bound = 1
+    bound = math.max(part, 0)
+    if capped then
+      -- At most its max-min fair rate (the bucket, "v<dc>"): its grants
+      -- spread over the window at that rate, its units leave the window as
+      -- steadily, and each window holds the ceiling.
+      bound = math.min(bound, math.max(math.floor((now + tol - math.max(tat, now)) * fr / 1000000), 0))
     end
-  elseif allow then
-    bound = roomall - others
   end
   units = math.max(math.min(want, roomall, bound), 0)
+  if units < least then
+    units = 0
+  end
+  if units > 0 then
+    redis.call("HSET", h, "v" .. dc, fmt(math.max(tat, now) + units * 1000000 / fr))
+  end
   if units > 0 then
     local id = dc .. "." .. redis.call("HINCRBY", h, "seq", 1)
     redis.call("ZADD", z, now + glen, id)
@@ -443,8 +543,11 @@ elseif want > 0 then
     gid = id
   end
   if units < want then
+    -- Short for want of room: until the first unit counted leaves the
+    -- window that has none left. Short by a cap (its fair rate, what others
+    -- are owed), the share asks again when it runs low.
     for j = 1, nwin do
-      if room[j] - units < want - units then
+      if room[j] <= units then
         local r
         if wk[j] == 1 then
           r = we[j] - now
@@ -458,13 +561,34 @@ elseif want > 0 then
     end
     retry = math.max(retry, 1000)
   end
+  if units < want and units >= roomall and jf then
+    -- Refused for want of room: recall the unspent grants of the data
+    -- centres that hold more than their fair rate needs (an idle one: any),
+    -- or grants that ended and were not given back (their nodes give them
+    -- back at their next renewal, which an idle one never makes); once per
+    -- grant length each. Room may come back in a second.
+    local rk = string.gsub(mkey, "members$", "recall:")
+    for name, _ in pairs(mem) do
+      local need = math.ceil((fairof[name] or 0) * 2 * len / 1000000)
+      if name ~= dc and ((pend[name] or 0) > 0 or (live[name] or 0) > need) then
+        local rv = redis.call("HMGET", h, "q" .. name, "k" .. name)
+        if rv[2] then
+          retry = math.min(retry, 1000000)
+          if (tonumber(rv[1]) or 0) < now - len then
+            redis.call("HSET", rk .. name, z, rv[2])
+            redis.call("PEXPIRE", rk .. name, ttl)
+            redis.call("HSET", h, "q" .. name, now)
+          end
+        end
+      end
+    end
+  end
 end
 for j = 1, nwin do
   if wk[j] == 1 then
     redis.call("HSET", h, wn[j] .. "s", ws[j], wn[j] .. "e", we[j], wn[j] .. "n", cn[j])
   end
 end
-local ttl = math.ceil((2 * wmax + glen) / 1000) + 60000
 redis.call("PEXPIRE", z, ttl)
 redis.call("PEXPIRE", h, ttl)
 local out = {status, now, units, glen, retry, ndc, replicas, epoch, gid}

@@ -14,9 +14,12 @@
 --   id of the grant;
 -- "L": the signature of the global limits the grants were made under
 -- (grants under others are not used); "f": until when the ledger has no more room (its own estimate, as a
--- time here); "c": until when a node holds the claim to renew; "dw", "dc",
--- "dp": the demand (units asked for by requests that every other window
--- admitted), per second, this second's and the last one's.
+-- time here); "k": when a share the ledger had no room for asks again
+-- anyway (a second at most: the ledger hears its demand, keeps its fair
+-- part for it and recalls others' unspent grants); "c": until when a node
+-- holds the claim to renew; "dw", "dc", "dp": the demand (units asked for
+-- by requests that every other window admitted), per second, this second's
+-- and the last one's.
 --
 -- The share always reads Redis TIME (a grant's deadline is on this Redis's
 -- clock, one clock for every node of the data centre), whatever clock the
@@ -41,7 +44,7 @@
 local share_fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp", "L", "G",
+  "f", "c", "dw", "dc", "dp", "L", "G", "k",
 }
 
 -- Per share part of the check being decided: the hash's values, what the
@@ -71,7 +74,7 @@ local function share_check(p, key, j0, j1, cost)
     for i = 1, 25 do
       v[i] = false
     end
-    v[31] = false
+    v[31], v[32] = false, false
   end
   local g = {}
   if v[31] then
@@ -114,14 +117,15 @@ local function share_check(p, key, j0, j1, cost)
 end
 
 -- share_rate is the demand in units per second as of the hash's values v
--- at time t: the most of the last second's and this one's so far (at its
--- pace, from a quarter second in: a demand that rises is followed within
--- the second); with the second's index and the two counts.
+-- at time t: the most of the last second's and this one's so far (not
+-- this one's at its pace: one request early in a second is one a second,
+-- not four; a demand that rises is followed within the second); with the
+-- second's index and the two counts.
 local function share_rate(v, t)
   local idx = math.floor(t / 1000000)
   local w, c, pr = tonumber(v[27]), tonumber(v[28]) or 0, tonumber(v[29]) or 0
   if w == idx then
-    return math.max(math.floor(c * 1000000 / math.max(t - idx * 1000000, 250000)), pr), idx, c, pr
+    return math.max(c, pr), idx, c, pr
   elseif w == idx - 1 then
     return c, idx, 0, c
   end
@@ -192,7 +196,7 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
       latest = math.max(latest, d)
     end
   end
-  local f, c = tonumber(v[25]) or 0, tonumber(v[26]) or 0
+  local f, c, k = tonumber(v[25]) or 0, tonumber(v[26]) or 0, tonumber(v[32]) or 0
   if not sh_fit[p] then
     flags = 8
     if demand then
@@ -206,10 +210,11 @@ local function share_after(p, key, j0, j1, cost, demand, recording)
   -- Renew ahead of need: when what is left would not last the lead at the
   -- demand's rate, or the first grant is past half its life (or within the
   -- lead of its end); but not before the lead ahead of when the ledger said
-  -- it has room.
+  -- it has room, or its recheck ("k").
   local lead = sh_lead[p]
   local low = cost + math.ceil(rate * lead / 1000000)
-  local more = demand and (rem < low or (soon > 0 and soon - t < math.max(lead, slen / 2))) and f - t < lead
+  local more = demand and (rem < low or (soon > 0 and soon - t < math.max(lead, slen / 2))) and
+    (f - t < lead or (k > 0 and k <= t))
   local want = flags == 28 or closed or more
   if f > t then
     flags = flags + 32 -- the ledger said it has no room yet

@@ -32,6 +32,7 @@ type load struct {
 	tr       trace
 	nodes    []*node
 	limit    int64
+	cost     int64 // each request's units
 	inflight int
 	dropped  atomic.Int64
 	errs     atomic.Int64
@@ -57,7 +58,7 @@ func (ld *load) run(ctx context.Context, start time.Time) []record {
 }
 
 func (ld *load) dispatch(ctx context.Context, dc int, n *node, start time.Time) []record {
-	in := &limiter.Input{Identity: "viral", Region: n.dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{ld.limit}}
+	in := &limiter.Input{Identity: "viral", Region: n.dc.name, Limits: []int64{1 << 40}, GlobalLimits: []int64{ld.limit}, Cost: ld.cost}
 	sem := make(chan struct{}, ld.inflight)
 	var mu sync.Mutex
 	var recs []record

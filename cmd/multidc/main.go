@@ -3,9 +3,13 @@
 // redis-server and one engine node, the ledger its own redis-server behind
 // a latency proxy per data centre. It prints over-admission, under-use,
 // the share follow time, fairness and the latency the ledger adds, and
-// draws admitted requests per data centre against the ceiling.
+// draws admitted requests per data centre against the ceiling. With
+// -sweep (make multidc) it runs the sweep of issue #28 instead: data
+// centres x ceiling x the ledger's round trip, each cell a short viral trace
+// with a fault (sweep.go), and draws the ceiling used by cell.
 //
 //	go run ./cmd/multidc -plot docs/multidc.png
+//	go run ./cmd/multidc -sweep -plot docs/multidc.png
 package main
 
 import (
@@ -37,6 +41,10 @@ type config struct {
 	Warm, Ramp, Hold time.Duration
 	Inflight         int // requests in flight per data centre at most
 	Plot             string
+	// Cost is each request's units (0: 1); FaultFor, when set, cuts the
+	// viral data centre off the ledger from FaultAt (real time) that long.
+	Cost              int64
+	FaultAt, FaultFor time.Duration
 }
 
 func defaults() config {
@@ -58,9 +66,18 @@ func main() {
 	flag.DurationVar(&c.Hold, "hold", c.Hold, "traffic after the rise (before scaling)")
 	flag.IntVar(&c.Inflight, "inflight", c.Inflight, "requests in flight per data centre at most (one more is dropped, counted)")
 	flag.StringVar(&c.Plot, "plot", "", "write the plot of admitted requests here (.png or .svg)")
+	sweep := flag.Bool("sweep", false, "sweep data centres x ceiling x delay (make multidc) instead of one run of the viral trace")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if *sweep {
+		if err := runSweep(ctx, defaultSweep(), c.Plot, os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "multidc:", err)
+			stop()
+			os.Exit(1)
+		}
+		return
+	}
 	if _, err := run(ctx, c, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "multidc:", err)
 		stop()
@@ -125,11 +142,21 @@ func runTrace(ctx context.Context, w *world, c config, tr trace, win time.Durati
 		}
 		nodes = append(nodes, n)
 	}
-	ld := &load{tr: tr, nodes: nodes, limit: c.Limit, inflight: c.Inflight}
+	ld := &load{tr: tr, nodes: nodes, limit: c.Limit, inflight: c.Inflight, cost: max(c.Cost, 1)}
 	// Bounded: the trace's length, and a margin for the last decisions.
 	rctx, cancel := context.WithTimeout(ctx, tr.total()+10*time.Second)
 	defer cancel()
 	start := time.Now()
+	if global && c.FaultFor > 0 {
+		px := w.dcs[tr.viral()].proxy
+		cut := time.AfterFunc(c.FaultAt, px.Cut)
+		heal := time.AfterFunc(c.FaultAt+c.FaultFor, px.Heal)
+		defer func() {
+			cut.Stop()
+			heal.Stop()
+			px.Heal()
+		}()
+	}
 	recs := ld.run(rctx, start)
 	if err := ctx.Err(); err != nil {
 		return nil, err

@@ -38,3 +38,28 @@ func TestSmoke(t *testing.T) {
 		t.Errorf("plot: %v", err)
 	}
 }
+
+// TestSweepSmoke runs a one-cell sweep end to end (2 data centres, a
+// ceiling of 100 per second, 10 ms away, 2.6 s of trace with a fault): the
+// ceiling holds, and the table, the summary and the plot are written.
+func TestSweepSmoke(t *testing.T) {
+	s := defaultSweep()
+	s.DCs, s.Ceiling, s.RTT = []int{2}, []int64{100}, []time.Duration{10 * time.Millisecond}
+	s.Window, s.Warm, s.Ramp, s.Hold = time.Second, 300*time.Millisecond, 300*time.Millisecond, 2*time.Second
+	s.FaultAt, s.FaultFor, s.Baseline = time.Second, 300*time.Millisecond, time.Second
+	plot := filepath.Join(t.TempDir(), "sweep.png")
+	var out bytes.Buffer
+	err := runSweep(context.Background(), s, plot, &out)
+	t.Log(out.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"  over-admission: 0 cells over the ceiling", "ceiling used, median", "recovery within", "p99 added"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("the sweep's report has no %q", want)
+		}
+	}
+	if fi, err := os.Stat(plot); err != nil || fi.Size() == 0 {
+		t.Errorf("plot: %v", err)
+	}
+}

@@ -119,3 +119,59 @@ func (r *result) perSecondMax() float64 {
 	}
 	return 8 * top
 }
+
+// writeSweepPlot draws the sweep: for each data centres and round trip, the
+// ceiling used by the worst window (solid) and the median one (dashed)
+// against the ceiling (log scale), with the targets.
+func writeSweepPlot(path string, s sweep, cells []cell) error {
+	p := plot.New()
+	p.Title.Text = fmt.Sprintf("the ceiling used in the over-demand phase (%v windows): worst window (solid), median (dashed)", s.Window)
+	p.X.Label.Text = "ceiling, units per window (log scale)"
+	p.Y.Label.Text = "admitted / ceiling, %"
+	p.X.Scale, p.X.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
+	p.Add(plotter.NewGrid())
+	p.Legend.Top, p.Legend.Left = false, true
+	palette := []color.Color{totalColor, viralColor, flatColor, color.RGBA{R: 0x94, G: 0x67, B: 0xbd, A: 0xff},
+		color.RGBA{R: 0x8c, G: 0x56, B: 0x4b, A: 0xff}, color.RGBA{R: 0xff, G: 0x7f, B: 0x0e, A: 0xff}}
+	i := 0
+	for _, dcs := range s.DCs {
+		for _, rtt := range s.RTT {
+			var worst, median plotter.XYs
+			for _, c := range cells {
+				if c.DCs == dcs && c.RTT == rtt {
+					worst = append(worst, plotter.XY{X: float64(c.Ceiling), Y: 100 * c.Worst})
+					median = append(median, plotter.XY{X: float64(c.Ceiling), Y: 100 * c.Median})
+				}
+			}
+			if len(worst) == 0 {
+				continue
+			}
+			col := palette[i%len(palette)]
+			i++
+			for k, pts := range []plotter.XYs{worst, median} {
+				l, err := plotter.NewLine(pts)
+				if err != nil {
+					return err
+				}
+				l.Color, l.Width = col, vg.Points(1.5)
+				if k == 1 {
+					l.Dashes = []vg.Length{vg.Points(4), vg.Points(3)}
+				} else {
+					p.Legend.Add(fmt.Sprintf("%d data centres, %v round trip", dcs, rtt), l)
+				}
+				p.Add(l)
+			}
+		}
+	}
+	lo, hi := float64(s.Ceiling[0]), float64(s.Ceiling[len(s.Ceiling)-1])
+	for _, t := range []float64{s.Median, s.Worst} {
+		l, err := plotter.NewLine(plotter.XYs{{X: lo, Y: 100 * t}, {X: hi, Y: 100 * t}})
+		if err != nil {
+			return err
+		}
+		l.Color, l.Dashes = ceilingColor, []vg.Length{vg.Points(1), vg.Points(2)}
+		p.Add(l)
+	}
+	p.Y.Max = 101
+	return p.Save(11*vg.Inch, 5.5*vg.Inch, path)
+}
