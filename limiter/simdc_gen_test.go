@@ -23,7 +23,7 @@ var dcFixed = []struct {
 	must []string
 	dcs  [2]int
 }{
-	{"closed", []string{"stall", "dcdown", "reload"}, [2]int{2, 3}},
+	{"closed", []string{"reload", "stall", "dcdown"}, [2]int{2, 3}},
 	{"local", []string{"cut:static", "kill", "stall"}, [2]int{3, 3}},
 	{"open", []string{"restart", "cut", "dcdown"}, [2]int{2, 4}},
 	{"local", []string{"failover", "dcdown", "kill", "reload"}, [2]int{6, 8}},
@@ -148,21 +148,34 @@ func (c *dcCase) staticWait() int64 {
 // dcCalm is the calm first phase's length: three windows, at least 3 s.
 func dcCalm(c *dcCase) int64 { return max(3*c.Win, 3000) }
 
-// genDCPhases draws each data centre's demand in three phases: viral (two
-// to four times the ceiling's rate, within 150 a second), flat (2 to 10 a
-// second) or idle; the first phase over-demands the ceiling. Now and then
+// genDCPhases draws each data centre's demand in three phases: one viral
+// (two to four times the ceiling's rate, within 250 a second), the others
+// flat (2 to 10 a second) or idle, or (a third of the phases) every one
+// over-demanding (always in the phase of the first fault, when it is one
+// of the ledger's state); the first phase over-demands the ceiling. Now and then
 // a data centre asks for a new identity instead (a newcomer, as after a
 // stall).
 func genDCPhases(rng *rand.Rand, c *dcCase) {
 	rate := float64(c.Limit) * 1000 / float64(c.Win) // the ceiling's, per second
+	// A fault of the ledger's state (a restart, a failover, the static
+	// share, a reload) breaks the ceiling, if at all, when it is full: the
+	// phase of the first fault is every data centre over-demanding.
+	ledgerState := slices.ContainsFunc(c.Faults, func(f dcFault) bool {
+		return f.Kind == "restart" || f.Kind == "failover" || f.Kind == "reload" || f.Kind == "cut" && f.For >= c.staticWait()
+	})
 	calm := dcCalm(c)
 	cuts := []int64{0, calm, calm + (c.Run-calm)/2, c.Run}
 	budget := 400 // requests a second, all data centres together
 	for p := range 3 {
 		viral := rng.IntN(len(c.Stacks))
+		// Now and then every data centre over-demands: the ceiling is
+		// full, and what is used past a grant's or a wait's end shows.
+		sat := rng.IntN(3) == 0 || p == 1 && ledgerState
 		for dc := range c.Stacks {
 			r := 0
 			switch {
+			case sat:
+				r = min(max(int(rate*3)/len(c.Stacks), 10), 400/len(c.Stacks))
 			case dc == viral:
 				r = min(int(rate*float64(2+rng.IntN(3))), 250)
 			case rng.IntN(4) > 0:
@@ -204,12 +217,33 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	if over, r := w.overAdmission(); over > 0 {
 		res.err = fmt.Errorf("%d over the ceiling (%d per %dms) in the window ending %v after the start, at dc%d (%s, limit %d)",
 			over, r.limit, c.Win, r.at.Sub(w.start).Round(time.Millisecond), r.dc, r.id, r.limit)
+	} else if r, past, ok := w.uncovered(); ok {
+		if os.Getenv("SIM_DEBUG") != "" {
+			w.dumpDC(r.dc)
+		}
+		res.err = fmt.Errorf("dc%d admitted a request of %s %v after the start (decided by %s, back at %v) with no grant left to cover it (%v past the last live grant's deadline; %d grants)",
+			r.dc, r.id, r.at.Sub(w.start).Round(time.Millisecond), r.src, r.done.Sub(w.start).Round(time.Millisecond), past.Round(time.Millisecond), len(w.grants[r.dc]))
 	}
 	w.reached(&res)
 	w.statuses(&res)
 	w.recovery(&res)
 	w.roomUsed(&res)
 	return res
+}
+
+// dumpDC logs a data centre's grants and admissions (SIM_DEBUG).
+func (w *dcWorld) dumpDC(dc int) {
+	for _, g := range w.grants[dc] {
+		w.t.Logf("dc%d grant %d at %v until %v", dc, g.units, g.at.Sub(w.start).Round(time.Millisecond), g.until.Sub(w.start).Round(time.Millisecond))
+	}
+	for _, m := range w.modes[dc] {
+		w.t.Logf("dc%d static %v at %v", dc, m.static, m.at.Sub(w.start).Round(time.Millisecond))
+	}
+	for _, r := range w.recs {
+		if r.dc == dc && r.pass {
+			w.t.Logf("dc%d admitted %s at %v (back %v) by %s", dc, r.id, r.at.Sub(w.start).Round(time.Millisecond), r.done.Sub(w.start).Round(time.Millisecond), r.src)
+		}
+	}
 }
 
 // reached records the events the history reached: each fault kind that

@@ -125,8 +125,8 @@ func median(v []float64) float64 {
 }
 
 // dcBudget is the histories to run: make test's fixed seeds and a few
-// fresh ones (SIM_DC_FRESH, default 1; printed, to replay one with
-// SIM_SEED), SIM_SEED's one, or fresh ones until SIM_TIME has passed.
+// fresh ones (SIM_FRESH, default 1; printed, to replay one with SIM_SEED),
+// SIM_SEED's one, or fresh ones until SIM_TIME has passed.
 func dcBudget() (seeds []uint64, until time.Time) {
 	if v := os.Getenv("SIM_SEED"); v != "" {
 		var s uint64
@@ -142,15 +142,15 @@ func dcBudget() (seeds []uint64, until time.Time) {
 	for i := range dcFixed {
 		seeds = append(seeds, uint64(i+1))
 	}
-	for i := range envInt("SIM_DC_FRESH", 1) {
+	for i := range simFresh("dc") {
 		seeds = append(seeds, base+uint64(i))
 	}
 	return seeds, time.Time{}
 }
 
-// strict: the findings fail the history (SIM_STRICT=1, and the pending
-// histories' replay).
-func dcStrict() bool { return os.Getenv("SIM_STRICT") != "" || os.Getenv("SIM_PENDING") != "" }
+// dcStrict: every finding fails its history (SIM_STRICT=1; the pending
+// histories' replay fails on its own finding).
+func dcStrict() bool { return os.Getenv("SIM_STRICT") != "" }
 
 // shrinkDC drops faults, then phases, while the history still breaks the
 // ceiling (each try a run in real time), within budget.
@@ -245,7 +245,8 @@ func TestSimDC(t *testing.T) {
 	// Not parallel with the package's other tests: it runs in real time,
 	// and their load would stretch its round trips (as the multidc tests).
 	if os.Getenv("SIM_PENDING") != "" {
-		replayPending(t, &dcEnv{t: t, ledger: redistest.Start(t)})
+		replayPending(t)
+		return
 	}
 	seen := simulateDC(t)
 	if os.Getenv("SIM_SEED") == "" && os.Getenv("SIM_TIME") == "" {
@@ -257,21 +258,26 @@ func TestSimDC(t *testing.T) {
 	}
 }
 
-// dcPending are histories of findings not fixed on this branch (issue 28's,
-// fixed on others): TestSimDC replays them first with SIM_PENDING=1, each
-// failing while its finding stands.
-var dcPending = []dcCase{}
-
-// replayPending replays dcPending in strict mode (SIM_PENDING=1).
-func replayPending(t *testing.T, e *dcEnv) {
-	for _, c := range dcPending {
-		res := e.runDC(&c)
-		t.Logf("%s:\n  %s", c.Name, strings.Join(res.figures, "\n  "))
-		if res.err != nil {
-			t.Errorf("%s: %v", c.Name, res.err)
+// replayPending replays dcPending in strict mode (SIM_PENDING=1), side by
+// side: each fails while its finding stands.
+func replayPending(t *testing.T) {
+	t.Run("pending", func(t *testing.T) {
+		for _, p := range dcPending {
+			t.Run(p.c.Name, func(t *testing.T) {
+				t.Parallel()
+				e := &dcEnv{t: t, ledger: redistest.Start(t)}
+				c := p.c
+				res := e.runDC(&c)
+				t.Logf("%s:\n  %s\n  findings:\n    %s", c.Name, strings.Join(res.figures, "\n  "), strings.Join(res.findings, "\n    "))
+				if res.err != nil {
+					t.Errorf("%v", res.err)
+				}
+				for _, f := range res.findings {
+					if strings.HasPrefix(f, p.finding+":") {
+						t.Errorf("%s (expected: %s)", f, p.expect)
+					}
+				}
+			})
 		}
-		for _, f := range res.findings {
-			t.Errorf("%s: %s", c.Name, f)
-		}
-	}
+	})
 }

@@ -91,6 +91,19 @@ type dcRec struct {
 	err   bool
 }
 
+// dcGrant is a grant a node of a data centre was given (EventGrant), on
+// the wall clock: when it was told, and the latest its deadline can be.
+type dcGrant struct {
+	at, until time.Time
+	units     int64
+}
+
+// dcMode is a node of a data centre going to its static share, or back.
+type dcMode struct {
+	at     time.Time
+	static bool
+}
+
 // dcEnv is what histories share: the ledger and the data centres'
 // redis-servers, started once (each history has its own limiter name, so
 // its keys are its own).
@@ -125,7 +138,8 @@ type dcWorld struct {
 	recs   []dcRec
 	seen   map[string]int
 	errsAt [][]time.Time // per data centre: ledger errors (wall clock)
-	grants []int         // per data centre: grants of units > 0
+	grants [][]dcGrant   // per data centre: the grants its nodes were given
+	modes  [][]dcMode    // per data centre: its nodes going to their static share and back
 	static []int
 	wg     sync.WaitGroup
 	closed []*limiter.Limiter
@@ -168,7 +182,8 @@ func (w *dcWorld) proxy(target string) *netproxy.Proxy {
 func (e *dcEnv) newDCWorld(c *dcCase) *dcWorld {
 	e.n++
 	w := &dcWorld{t: e.t, c: c, name: fmt.Sprintf("dcsim%d", e.n), ledger: e.ledger, seen: map[string]int{},
-		errsAt: make([][]time.Time, len(c.Stacks)), grants: make([]int, len(c.Stacks)), static: make([]int, len(c.Stacks))}
+		errsAt: make([][]time.Time, len(c.Stacks)), grants: make([][]dcGrant, len(c.Stacks)), modes: make([][]dcMode, len(c.Stacks)),
+		static: make([]int, len(c.Stacks))}
 	w.limit.Store(c.Limit)
 	addr := e.ledger.Addr()
 	if hasFault(c, "failover") {
@@ -255,12 +270,18 @@ func (w *dcWorld) globalEvent(s *dcSite, ev limiter.GlobalEvent) {
 	case limiter.EventLedgerError:
 		w.errsAt[s.i] = append(w.errsAt[s.i], time.Now())
 	case limiter.EventGrant:
-		if ev.Units > 0 {
-			w.grants[s.i]++
+		if ev.Units > 0 && ev.Err == nil {
+			// Usable until Length after a time the data centre read
+			// before it asked: at the latest the ledger call's start.
+			now := time.Now()
+			w.grants[s.i] = append(w.grants[s.i], dcGrant{at: now, until: now.Add(-ev.Took + ev.Length), units: ev.Units})
 		}
 	case limiter.EventStatic:
 		w.static[s.i]++
 		w.seen["static_share"]++
+		w.modes[s.i] = append(w.modes[s.i], dcMode{at: time.Now(), static: true})
+	case limiter.EventNormal:
+		w.modes[s.i] = append(w.modes[s.i], dcMode{at: time.Now()})
 	}
 }
 
@@ -466,6 +487,74 @@ func (w *dcWorld) overAdmission() (int64, dcRec) {
 		}
 	}
 	return worst, at
+}
+
+// uncovered is the oracle's check of the grants: a data centre admits a
+// request under the ceiling only from a grant it holds, before the grant's
+// deadline (or from its static share, fail local). Earliest deadline
+// first, each of its admissions takes a unit of a grant told before it
+// (within the decision's second: a request's time is taken when it
+// starts) whose deadline is not past; it returns the first admission that
+// finds none, and how far past the last deadline it is.
+func (w *dcWorld) uncovered() (dcRec, time.Duration, bool) {
+	for dc := range w.sites {
+		var adm []dcRec
+		for _, r := range w.recs {
+			if r.dc == dc && r.pass && !r.open && !w.staticAt(dc, r) {
+				adm = append(adm, r)
+			}
+		}
+		slices.SortFunc(adm, func(a, b dcRec) int { return a.at.Compare(b.at) })
+		gs := slices.Clone(w.grants[dc])
+		slices.SortFunc(gs, func(a, b dcGrant) int { return a.at.Compare(b.at) })
+		left := make([]int64, len(gs))
+		for i, g := range gs {
+			left[i] = g.units
+		}
+		for _, r := range adm {
+			best, last := -1, time.Time{}
+			for i, g := range gs {
+				if g.at.After(r.done) {
+					break
+				}
+				if left[i] > 0 && g.until.After(last) {
+					last = g.until
+				}
+				if left[i] > 0 && !g.until.Before(r.at.Add(-dcSlack)) && (best < 0 || g.until.Before(gs[best].until)) {
+					best = i
+				}
+			}
+			if best < 0 {
+				return r, r.at.Sub(last), true
+			}
+			left[best]--
+		}
+	}
+	return dcRec{}, 0, false
+}
+
+// dcSlack: the wall clock against the Redis clocks that keep the deadline
+// (one machine's clock, read a moment apart).
+const dcSlack = 2 * time.Millisecond
+
+// staticAt reports whether a node of dc was on its static share when r
+// was decided (fail local: admitted by the static share, not a grant).
+func (w *dcWorld) staticAt(dc int, r dcRec) bool {
+	if w.c.Fail != "local" {
+		return false
+	}
+	on := 0
+	for _, m := range w.modes[dc] {
+		if m.at.After(r.done) {
+			break
+		}
+		if m.static {
+			on++
+		} else {
+			on = max(on-1, 0)
+		}
+	}
+	return on > 0
 }
 
 func (f dcFault) String() string {

@@ -489,7 +489,7 @@ func simFresh(stack string) int {
 	if v, err := strconv.Atoi(os.Getenv("SIM_FRESH")); err == nil && v >= 0 {
 		return v
 	}
-	return map[string]int{"memory": 3, "redis": 1}[stack]
+	return map[string]int{"memory": 3, "redis": 1, "dc": 1}[stack]
 }
 
 // freshSeeds are make test's few seeds drawn anew each run besides the
