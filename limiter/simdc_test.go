@@ -388,15 +388,16 @@ func (w *dcWorld) fault(ctx context.Context, f dcFault) {
 	s := w.sites[f.DC]
 	switch f.Kind {
 	case "stall":
-		w.ledger.Pause()
+		lg := w.primary()
+		lg.Pause()
 		wait(f.At + f.For)
-		w.ledger.Resume()
+		lg.Resume()
 	case "cut":
 		s.proxy.Cut()
 		wait(f.At + f.For)
 		s.proxy.Heal()
 	case "restart":
-		w.ledger.Restart()
+		w.restart(w.primary())
 	case "failover":
 		w.failover(f, wait)
 	case "dcdown":
@@ -405,7 +406,7 @@ func (w *dcWorld) fault(ctx context.Context, f dcFault) {
 			w.t.Logf("%v: dc%d's Redis %s killed", time.Since(w.start).Round(time.Millisecond), s.i, s.srv.Addr())
 		}
 		wait(f.At + f.For)
-		s.srv.Restart()
+		w.restart(s.srv)
 	case "kill":
 		w.kill(s, f, wait)
 	case "reload":
@@ -417,6 +418,14 @@ func (w *dcWorld) fault(ctx context.Context, f dcFault) {
 	w.event("fault:" + f.Kind)
 }
 
+// restart starts srv again, empty (off the test's goroutine: an error, not
+// a fatal one).
+func (w *dcWorld) restart(srv *redistest.Server) {
+	if err := srv.Proc().Restart(); err != nil {
+		w.t.Error(err)
+	}
+}
+
 // failover: replication stops (the grants made since are not on the
 // replica), then the replica is promoted and the ledger's address moves
 // to it.
@@ -425,11 +434,23 @@ func (w *dcWorld) failover(f dcFault, wait func(int64) bool) {
 	if !wait(f.At + f.For) {
 		return
 	}
-	w.replica.CLI(w.t, "REPLICAOF", "NO", "ONE")
+	if _, err := w.replica.Proc().RunCLI("REPLICAOF", "NO", "ONE"); err != nil {
+		w.t.Error(err)
+	}
 	if err := w.vip.SetTarget(w.replica.Addr()); err != nil {
 		w.t.Error(err)
 	}
 	w.vip.Reset()
+	w.mu.Lock()
+	w.ledger = w.replica // a later stall or restart is the new primary's
+	w.mu.Unlock()
+}
+
+// primary is the ledger's primary now.
+func (w *dcWorld) primary() *redistest.Server {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.ledger
 }
 
 // kill: the next renewal of node 0 of s dies between the ledger's grant
@@ -457,7 +478,7 @@ func (w *dcWorld) close() {
 	for _, l := range w.closed {
 		go l.Close()
 	}
-	if w.replica != nil {
+	if w.replica != nil && w.replica != w.ledger {
 		w.replica.Kill()
 	}
 }
@@ -491,12 +512,15 @@ func (w *dcWorld) overAdmission() (int64, dcRec) {
 
 // uncovered is the oracle's check of the grants: a data centre admits a
 // request under the ceiling only from a grant it holds, before the grant's
-// deadline (or from its static share, fail local). Earliest deadline
-// first, each of its admissions takes a unit of a grant told before it
-// (within the decision's second: a request's time is taken when it
-// starts) whose deadline is not past; it returns the first admission that
-// finds none, and how far past the last deadline it is.
-func (w *dcWorld) uncovered() (dcRec, time.Duration, bool) {
+// deadline (or from its static share, fail local). A request is decided
+// some time between its start (at) and its answer (done); a grant is
+// usable from no earlier than when its node was told (at) to its latest
+// deadline (until). So for any span of time, the requests a data centre
+// admitted that started and were answered within it never outnumber the
+// units of its grants usable at some point of it (Hall's condition, which
+// every assignment of requests to grants meets). It returns the first
+// span, from a request's start, where they do.
+func (w *dcWorld) uncovered() (dcRec, string, bool) {
 	for dc := range w.sites {
 		var adm []dcRec
 		for _, r := range w.recs {
@@ -504,33 +528,31 @@ func (w *dcWorld) uncovered() (dcRec, time.Duration, bool) {
 				adm = append(adm, r)
 			}
 		}
-		slices.SortFunc(adm, func(a, b dcRec) int { return a.at.Compare(b.at) })
+		byDone := slices.Clone(adm)
+		slices.SortFunc(byDone, func(a, b dcRec) int { return a.done.Compare(b.done) })
 		gs := slices.Clone(w.grants[dc])
 		slices.SortFunc(gs, func(a, b dcGrant) int { return a.at.Compare(b.at) })
-		left := make([]int64, len(gs))
-		for i, g := range gs {
-			left[i] = g.units
-		}
-		for _, r := range adm {
-			best, last := -1, time.Time{}
-			for i, g := range gs {
-				if g.at.After(r.done) {
-					break
+		for _, from := range adm {
+			a := from.at
+			var units int64
+			n, gi := int64(0), 0
+			for _, r := range byDone {
+				if r.at.Before(a) {
+					continue
 				}
-				if left[i] > 0 && g.until.After(last) {
-					last = g.until
+				for ; gi < len(gs) && !gs[gi].at.After(r.done); gi++ {
+					if !gs[gi].until.Before(a.Add(-dcSlack)) {
+						units += gs[gi].units
+					}
 				}
-				if left[i] > 0 && !g.until.Before(r.at.Add(-dcSlack)) && (best < 0 || g.until.Before(gs[best].until)) {
-					best = i
+				if n++; n > units {
+					return r, fmt.Sprintf("from %v to %v after the start it admitted %d requests decided within that time, while its grants usable then held %d units",
+						a.Sub(w.start).Round(time.Millisecond), r.done.Sub(w.start).Round(time.Millisecond), n, units), true
 				}
 			}
-			if best < 0 {
-				return r, r.at.Sub(last), true
-			}
-			left[best]--
 		}
 	}
-	return dcRec{}, 0, false
+	return dcRec{}, "", false
 }
 
 // dcSlack: the wall clock against the Redis clocks that keep the deadline
