@@ -515,11 +515,12 @@ func (w *dcWorld) overAdmission() (int64, dcRec) {
 // deadline (or from its static share, fail local). A request is decided
 // some time between its start (at) and its answer (done); a grant is
 // usable from no earlier than when its node was told (at) to its latest
-// deadline (until). So for any span of time, the requests a data centre
-// admitted that started and were answered within it never outnumber the
-// units of its grants usable at some point of it (Hall's condition, which
-// every assignment of requests to grants meets). It returns the first
-// span, from a request's start, where they do.
+// deadline (until): a request may have used a grant when the two spans
+// meet. Taking the requests by their answer, each the grant that ends
+// first among those it meets with units left, assigns as many as any
+// assignment can (a request answered first gives up no grant a later one
+// could use that the grant it takes could not replace); it returns the
+// first request none is left for.
 func (w *dcWorld) uncovered() (dcRec, string, bool) {
 	for dc := range w.sites {
 		var adm []dcRec
@@ -528,28 +529,27 @@ func (w *dcWorld) uncovered() (dcRec, string, bool) {
 				adm = append(adm, r)
 			}
 		}
-		byDone := slices.Clone(adm)
-		slices.SortFunc(byDone, func(a, b dcRec) int { return a.done.Compare(b.done) })
+		slices.SortFunc(adm, func(a, b dcRec) int { return a.done.Compare(b.done) })
 		gs := slices.Clone(w.grants[dc])
 		slices.SortFunc(gs, func(a, b dcGrant) int { return a.at.Compare(b.at) })
-		for _, from := range adm {
-			a := from.at
-			var units int64
-			n, gi := int64(0), 0
-			for _, r := range byDone {
-				if r.at.Before(a) {
-					continue
-				}
-				for ; gi < len(gs) && !gs[gi].at.After(r.done); gi++ {
-					if !gs[gi].until.Before(a.Add(-dcSlack)) {
-						units += gs[gi].units
+		left := make([]int64, len(gs))
+		for i, g := range gs {
+			left[i] = g.units
+		}
+		for _, r := range adm {
+			best := -1
+			for i := 0; i < len(gs) && !gs[i].at.After(r.done); i++ {
+				if left[i] > 0 && !gs[i].until.Before(r.at.Add(-dcSlack)) {
+					if best < 0 || gs[i].until.Before(gs[best].until) {
+						best = i
 					}
 				}
-				if n++; n > units {
-					return r, fmt.Sprintf("from %v to %v after the start it admitted %d requests decided within that time, while its grants usable then held %d units",
-						a.Sub(w.start).Round(time.Millisecond), r.done.Sub(w.start).Round(time.Millisecond), n, units), true
-				}
 			}
+			if best < 0 {
+				return r, fmt.Sprintf("a request started %v after the start and answered at %v, when every grant it could have used was spent or past its deadline (%d grants)",
+					r.at.Sub(w.start).Round(time.Millisecond), r.done.Sub(w.start).Round(time.Millisecond), len(gs)), true
+			}
+			left[best]--
 		}
 	}
 	return dcRec{}, "", false
