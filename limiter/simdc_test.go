@@ -484,27 +484,47 @@ func (w *dcWorld) close() {
 }
 
 // overAdmission is the oracle's check of the global ceiling: every
-// admission (fail open's passes aside) goes into its ledger, each held to
-// its limit over the window that ends with it. It returns the worst excess
-// and its admission (a positive excess fails the history).
+// admission (fail open's passes aside) goes into its ledger (oLedger), and
+// each is held to its limit over the window that ends with it. An
+// admission took effect at some time between its decision's time (at: the
+// store's, or the node's when it started) and its answer (done), so the
+// window that ends with admission i holds for certain the admissions
+// decided and answered within (done_i - W, at_i], and i: those only are
+// counted, so that a slow decision (under load, or a first request that
+// waits for the ledger) is never blamed for one that had left the window
+// when it took effect. It returns the worst excess and its admission (a
+// positive excess fails the history).
 func (w *dcWorld) overAdmission() (int64, dcRec) {
-	g := newLedger()
-	var adm []dcRec
+	byID := map[string][]dcRec{}
 	for _, r := range w.recs {
 		if r.pass && !r.open {
-			adm = append(adm, r)
+			byID[r.id] = append(byID[r.id], r)
 		}
-	}
-	slices.SortFunc(adm, func(a, b dcRec) int { return a.at.Compare(b.at) })
-	for _, r := range adm {
-		g.Admit(r.id, r.at.UnixMicro(), 1)
 	}
 	worst, at := int64(math.MinInt64), dcRec{}
 	W := w.ms(w.c.Win).Microseconds()
-	for _, r := range adm {
-		t := r.at.UnixMicro()
-		if o := g.AdmittedWithin(r.id, t-W, t) - r.limit; o > worst {
-			worst, at = o, r
+	for id, adm := range byID {
+		// The ledger by answer; each admission's own start is checked
+		// against the window's start.
+		g := newLedger()
+		slices.SortFunc(adm, func(a, b dcRec) int { return a.done.Compare(b.done) })
+		for _, r := range adm {
+			g.Admit(id, r.done.UnixMicro(), 1)
+		}
+		for _, r := range adm {
+			from := r.done.UnixMicro() - W
+			n := g.AdmittedWithin(id, from, r.at.UnixMicro())
+			for _, s := range adm {
+				if s.done.UnixMicro() > from && s.done.UnixMicro() <= r.at.UnixMicro() && s.at.UnixMicro() <= from {
+					n-- // answered within the window, but decided before it began
+				}
+			}
+			if r.done.After(r.at) {
+				n++ // i itself (answered after its start: not counted above)
+			}
+			if o := n - r.limit; o > worst {
+				worst, at = o, r
+			}
 		}
 	}
 	return worst, at
