@@ -83,8 +83,10 @@ fuzz:
 
 # simulate: the simulation (limiter/sim*_test.go) of random histories against
 # the oracle, on the in-process store and on a real redis-server, for
-# SIM_TIME per stack (make test runs a fixed budget of it). A failing seed
-# prints its shrunk history for TestSimReplay; SIM_SEED=<n> replays one.
+# SIM_TIME per stack (make test runs a fixed budget of it); then the one with
+# data centres (limiter/simdc*_test.go, TestSimDC) for SIM_TIME more. A
+# failing seed prints its shrunk history for TestSimReplay; SIM_SEED=<n>
+# replays one (with -run TestSimDC for the data centres').
 SIM_TIME ?= 10m
 simulate:
-	SIM_TIME=$(SIM_TIME) $(GO) test -race -count=1 -timeout 0 -v -run '^TestSim(Memory|Redis)$$' ./limiter/
+	SIM_TIME=$(SIM_TIME) $(GO) test -race -count=1 -timeout 0 -v -run '^TestSim(Memory|Redis|DC)$$' ./limiter/

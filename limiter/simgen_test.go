@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -490,7 +491,31 @@ func simBudget(stack string) (seeds []uint64, steps int, until time.Time) {
 	for i := 0; i < n && i < 1<<20; i++ {
 		seeds = append(seeds, base+uint64(i))
 	}
+	if until.IsZero() {
+		seeds = append(seeds, freshSeeds(simFresh(stack))...)
+	}
 	return seeds, steps, until
+}
+
+// simFresh is how many fresh seeds make test draws per stack (SIM_FRESH;
+// 0: none).
+func simFresh(stack string) int {
+	if v, err := strconv.Atoi(os.Getenv("SIM_FRESH")); err == nil && v >= 0 {
+		return v
+	}
+	return map[string]int{"memory": 3, "redis": 1, "dc": 1}[stack]
+}
+
+// freshSeeds are make test's few seeds drawn anew each run besides the
+// fixed ones (SIM_FRESH of them), printed by simulate so that a failure
+// replays with SIM_SEED.
+func freshSeeds(n int) []uint64 {
+	var seeds []uint64
+	base := uint64(time.Now().UnixNano())
+	for i := range n {
+		seeds = append(seeds, base+uint64(i)*7919)
+	}
+	return seeds
 }
 
 // simulate runs the budget on one stack and fails with the shrunk history
@@ -517,6 +542,10 @@ func simulate(t *testing.T, e *simEnv, stack string) map[string]int {
 		}
 	}
 	foci := simFoci[stack]
+	if until.IsZero() && os.Getenv("SIM_SEED") == "" {
+		fresh := seeds[len(seeds)-simFresh(stack):]
+		t.Logf("%s: fixed seeds 1 to %d, and fresh seeds %v (replay one with SIM_SEED=<seed>)", stack, len(seeds)-len(fresh), fresh)
+	}
 	for i, seed := range seeds {
 		if !until.IsZero() && time.Now().After(until) {
 			break
