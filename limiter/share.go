@@ -59,7 +59,10 @@ type Standing struct {
 // store and the in-process store.
 type ShareStore interface {
 	// ShareBegin reads a share before its renewal.
-	// Grants under limits of another signature than sig read as ended.
+	// Grants under limits of another signature than sig are not in it:
+	// they stay usable under their own limits until a deposit under sig
+	// drops them, so a renewal never gives them back (the ledger counts
+	// them to their end).
 	ShareBegin(ctx context.Context, key, sig string) (ShareView, error)
 	// ShareDeposit empties the slots of the grants returned, releases the
 	// claim, keeps a grant of units (when > 0) usable until t0 + length,
@@ -250,12 +253,8 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string) (ShareView,
 	if k := sh.get(key, time.Now().UnixNano()); k != nil && k.share != nil {
 		v.Rate, _, _, _ = k.share.rate(t)
 		for i := range k.share.g {
-			if k.share.has[i] {
-				g := k.share.g[i]
-				if k.share.sig != sig {
-					g.Deadline = min(g.Deadline, 1)
-				}
-				v.Grants = append(v.Grants, g)
+			if k.share.has[i] && k.share.sig == sig {
+				v.Grants = append(v.Grants, k.share.g[i])
 			}
 		}
 	}
