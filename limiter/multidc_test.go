@@ -40,6 +40,7 @@ type mdcWorld struct {
 	mu          sync.Mutex
 	admitted    []time.Time // every admission under the global ceiling
 	limits      []int64     // the limit each was decided under
+	who         []string    // the node of each, and the limit it carried
 	perDC       map[string][]time.Time
 	unavailable map[string]int
 	failOpen    int
@@ -229,6 +230,7 @@ func (w *mdcWorld) send(ctx context.Context, dc *mdcDC, ni int, id string, globa
 			at := d.At.Add(-off)
 			w.admitted = append(w.admitted, at)
 			w.limits = append(w.limits, max(limit, w.limitNow(global)))
+			w.who = append(w.who, fmt.Sprintf("%s/n%d under %d", dc.name, ni, limit))
 			w.perDC[dc.name] = append(w.perDC[dc.name], at)
 		case d.Outcome == limiter.OutcomeUnavailable:
 			w.unavailable[dc.name]++
@@ -281,6 +283,19 @@ func oracleOver(at []time.Time, limits []int64, win time.Duration) (int64, time.
 		}
 	}
 	return worst, when
+}
+
+// window is the admissions in the window of length win that ends at end,
+// per node and the limit the request carried (w.mu held): what to look at
+// when a ceiling did not hold.
+func (w *mdcWorld) window(end time.Time, win time.Duration) map[string]int {
+	n := map[string]int{}
+	for i, a := range w.admitted {
+		if a.After(end.Add(-win)) && !a.After(end) {
+			n[fmt.Sprintf("%s, judged at %d", w.who[i], w.limits[i])]++
+		}
+	}
+	return n
 }
 
 // overAdmitted is the most admissions in any window of length win, less
@@ -540,6 +555,7 @@ func TestGlobalCeilingFaults(t *testing.T) {
 			t.Logf("admitted %d (%d per window at most), per second %v, unavailable %v, fail open %d; events %v; static at %v",
 				len(w.admitted), over+mdcLimit, per, w.unavailable, w.failOpen, w.events, w.staticAt.Sub(start))
 			if over > 0 {
+				t.Logf("the window's admissions: %v", w.window(when, mdcWin))
 				t.Fatalf("%d over the ceiling in the window ending %v (%v after the start)", over, when, when.Sub(start))
 			}
 			if f.check != nil {

@@ -62,9 +62,12 @@ type Standing struct {
 // store and the in-process store.
 type ShareStore interface {
 	// ShareBegin reads a share before its renewal.
-	// Grants under limits of another signature than sig read as ended.
-	// Recall (the ledger recalled the share's unspent grants) ends every
-	// live grant first: none is used after.
+	// Grants under limits of another signature than sig are not in it:
+	// they stay usable under their own limits until a deposit under sig
+	// drops them, so a renewal never gives them back (the ledger counts
+	// them to their end). Recall (the ledger recalled the share's unspent
+	// grants) ends every live grant first: none is used after; a recall
+	// under other limits than the share's is stale (Stale, nothing ends).
 	ShareBegin(ctx context.Context, key, sig string, recall bool) (ShareView, error)
 	// ShareDeposit empties the slots of the grants returned, releases the
 	// claim, keeps a grant of units (when > 0) usable until t0 + length,
@@ -277,15 +280,11 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string, recall bool
 		}
 		v.Rate, _, _, _ = k.share.rate(t)
 		for i := range k.share.g {
-			if k.share.has[i] {
+			if k.share.has[i] && k.share.sig == sig {
 				if recall && !k.share.g[i].closed(t) {
 					k.share.g[i].Deadline = t
 				}
-				g := k.share.g[i]
-				if k.share.sig != sig {
-					g.Deadline = min(g.Deadline, 1)
-				}
-				v.Grants = append(v.Grants, g)
+				v.Grants = append(v.Grants, k.share.g[i])
 			}
 		}
 	}

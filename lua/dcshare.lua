@@ -11,7 +11,7 @@
 --            under other limits than the share's is stale: reply {now, -1}
 --            and nothing changes, as its grants were dropped). Reply
 --            {now, rate, then per slot 1..4: n, u, d, s, l, g} (0 and ""
---            for an empty slot; a grant under other limits as ended): now
+--            for an empty slot, and for a grant under other limits): now
 --            is read before the ledger is asked, so a grant's deadline here
 --            (now + its length) falls before the ledger's end of it.
 --   deposit  KEYS[1] the share; ARGV t0 n len id retry sig recheck nret
@@ -60,7 +60,11 @@ local t = now()
 
 if op == "begin" then
   local v = redis.call("HMGET", key, unpack(fields))
-  local other = v[30] ~= ARGV[2] -- grants under other limits: ended
+  -- Grants under other limits are not there: still usable under those
+  -- until a deposit under these drops them, so never given back (the
+  -- ledger counts them to their end; units used after a return would be
+  -- counted nowhere).
+  local other = v[30] ~= ARGV[2]
   if ARGV[3] == "1" and other then
     -- A stale recall: the share holds grants of other limits, which it
     -- uses; reading them as ended here would give back units in use.
@@ -90,12 +94,12 @@ if op == "begin" then
   for i = 0, 3 do
     for j = 1, 5 do
       local x = tonumber(v[i * 6 + j]) or 0
-      if j == 3 and other then
-        x = math.min(x, 1)
+      if other then
+        x = 0
       end
       out[#out + 1] = x
     end
-    out[#out + 1] = v[i * 6 + 6] or ""
+    out[#out + 1] = (not other and v[i * 6 + 6]) or ""
   end
   return out
 end

@@ -1,0 +1,134 @@
+package limiter_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// TestStaleRenewalDoesNotReturnALiveGrant: a renewal under limits of
+// another signature (a node not yet reloaded, or a renewal queued before a
+// reload) must not give the ledger back the grants of the share's own
+// limits: they are still usable under those limits, so units spent after
+// the return would be counted nowhere. Here node X holds a grant under the
+// limit in force (10 per minute); node Y of the same data centre asks
+// under its stale limit (1), and is held between the ledger's answer and
+// its deposit while X spends the grant; then X renews. X must admit at
+// most 10 in the minute: with the stale renewal's return of X's grant,
+// the ledger counted one unit of it and granted X the limit again.
+func TestStaleRenewalDoesNotReturnALiveGrant(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes = 1, 2
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second // the grants outlive the test: no clock matters
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	w := newMDCWorld(t, o)
+	staleRenewal(t, w.dcs[0].nodes[0], w.dcs[0].nodes[1])
+}
+
+// staleRenewal runs the scenario on x and y, two nodes of one data centre.
+func staleRenewal(t *testing.T, x, y *limiter.Limiter) {
+	const limit, stale = 10, 1
+	ctx := context.Background()
+	in := func(l int64) *limiter.Input {
+		return &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{l}}
+	}
+	admitted := 0
+	decide := func() limiter.Decision {
+		d, err := x.Decide(ctx, in(limit))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Pass {
+			admitted++
+		}
+		return d
+	}
+	if d := decide(); !d.Pass {
+		t.Fatalf("X's first request: %+v", d)
+	}
+	// Y, under the stale limit, is held once the ledger answered it.
+	reached, release := make(chan struct{}), make(chan struct{})
+	held := false
+	limiter.SetGlobalHook(y, func(stage string) {
+		if stage == "granted" && !held {
+			held = true
+			close(reached)
+			<-release
+		}
+	})
+	ydone := make(chan limiter.Decision, 1)
+	go func() {
+		d, err := y.Decide(ctx, in(stale))
+		if err != nil {
+			t.Error(err)
+		}
+		ydone <- d
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Y's renewal never reached the ledger")
+	}
+	// X spends what its share holds while Y's renewal is between the
+	// ledger and the share.
+	for range 2 * limit {
+		if d := decide(); !d.Pass {
+			break
+		}
+	}
+	close(release)
+	if d := <-ydone; d.Pass {
+		t.Errorf("Y admitted under a limit of %d after X's admissions: %+v", stale, d)
+	}
+	// X renews until the ledger says it is full (its retry is the window's
+	// tail, far more than a renewal's lead).
+	deadline := time.Now().Add(10 * time.Second)
+	during := admitted
+	for admitted <= 3*limit {
+		if d := decide(); !d.Pass && d.RetryAfter > 10*time.Second {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("X admitted %d and the ledger never said it was full", admitted)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	if admitted > limit {
+		t.Fatalf("X admitted %d in the minute under a limit of %d (%d before Y's deposit): %d over the ceiling", admitted, limit, during, admitted-limit)
+	}
+}
+
+// TestShareBeginUnderOtherLimits: a renewal's read of a share under other
+// limits than the share's (each store) gives it none of the share's grants
+// to return: they are still usable under their own limits.
+func TestShareBeginUnderOtherLimits(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	rs := limiter.NewRedisStore(c)
+	t.Cleanup(func() { rs.Close() })
+	ms := limiter.NewMemoryStore()
+	t.Cleanup(func() { ms.Close() })
+	ctx := context.Background()
+	for name, s := range map[string]limiter.ShareStore{"redis": rs, "in-process": ms} {
+		view, err := s.ShareBegin(ctx, "share", "10", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 8, Length: time.Minute.Microseconds(), ID: "g1", Sig: "10"}); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 1 || v.Grants[0].Units != 8 {
+			t.Fatalf("%s: the share under its own limits: %+v, want the grant of 8", name, v.Grants)
+		}
+		if v, _ := s.ShareBegin(ctx, "share", "1", false); len(v.Grants) != 0 {
+			t.Errorf("%s: the share read under other limits holds %+v: a renewal would give back a grant still in use", name, v.Grants)
+		}
+	}
+}
