@@ -101,7 +101,7 @@ type global struct {
 	stop  chan struct{}
 	wg    sync.WaitGroup
 
-	hook func(stage string) // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit
+	hook atomic.Pointer[func(stage string)] // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit; set while renewals run
 }
 
 type shareCall struct {
@@ -356,8 +356,8 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
 	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond, Took: took, Err: err})
-	if g.hook != nil {
-		g.hook("granted")
+	if h := g.hook.Load(); h != nil {
+		(*h)("granted")
 	}
 	if _, derr := g.dc.ShareDeposit(ctx, key, dep); derr != nil {
 		return derr
