@@ -293,6 +293,11 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		h.release()
 		return h.named(h.policyError(err))
 	}
+	if err := h.checkAccess(); err != nil {
+		h.rt.lim.Close()
+		h.release()
+		return h.named(err)
+	}
 	h.rt.headers = planHeaders(h, &p)
 	h.rt.configID = ctx.GetMetricsRegistry()
 	h.warnRestart(&p)
