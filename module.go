@@ -265,6 +265,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := h.checkAmounts(); err != nil {
 		return h.named(err)
 	}
+	if err := h.checkAuthOrder(); err != nil {
+		return h.named(err)
+	}
 	h.rt.policy = p
 	h.compile()
 	h.rt.statusIn = p.CountOnly
