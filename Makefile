@@ -48,6 +48,7 @@ xcaddy:
 
 # first-hour: measure the README's times (fresh caches, then warm); long.
 # Its output is the record docs/first-hour.txt, which the README quotes.
+# Beside another Caddy: make first-hour ADMIN_PORT=2119 PORT=8180.
 first-hour:
 	docs/first-hour.sh >docs/first-hour.txt.new && mv docs/first-hour.txt.new docs/first-hour.txt && cat docs/first-hour.txt
 

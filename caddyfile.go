@@ -171,7 +171,11 @@ func (h *Handler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			return err
 		}
 	}
-	return h.checkParsed(start, pos)
+	if err := h.checkParsed(start, pos); err != nil {
+		return err
+	}
+	rememberAmountLines(h, pos)
+	return nil
 }
 
 // repeatable are the subdirectives that may appear more than once: limits

@@ -112,14 +112,54 @@ func cmdShow(fl caddycmd.Flags, out io.Writer) error {
 		uri += "&" + q.Encode()
 	}
 	body, err := adminCall(fl, http.MethodGet, uri)
-	if err != nil || fl.Bool("json") {
-		return printJSON(out, body, err)
+	if err != nil {
+		return showFlags(err)
+	}
+	if fl.Bool("json") {
+		return printJSON(out, body, nil)
 	}
 	var u usageInfo
 	if err := json.Unmarshal(body, &u); err != nil {
 		return fmt.Errorf("reading the admin API's answer: %v", err)
 	}
 	return writeUsage(out, &u)
+}
+
+// missingValue is one value the admin API says a limiter's placeholders
+// need: "limit ({tier_limit})", "cost ({http.vars.cost}, got 'x')".
+var missingValue = regexp.MustCompile(`\b(limit|global_limit|cost|max_concurrent) \((\{.*?\})(, got '[^']*')?\)`)
+
+// showFlags turns the admin API's list of the values a limiter's
+// placeholders need, named as its query parameters, into the flags of
+// show that give them: "--limit <n> (limit {tier_limit})", one value per
+// placeholder, comma-separated when a flag needs several.
+func showFlags(err error) error {
+	head, list, ok := strings.Cut(err.Error(), "give the client's: ")
+	if !ok {
+		return err
+	}
+	var order []string
+	templates := map[string][]string{}
+	tail := missingValue.ReplaceAllString(list, "")
+	for _, m := range missingValue.FindAllStringSubmatch(list, -1) {
+		if templates[m[1]] == nil {
+			order = append(order, m[1])
+		}
+		templates[m[1]] = append(templates[m[1]], m[2]+m[3])
+	}
+	if len(order) == 0 {
+		return err
+	}
+	var flags []string
+	for _, param := range order {
+		ts := templates[param]
+		flags = append(flags, fmt.Sprintf("--%s %s (%s %s)", strings.ReplaceAll(param, "_", "-"),
+			strings.TrimSuffix(strings.Repeat("<n>,", len(ts)), ","), param, strings.Join(ts, ", ")))
+	}
+	if tail = strings.TrimLeft(tail, ", "); tail != "" {
+		tail = " " + tail
+	}
+	return fmt.Errorf("%sgive the client's: %s%s", head, strings.Join(flags, ", "), tail)
 }
 
 func cmdReset(fl caddycmd.Flags, out io.Writer) error {

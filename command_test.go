@@ -358,6 +358,20 @@ http://` + web + ` {
 	}
 	respond "ok"
 }
+http://` + freeAddr(t) + ` {
+	map {http.request.header.X-API-Key} {tier_limit} {tier_global} {
+		default 5 50
+	}
+	sliding_ratelimit {
+		name   tiered-` + name + `
+		key    {http.request.header.X-API-Key}
+		region {http.request.header.X-Region}
+		limit  {tier_limit}
+		global_limit {tier_global}
+		window 1m
+	}
+	respond "ok"
+}
 `
 	startCaddy(t, config)
 	get := func(hdr map[string]string) {
@@ -461,6 +475,10 @@ http://` + web + ` {
 		{[]string{"top", "--name", "nope", "--address", admin}, "no limiter named 'nope' (HTTP 404"},
 		{[]string{"top", "--name", name, "-n", "0", "--address", admin}, "n must be an integer from 1 to 1024, got '0' (HTTP 400"},
 		{[]string{"show", "--name", name, "--address", admin}, "--key is required"},
+		{[]string{"show", "--name", "tiered-" + name, "--key", "k", "--address", admin},
+			"this limiter's values come from placeholders; give the client's: --limit <n> (limit {tier_limit}), --global-limit <n> (global_limit {tier_global}) (HTTP 400 from " + admin + ")"},
+		{[]string{"show", "--name", "tiered-" + name, "--key", "k", "--limit", "5", "--global-limit", "x", "--address", admin},
+			"this limiter's values come from placeholders; give the client's: --global-limit <n> (global_limit {tier_global}, got 'x') (HTTP 400 from " + admin + ")"},
 		{[]string{"reset", "--key", "k", "--address", admin}, "--name is required"},
 		{[]string{"list", "--address", freeAddr(t)}, "cannot reach Caddy's admin API at 127.0.0.1:"},
 	} {

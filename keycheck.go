@@ -127,7 +127,7 @@ func (k *placeholderKnowledge) checkTemplate(tmpl string, isKey bool) []template
 	perRequest := false
 	for _, name := range templatePlaceholders(tmpl) {
 		if !k.known(name) {
-			p := templateProblem{placeholder: "{" + name + "}", suggestion: suggestPlaceholder(name)}
+			p := templateProblem{placeholder: "{" + name + "}", suggestion: k.suggest(name)}
 			p.msg = "placeholder is not one that Caddy or a handler of this config provides: it resolves to nothing"
 			if isKey {
 				p.msg += ", and every client would share one budget"
@@ -208,14 +208,36 @@ func (h *Handler) checkAmounts() error {
 				continue
 			}
 			hint := ""
-			if s := suggestPlaceholder(name); s != "" {
+			if s := k.suggest(name); s != "" {
 				hint = " (did you mean " + s + "?)"
 			}
-			return cfgErr(c.field, "%s %s: placeholder {%s} is not one that Caddy or a handler of this config provides: it resolves to nothing, and every request would be answered 500%s",
-				c.what, c.a, name, hint)
+			return cfgErr(c.field, "%s %s: placeholder {%s} is not one that Caddy or a handler of this config provides: it resolves to nothing, and every request would be answered 500%s%s",
+				c.what, c.a, name, hint, amountLine(h.Name, c.field, c.a))
 		}
 	}
 	return nil
+}
+
+// suggest is the placeholder a near miss probably meant: a map
+// destination or a var of this config at most two edits away (the nearest),
+// or else suggestPlaceholder's.
+func (k *placeholderKnowledge) suggest(name string) string {
+	best, bestDist := "", 3
+	for p := range k.provided {
+		forms := []string{p}
+		if v, ok := strings.CutPrefix(p, "http.vars."); ok {
+			forms = append(forms, v, "vars."+v) // a var written bare, or as the Caddyfile's shorthand
+		}
+		for _, f := range forms {
+			if d := editDistance(name, f); d < bestDist || d == bestDist && p < best {
+				best, bestDist = p, d
+			}
+		}
+	}
+	if best != "" {
+		return "{" + best + "}"
+	}
+	return suggestPlaceholder(name)
 }
 
 // suggestPlaceholder returns the placeholder a near miss probably meant:
@@ -270,8 +292,8 @@ func editDistance(a, b string) int {
 	return prev[len(b)]
 }
 
-// providedByConfig returns the placeholders the map handlers of the config
-// being loaded set, wherever they are in the HTTP app's routes (provisioned
+// providedByConfig returns the placeholders the map and vars handlers of
+// the config being loaded set, wherever they are in the HTTP app's routes (provisioned
 // already, or still JSON).
 func providedByConfig(ctx caddy.Context) map[string]bool {
 	out := map[string]bool{}
@@ -301,6 +323,10 @@ func mapDestinations(routes caddyhttp.RouteList, out map[string]bool) {
 				for _, d := range v.Destinations {
 					out[strings.Trim(d, "{}")] = true
 				}
+			case *caddyhttp.VarsMiddleware:
+				for name := range *v {
+					out["http.vars."+name] = true
+				}
 			case *caddyhttp.Subroute:
 				mapDestinations(v.Routes, out)
 			}
@@ -324,6 +350,13 @@ func rawMapDestinations(v any, out map[string]bool) {
 			for _, d := range ds {
 				if s, ok := d.(string); ok {
 					out[strings.Trim(s, "{}")] = true
+				}
+			}
+		}
+		if x["handler"] == "vars" {
+			for name := range x {
+				if name != "handler" {
+					out["http.vars."+name] = true
 				}
 			}
 		}

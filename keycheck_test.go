@@ -319,8 +319,9 @@ http://localhost:9080 {
 // TestAmountPlaceholdersCheckedAtLoad: a placeholder in limit,
 // global_limit, cost or max_concurrent that nothing provides resolves to
 // nothing, and every request would be answered 500: the config is refused
-// at load, naming the limiter, the directive, the placeholder and, when one
-// is close, the one it meant. Placeholders Caddy or the config provides
+// at load, naming the limiter, the directive, the placeholder, when one is
+// close the one it meant (Caddy's, or a map destination or var of this
+// config), and the Caddyfile line. Placeholders Caddy or the config provides
 // (request headers, a map's destination, vars, the environment) load.
 func TestAmountPlaceholdersCheckedAtLoad(t *testing.T) {
 	t.Parallel()
@@ -333,21 +334,27 @@ func TestAmountPlaceholdersCheckedAtLoad(t *testing.T) {
 		name, lines, want string
 	}{
 		{"typo in limit", "limit {http.request.heder.X-Tier}\nwindow 1m",
-			"limiter amt0: limit {http.request.heder.X-Tier}: placeholder {http.request.heder.X-Tier} " + unknown + " (did you mean {http.request.header.X-Tier}?)"},
+			"limiter amt0: limit {http.request.heder.X-Tier}: placeholder {http.request.heder.X-Tier} " + unknown + " (did you mean {http.request.header.X-Tier}?), at Caddyfile:8"},
 		{"typo in a map's destination", "limit {tier_limt}\nwindow 1m",
-			"limiter amt1: limit {tier_limt}: placeholder {tier_limt} " + unknown},
+			"limiter amt1: limit {tier_limt}: placeholder {tier_limt} " + unknown + " (did you mean {tier_limit}?), at Caddyfile:8"},
 		{"typo in a second window", "limit 100 1m\nlimit {tire} 1h",
-			"limiter amt2: limits[1]: limit {tire}: placeholder {tire} " + unknown},
+			"limiter amt2: limits[1]: limit {tire}: placeholder {tire} " + unknown + ", at Caddyfile:9"},
 		{"typo in global_limit", "region {header.X-Region}\nlimit 5 1m\nglobal_limit {http.request.uri.qurey.g} 1m",
-			"limiter amt3: global_limits[0]: global_limit {http.request.uri.qurey.g}: placeholder {http.request.uri.qurey.g} " + unknown + " (did you mean {http.request.uri.query.g}?)"},
+			"limiter amt3: global_limits[0]: global_limit {http.request.uri.qurey.g}: placeholder {http.request.uri.qurey.g} " + unknown + " (did you mean {http.request.uri.query.g}?), at Caddyfile:10"},
 		{"typo in cost", "limit 5\nwindow 1m\ncost {http.request.header.X-Cost}{costs}",
-			"limiter amt4: cost {http.request.header.X-Cost}{costs}: placeholder {costs} " + unknown},
+			"limiter amt4: cost {http.request.header.X-Cost}{costs}: placeholder {costs} " + unknown + ", at Caddyfile:10"},
 		{"typo in max_concurrent", "limit 5\nwindow 1m\nmax_concurrent {http.reqest.header.X-Max}",
-			"limiter amt5: max_concurrent {http.reqest.header.X-Max}: placeholder {http.reqest.header.X-Max} " + unknown + " (did you mean {http.request.header.X-Max}?)"},
+			"limiter amt5: max_concurrent {http.reqest.header.X-Max}: placeholder {http.reqest.header.X-Max} " + unknown + " (did you mean {http.request.header.X-Max}?), at Caddyfile:10"},
+		{"a var written bare", "vars_tier\nlimit {tier_gold}\nwindow 1m",
+			"limiter amt6: limit {tier_gold}: placeholder {tier_gold} " + unknown + " (did you mean {http.vars.tier_gold}?), at Caddyfile:8"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			err := loadCaddyfile(t, site(fmt.Sprintf("amt%d", i), c.lines))
-			if err == nil || !strings.Contains(err.Error(), c.want) {
+			src := site(fmt.Sprintf("amt%d", i), c.lines)
+			if rest, ok := strings.CutPrefix(c.lines, "vars_tier\n"); ok {
+				src = strings.Replace(site(fmt.Sprintf("amt%d", i), rest), "\trespond ok", "\tvars tier_gold 10\n\trespond ok", 1)
+			}
+			err := loadCaddyfile(t, src)
+			if err == nil || !strings.HasSuffix(err.Error(), c.want) {
 				t.Errorf("loading gives %v, want %q", err, c.want)
 			}
 		})

@@ -265,6 +265,9 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if err := h.checkAmounts(); err != nil {
 		return h.named(err)
 	}
+	if err := h.checkAuthOrder(); err != nil {
+		return h.named(err)
+	}
 	h.rt.policy = p
 	h.compile()
 	h.rt.statusIn = p.CountOnly
@@ -292,6 +295,11 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	if h.rt.lim, err = limiter.New(p, b); err != nil {
 		h.release()
 		return h.named(h.policyError(err))
+	}
+	if err := h.checkAccess(); err != nil {
+		h.rt.lim.Close()
+		h.release()
+		return h.named(err)
 	}
 	h.rt.headers = planHeaders(h, &p)
 	h.rt.configID = ctx.GetMetricsRegistry()

@@ -6,6 +6,7 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyevents"
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -51,9 +52,13 @@ type provisioned struct {
 	ledgerKey string          // the ledger's entry (global_redis)
 	ledger    *limiter.Ledger // global_redis: the admin reset forgets a key's grants in it
 	breaker   *limiter.Breaker
-	memory    *limiter.MemoryStore
-	configID  any    // what tells this config from another in the registry
-	fingerprt string // the block's settings, for same-name checks
+	// The clients of redis and global_redis and their first PING, for
+	// checkAccess.
+	redis, ledgerClient   redis.UniversalClient
+	redisPing, ledgerPing *pingResult
+	memory                *limiter.MemoryStore
+	configID              any    // what tells this config from another in the registry
+	fingerprt             string // the block's settings, for same-name checks
 }
 
 // newProvisioned starts what Provision builds, keeping the logger and the

@@ -1,12 +1,14 @@
 package slidingratelimit
 
 import (
+	"cmp"
 	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -64,11 +66,24 @@ func TestReadmeTestCommand(t *testing.T) {
 }
 
 // TestReadmeRunCommand runs the README's run command as written: Caddy must
-// serve with no Redis and limit requests (5 admitted, then 429).
+// serve with no Redis and limit requests (5 admitted, then 429). It serves
+// on Caddy's admin port 2019 and the example's 8080; beside another Caddy,
+// RUN_ADMIN_PORT and RUN_PORT move them (a copy of the example with the
+// other ports), as make first-hour ADMIN_PORT=... PORT=... does.
 func TestReadmeRunCommand(t *testing.T) {
 	run, _ := readmeCommands(t)
 	args := strings.Fields(run)
+	admin, port := cmp.Or(os.Getenv("RUN_ADMIN_PORT"), "2019"), cmp.Or(os.Getenv("RUN_PORT"), "8080")
 	cmd := exec.Command(args[0], args[1:]...)
+	if admin != "2019" || port != "8080" {
+		src := strings.Replace(readFile(t, "examples/Caddyfile"), "\n:8080 {", "\n:"+port+" {", 1)
+		src = strings.Replace(src, "\tadmin localhost:2019\n", "\tadmin localhost:"+admin+"\n", 1)
+		moved := filepath.Join(t.TempDir(), "Caddyfile")
+		if err := os.WriteFile(moved, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Args = slices.Replace(slices.Clone(cmd.Args), slices.Index(cmd.Args, "examples/Caddyfile"), slices.Index(cmd.Args, "examples/Caddyfile")+1, moved)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -94,7 +109,7 @@ func TestReadmeRunCommand(t *testing.T) {
 	// Measured times), so the bound is only there to end a hang.
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
-		resp, err := client.Get("http://localhost:2019/config/")
+		resp, err := client.Get("http://localhost:" + admin + "/config/")
 		if err == nil {
 			resp.Body.Close()
 			break
@@ -106,7 +121,7 @@ func TestReadmeRunCommand(t *testing.T) {
 	}
 	codes := make([]int, 6)
 	for i := range codes {
-		resp, err := client.Get("http://localhost:8080/")
+		resp, err := client.Get("http://localhost:" + port + "/")
 		if err != nil {
 			t.Fatalf("request %d: %v\n%s", i+1, err, out.String())
 		}

@@ -1,7 +1,6 @@
 package slidingratelimit
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -386,6 +385,7 @@ type redisEntry struct {
 	client redis.UniversalClient
 	store  *limiter.RedisStore
 	*limiter.Breaker
+	ping *pingResult // at creation; a refusal is a configuration error (checkAccess)
 }
 
 func (r redisEntry) Destruct() error {
@@ -406,7 +406,7 @@ func acquireMemoryStore() (*limiter.MemoryStore, string, error) {
 // acquireRedisStore returns the store of cfg, creating its client on first
 // use. It does not wait for Redis: a Redis that is down at start does not
 // stop Caddy (a warning is logged once), the fail mode covers it until
-// Redis answers.
+// Redis answers; one that answers and refuses is checkAccess's.
 func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, error) {
 	key := cfg.poolKey()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
@@ -431,15 +431,11 @@ func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, e
 			OnChange:  logBreakerChange(log, target),
 			IsFailure: limiter.IsUnavailable,
 		})
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), opts.DialTimeout+cfg.timeout())
-			defer cancel()
-			if err := client.Ping(ctx).Err(); err != nil {
-				log.Warn("redis does not answer at start; requests follow the fail mode until it does",
-					zap.String("redis", target), zap.Error(err))
-			}
-		}()
-		return redisEntry{client: client, store: store, Breaker: breaker}, nil
+		ping := startPing(client, opts.DialTimeout+cfg.timeout(), func(err error) {
+			log.Warn("redis does not answer at start; requests follow the fail mode until it does",
+				zap.String("redis", target), zap.Error(err))
+		})
+		return redisEntry{client: client, store: store, Breaker: breaker, ping: ping}, nil
 	})
 	if err != nil {
 		return redisEntry{}, "", err
@@ -453,6 +449,7 @@ func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, e
 type ledgerEntry struct {
 	client redis.UniversalClient
 	ledger *limiter.Ledger
+	ping   *pingResult
 }
 
 func (e ledgerEntry) Destruct() error { return e.client.Close() }
@@ -477,15 +474,11 @@ func acquireLedger(cfg *RedisConfig, log *zap.Logger) (ledgerEntry, string, erro
 		}
 		client := redis.NewUniversalClient(opts)
 		target := cfg.target()
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), opts.DialTimeout+cfg.ledgerTimeout())
-			defer cancel()
-			if err := client.Ping(ctx).Err(); err != nil {
-				log.Warn("the ledger (global_redis) does not answer at start; identities that need a share follow the fail mode until it does",
-					zap.String("global_redis", target), zap.Error(err))
-			}
-		}()
-		return ledgerEntry{client: client, ledger: limiter.NewLedger(client)}, nil
+		ping := startPing(client, opts.DialTimeout+cfg.ledgerTimeout(), func(err error) {
+			log.Warn("the ledger (global_redis) does not answer at start; identities that need a share follow the fail mode until it does",
+				zap.String("global_redis", target), zap.Error(err))
+		})
+		return ledgerEntry{client: client, ledger: limiter.NewLedger(client), ping: ping}, nil
 	})
 	if err != nil {
 		return ledgerEntry{}, "", err
@@ -566,6 +559,7 @@ func (h *Handler) backend() (limiter.Backend, error) {
 		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: limiter %s: global_redis %w", h.Name, err)
 	}
 	h.rt.ledgerKey, h.rt.ledger = key, e.ledger
+	h.rt.ledgerClient, h.rt.ledgerPing = e.client, e.ping
 	b.Global = &limiter.Global{Ledger: e.ledger, Datacenter: h.Datacenter, Timeout: h.GlobalRedis.ledgerTimeout(),
 		OnEvent: h.rt.metrics.globalEvent}
 	return b, nil
@@ -593,6 +587,7 @@ func (h *Handler) storeBackend() (limiter.Backend, error) {
 		return limiter.Backend{}, fmt.Errorf("sliding_ratelimit: limiter %s: redis %w", h.Name, err)
 	}
 	h.rt.storeKey, h.rt.breaker = key, e.Breaker
+	h.rt.redis, h.rt.redisPing = e.client, e.ping
 	b := limiter.Backend{
 		Store: e.Breaker, Base: e.store, Source: limiter.SourceRedis, Remote: true,
 		DenyCacheSize: h.DenyCacheSize, Notifier: e.store,

@@ -79,7 +79,8 @@ func createLimiterACLUser(t *testing.T, srv *redistest.Server) {
 // TestACL: an ACL user restricted to the default key prefix and to the
 // commands above works end to end with every algorithm (clock redis, so
 // TIME too); the restriction is real (another prefix gets NOPERM); a wrong
-// password is a clear WRONGPASS error in the log, with the fail mode.
+// password changed after the load is a clear WRONGPASS error in the log,
+// with the fail mode.
 func TestACL(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -109,11 +110,17 @@ func TestACL(t *testing.T) {
 			expectOutcome(t, "5th, under a factor of 2", mustServe(t, h, hdr), http.StatusOK, "redis")
 		})
 	}
-	t.Run("wrong password", func(t *testing.T) {
+	// A password or a key pattern that changes after the load (refused at
+	// load: TestRedisRefusalIsAConfigError) is the fail mode's, and logged.
+	t.Run("password changed after the load", func(t *testing.T) {
 		t.Parallel()
 		for _, mode := range []string{"closed", "open"} {
-			h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), Fail: mode, Redis: user("wrong")}
+			name := uniqueName()
+			h := &Handler{Name: name, Limit: "3", Window: caddy.Duration(time.Minute), Fail: mode, Redis: user("s3cret")}
+			h.Redis.Username = aclUserLike(t, srv, name)
 			logs := provision(t, h, nil)
+			srv.CLI(t, "ACL", "SETUSER", h.Redis.Username, "resetpass", ">other")
+			srv.CLI(t, "CLIENT", "KILL", "USER", h.Redis.Username)
 			o := mustServe(t, h, nil)
 			if mode == "closed" {
 				expectOutcome(t, "fail closed", o, http.StatusServiceUnavailable, "fail_closed")
@@ -127,12 +134,13 @@ func TestACL(t *testing.T) {
 			}
 		}
 	})
-	t.Run("outside the key pattern", func(t *testing.T) {
+	t.Run("key pattern changed after the load", func(t *testing.T) {
 		t.Parallel()
-		r := user("s3cret")
-		r.KeyPrefix = "elsewhere:"
-		h := &Handler{Name: uniqueName(), Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: r}
+		name := uniqueName()
+		h := &Handler{Name: name, Limit: "3", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: user("s3cret")}
+		h.Redis.Username = aclUserLike(t, srv, name)
 		logs := provision(t, h, nil)
+		srv.CLI(t, "ACL", "SETUSER", h.Redis.Username, "resetkeys", "~elsewhere:*")
 		expectOutcome(t, "request", mustServe(t, h, nil), http.StatusServiceUnavailable, "fail_closed")
 		if msg, ok := errorLogged(logs, "NOPERM"); !ok {
 			t.Errorf("no logged error names NOPERM:\n%s", renderLogs(logs))
@@ -140,6 +148,19 @@ func TestACL(t *testing.T) {
 			t.Logf("logged: %s", msg)
 		}
 	})
+}
+
+// aclUserLike creates the ACL user "u-<name>" with the rights and password of
+// "limiter" (createLimiterACLUser), for a test that changes them.
+func aclUserLike(t *testing.T, srv *redistest.Server, name string) string {
+	t.Helper()
+	u := "u-" + name
+	args := append([]string{"ACL", "SETUSER", u, "reset", "on", ">s3cret", "~" + limiter.DefaultKeyPrefix + "*",
+		"resetchannels", "&" + limiter.DefaultKeyPrefix + "*", "-@all"}, limiterACLCommands(t)...)
+	if got := srv.CLI(t, args...); got != "OK" {
+		t.Fatalf("ACL SETUSER: %s", got)
+	}
+	return u
 }
 
 // TestACLDeniedLimiterDoesNotTripOthers: two limiters share one Redis
@@ -157,8 +178,12 @@ func TestACLDeniedLimiterDoesNotTripOthers(t *testing.T) {
 	}
 	good := &Handler{Name: uniqueName(), Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: cfg("")}
 	bad := &Handler{Name: uniqueName(), Limit: "100", Window: caddy.Duration(time.Minute), Fail: "closed", Redis: cfg("elsewhere:")}
+	bad.Redis.KeyPrefix = limiter.DefaultKeyPrefix + "elsewhere:"
 	provision(t, good, nil)
 	provision(t, bad, nil)
+	// Then the user loses bad's keys (refused at load, the prefix would
+	// not load: TestRedisRefusalIsAConfigError).
+	srv.CLI(t, "ACL", "SETUSER", "limiter", "resetkeys", "~"+limiter.DefaultKeyPrefix+good.Name+":*")
 	if redisBreaker(t, good) != redisBreaker(t, bad) {
 		t.Fatal("the two limiters do not share a Redis store; the test needs them to")
 	}

@@ -8,9 +8,16 @@
 #   docs/first-hour.sh            # every step (make test twice: long)
 #   docs/first-hour.sh build run  # some steps: build run xcaddy test
 #
-# It uses ports 2019 and 8080 (the run step, and make test's README tests):
-# run it when nothing else does.
+# It uses Caddy's admin port 2019 and the example's 8080 (the run step, and
+# make test's TestReadmeRunCommand); beside another Caddy, move them:
+#
+#   ADMIN_PORT=2119 PORT=8180 docs/first-hour.sh   # make first-hour ADMIN_PORT=2119 PORT=8180
+#
+# The load average (1 minute) is taken as each run ends, and printed with
+# the times: other jobs on the machine slow the runs down.
 set -euo pipefail
+ADMIN_PORT=${ADMIN_PORT:-2019} PORT=${PORT:-8080}
+export RUN_ADMIN_PORT=$ADMIN_PORT RUN_PORT=$PORT
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(build run xcaddy test)
@@ -44,10 +51,11 @@ timed() {
 
 # serving: the README's run command, until Caddy's admin endpoint answers.
 serving() {
+	sed -i "s/^:8080 {/:$PORT {/; s/^\tadmin localhost:2019$/\tadmin localhost:$ADMIN_PORT/" examples/Caddyfile # the clone's copy
 	go run ./cmd/caddy run --config examples/Caddyfile >"$dir/run.log" 2>&1 &
 	local pid=$!
 	for _ in $(seq 1 6000); do
-		if curl -s -o /dev/null localhost:2019/config/; then
+		if curl -s -o /dev/null "localhost:$ADMIN_PORT/config/"; then
 			pkill -P "$pid" 2>/dev/null || true
 			kill "$pid" 2>/dev/null || true
 			wait "$pid" 2>/dev/null || true
@@ -87,16 +95,17 @@ for step in "${steps[@]}"; do
 	fresh "$dir"
 	loads+=("$(load)")
 	f=$(timed "${cmd[@]}")
-	loads+=("$(load)")
+	lf=$(load)
 	w=$(timed "${cmd[@]}")
-	loads+=("$(load)")
+	lw=$(load)
+	loads+=("$lf" "$lw")
 	chmod -R u+w "$dir" && rm -rf "$dir"
-	rows+=("| $what | $(fmt "$f") | $(fmt "$w") |")
+	rows+=("| $what | $(fmt "$f") | $(fmt "$w") | $lf / $lw |")
 	echo "${rows[-1]}" >&2 # progress
 done
 
-echo "| step | fresh machine | warm caches |"
-echo "| --- | ---: | ---: |"
+echo "| step | fresh machine | warm caches | load average at the end, fresh / warm |"
+echo "| --- | ---: | ---: | ---: |"
 printf '%s\n' "${rows[@]}"
 echo
 lo=$(printf '%s\n' "${loads[@]}" | sort -n | head -1)

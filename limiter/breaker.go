@@ -117,6 +117,9 @@ func (b *Breaker) Do(ctx context.Context, op *Op) (Reply, error) {
 		}
 		probe = p
 	}
+	if op.Lease != nil && op.Mode != ModeRelease && (b.held.n.Load() > 0 || b.held.sending.Load()) {
+		b.releaseFirst(ctx, op)
+	}
 	res, err := b.store.Do(ctx, op)
 	b.done(ctx, probe, err)
 	if err != nil {
@@ -240,11 +243,18 @@ const maxHeld = 4096
 // shortest window. A release is sent again whatever the failure (releasing
 // twice is harmless); a record only when it was never sent (a record that
 // failed may have been counted).
+//
+// A check of a key whose releases are held sends them first (releaseFirst):
+// a request is never refused for leases its node knows are given back.
 type held struct {
 	mu      sync.Mutex
 	ops     []heldOp
 	n       atomic.Int32
 	sending atomic.Bool
+	// inFlight is the lease key of the release deliver is sending ("" for
+	// none), and sent closes when that send ends.
+	inFlight string
+	sent     chan struct{}
 }
 
 type heldOp struct {
@@ -299,29 +309,102 @@ func heldFor(op *Op) time.Duration {
 	return d
 }
 
-// deliver sends the held ops in the background, one sender at a time.
+// deliver sends the held ops in the background, one sender at a time,
+// each op taken out of held as it is sent (so that releaseFirst finds a
+// release either still held or being sent).
 func (b *Breaker) deliver() {
 	if !b.held.sending.CompareAndSwap(false, true) {
 		return
 	}
 	b.held.mu.Lock()
-	ops := b.held.ops
-	b.held.ops = nil
-	b.held.n.Store(0)
+	n := len(b.held.ops) // those held now: one that fails again waits for the next delivery
 	b.held.mu.Unlock()
 	go func() {
 		defer b.held.sending.Store(false)
-		for i := range ops {
-			h := &ops[i]
-			if !b.cfg.Now().Before(h.until) {
-				continue
+		for range n {
+			h, done, ok := b.nextHeld()
+			if !ok {
+				return
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			_, err := b.store.Do(ctx, &h.op)
-			cancel()
-			if err != nil {
-				b.hold(&h.op, false, err, h.until)
-			}
+			b.send(&h)
+			b.held.mu.Lock()
+			b.held.inFlight, b.held.sent = "", nil
+			b.held.mu.Unlock()
+			close(done)
 		}
 	}()
+}
+
+// nextHeld takes the first held op out, marking it in flight.
+func (b *Breaker) nextHeld() (heldOp, chan struct{}, bool) {
+	b.held.mu.Lock()
+	defer b.held.mu.Unlock()
+	if len(b.held.ops) == 0 {
+		return heldOp{}, nil, false
+	}
+	h := b.held.ops[0]
+	b.held.ops = b.held.ops[1:]
+	b.held.n.Store(int32(len(b.held.ops)))
+	done := make(chan struct{})
+	if h.op.Mode == ModeRelease {
+		b.held.inFlight, b.held.sent = h.op.Lease.Key, done
+	}
+	return h, done, true
+}
+
+// send sends a held op while it is still worth sending, holding it again
+// when the store fails.
+func (b *Breaker) send(h *heldOp) {
+	if !b.cfg.Now().Before(h.until) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	_, err := b.store.Do(ctx, &h.op)
+	cancel()
+	if err != nil {
+		b.hold(&h.op, false, err, h.until)
+	}
+}
+
+// releaseFirst sends, before check (an Op with a lease), the releases of
+// its lease key held (and waits for one deliver is sending, within ctx):
+// the check must not count leases its node knows are given back. Each
+// goes with the check's deadline, so that a release that meets a stalled
+// Redis does not run when it resumes, later than the check it came
+// before. A release the store fails is held again; the check goes on (its
+// own call says whether the store answers).
+func (b *Breaker) releaseFirst(ctx context.Context, check *Op) {
+	key := check.Lease.Key
+	b.held.mu.Lock()
+	var mine []heldOp
+	b.held.ops = slices.DeleteFunc(b.held.ops, func(h heldOp) bool {
+		if h.op.Mode == ModeRelease && h.op.Lease.Key == key {
+			mine = append(mine, h)
+			return true
+		}
+		return false
+	})
+	b.held.n.Store(int32(len(b.held.ops)))
+	var wait chan struct{}
+	if b.held.inFlight == key {
+		wait = b.held.sent
+	}
+	b.held.mu.Unlock()
+	if wait != nil {
+		select {
+		case <-wait:
+		case <-ctx.Done():
+		}
+	}
+	for i := range mine {
+		h := &mine[i]
+		if !b.cfg.Now().Before(h.until) {
+			continue
+		}
+		rel := h.op
+		rel.Deadline = check.Deadline
+		if _, err := b.store.Do(ctx, &rel); err != nil {
+			b.hold(&h.op, false, err, h.until)
+		}
+	}
 }

@@ -468,10 +468,32 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int, now 
 		r.event("fail:" + n.rule.fail.String())
 		return n.rule.Finish(FailRule(&n.rule, n.local, q, now, checkOnly, no, waitLeft)), false
 	}
+	if n.stack != nil {
+		r.releaseFirst(n.stack.breaker, q.bucket(&n.rule), now)
+	}
 	d := r.store.Decide(&n.rule, q, r.storeTime(now), checkOnly, no, waitLeft)
 	d.source = r.source()
 	r.remember(n, q, &d, now)
 	return n.rule.Finish(d), true
+}
+
+// releaseFirst: a check that reaches the store through a node's breaker
+// sends the releases of its key the breaker holds first (those still
+// worth sending): a request is never refused for leases its node knows
+// are given back.
+func (r *simRun) releaseFirst(b *limiter.Breaker, bucket string, now time.Time) {
+	t, kept := now.UnixMicro(), r.held[b][:0]
+	for _, h := range r.held[b] {
+		if h.record || h.o.q.bucket(&h.o.rule) != bucket {
+			kept = append(kept, h)
+			continue
+		}
+		if t < h.until {
+			r.store.Release(bucket, h.o.reqNo)
+			r.event("held_release_first")
+		}
+	}
+	r.held[b] = kept
 }
 
 func (r *simRun) source() limiter.Source {
@@ -512,9 +534,10 @@ func (r *simRun) done(s *simStep) error {
 		status = 500
 		r.event("panic")
 	}
-	if o.shared && r.down == "stall" {
+	if o.shared && r.down == "stall" && (o.br == nil || !limiter.BreakerRefuses(o.br)) {
 		// A call after the response that reaches a stalled Redis may run
-		// when it resumes, or not: the response ends later.
+		// when it resumes, or not: the response ends later. (Through an
+		// open circuit it reaches nothing: the breaker holds it.)
 		r.open = append(r.open, o)
 		return nil
 	}

@@ -223,12 +223,14 @@ func genCase(seed uint64, stack string, steps int) simCase {
 // starts while a request waits in the queue, an outage under a ban rule
 // while denials are cached, notices a node misses (it reads the overrides'
 // index instead), a ban that outlasts its window's refusals while leases
-// are taken and given back (a banned request must take none), nodes of the
-// Redis stack switching between the state formats (reloads that write sliding_log keys in
-// format 1 or 2). A random history reaches each only now and then; make
-// test runs a few focused ones on Redis after the random ones.
+// are taken and given back (a banned request must take none), leases
+// given back while the circuit is open (the key's next check must not
+// count them), nodes of the Redis stack switching between the state
+// formats (reloads that write sliding_log keys in format 1 or 2). A random
+// history reaches each only now and then; make test runs a few focused ones
+// on Redis after the random ones.
 var simFoci = map[string][]string{
-	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease", "format"},
+	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease", "lease-outage", "format"},
 	"memory": {"queue-ban", "store-clock"},
 }
 
@@ -287,6 +289,9 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		}
 	}
 	keys := []string{"a", "a", "a", "b"}
+	if focus == "lease-outage" {
+		genLeaseOutage(rng, &c, steps)
+	}
 	for focus == "ban-lease" && len(c.Steps) < steps {
 		// Rounds of: enough requests of one key to ban it, the window's
 		// length, a request of it at each node (each node's first sight of
@@ -351,6 +356,43 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		c.Steps = append(c.Steps, s)
 	}
 	return c
+}
+
+// genLeaseOutage draws rounds of: a key's requests up to max_concurrent at
+// one node, held; Redis stalls; other keys' requests there time out until
+// the circuit opens; the key's requests end (their releases are held);
+// Redis comes back; past the cool-down, the key's next request at that
+// node (the probe, or after another key's), then the others end.
+func genLeaseOutage(rng *rand.Rand, c *simCase, steps int) {
+	c.Cfg.Windows, c.Cfg.Limits = []string{"1m"}, []int64{100}
+	c.Cfg.GWindows, c.Cfg.GLimits, c.Cfg.Zone, c.Cfg.Burst = nil, nil, "", 0
+	c.Cfg.BanAfter, c.Cfg.Queue, c.Cfg.CountOnly, c.Cfg.DryRun = 0, "", false, false
+	c.Cfg.Conc, c.Cfg.Lease = int64(1+rng.IntN(2)), "10s"
+	if c.Cfg.Fail == "local" {
+		c.Cfg.Fail = "open"
+	}
+	for len(c.Steps) < steps {
+		n, key := rng.IntN(c.Nodes), []string{"a", "b"}[rng.IntN(2)]
+		for range c.Cfg.Conc {
+			c.Steps = append(c.Steps, simStep{Op: "req", Node: n, Key: key, Region: "us", Cost: 1})
+		}
+		c.Steps = append(c.Steps, simStep{Op: "fault", Fault: "stall"})
+		for i := range 5 { // the breaker's threshold
+			c.Steps = append(c.Steps, simStep{Op: "req", Node: n, Key: fmt.Sprint("other", i), Region: "us", Cost: 1})
+		}
+		for range c.Cfg.Conc {
+			c.Steps = append(c.Steps, simStep{Op: "done", Status: 200})
+		}
+		c.Steps = append(c.Steps, simStep{Op: "fault", Fault: "heal"}, simStep{Op: "tick", Dt: int64(1_000_000 + rng.IntN(500_000))})
+		if rng.IntN(2) == 0 {
+			c.Steps = append(c.Steps, simStep{Op: "req", Node: n, Key: "other", Region: "us", Cost: 1})
+		}
+		c.Steps = append(c.Steps, simStep{Op: "req", Node: n, Key: key, Region: "us", Cost: 1})
+		for range 3 {
+			c.Steps = append(c.Steps, simStep{Op: "done", Status: 200})
+		}
+		c.Steps = append(c.Steps, simStep{Op: "tick", Dt: int64(rng.IntN(2_000_000))})
+	}
 }
 
 // genFocusMemory draws a short history toward one seam on the in-process
@@ -746,6 +788,28 @@ var simReplays = []simCase{
 		Steps: []simStep{
 			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
 			{Op: "reload", Node: 2, Limits: []int64{6}, DryRun: true, Client: true},
+		}},
+	// Issue 30's lease after the circuit closes, as the lease-outage focus
+	// draws it (its seed 2, shrunk, with max_concurrent 2): the two
+	// releases held while the circuit was open go before the key's next
+	// check, the probe that closes it.
+	{Name: "a lease given back while the circuit is open is not counted by the key's next check (lease-outage focus)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"1m"}, Limits: []int64{100}, Conc: 2, Lease: "10s", Fail: "open"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "stall"},
+			{Op: "req", Key: "other0", Region: "us", Cost: 1},
+			{Op: "req", Key: "other1", Region: "us", Cost: 1},
+			{Op: "req", Key: "other2", Region: "us", Cost: 1},
+			{Op: "req", Key: "other3", Region: "us", Cost: 1},
+			{Op: "req", Key: "other4", Region: "us", Cost: 1},
+			{Op: "done", Status: 200},
+			{Op: "done", Status: 200},
+			{Op: "fault", Fault: "heal"},
+			{Op: "tick", Dt: 1196113},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
 		}},
 	// Found by the mutation check with the fix reverted (docs/decision.md).
 	{Name: "a queued request's re-checks are not denials for the ban (59cee19; queue-ban focus)", Stack: "memory", Start: time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC), Nodes: 3,
