@@ -30,27 +30,12 @@ func (h *Handler) checkAuthOrder() error {
 	if name == "" || h.rt.ctx.Context == nil {
 		return nil
 	}
-	for _, m := range h.rt.ctx.Modules() {
-		app, ok := m.(*caddyhttp.App)
-		if !ok {
-			continue
-		}
-		for _, srv := range app.Servers {
-			if srv == nil {
-				continue
-			}
-			lists := []caddyhttp.RouteList{srv.Routes}
-			if srv.Errors != nil {
-				lists = append(lists, srv.Errors.Routes)
-			}
-			for _, rl := range lists {
-				if authAfter(rawRoutes(rl), h.isThis) {
-					return cfgErr(field, "%s %s: {%s} is set by the authentication handler (basic_auth, or a plugin's provider such as JWT), which runs after this limiter in its route: "+
-						"it is empty here, so every user would share one budget and a request without credentials would get 429, not 401. "+
-						"Run the authentication first: put both in a route block (route { basic_auth ... then sliding_ratelimit ... }), or set the global option order sliding_ratelimit after basic_auth",
-						field, tmpl, name)
-				}
-			}
+	for _, rl := range configRouteLists(h.rt.ctx) {
+		if authAfter(rawRoutes(rl), h.isThis) {
+			return cfgErr(field, "%s %s: {%s} is set by the authentication handler (basic_auth, or a plugin's provider such as JWT), which runs after this limiter in its route: "+
+				"it is empty here, so every user would share one budget and a request without credentials would get 429, not 401. "+
+				"Run the authentication first: put both in a route block (route { basic_auth ... then sliding_ratelimit ... }), or set the global option order sliding_ratelimit after basic_auth",
+				field, tmpl, name)
 		}
 	}
 	return nil

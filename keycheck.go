@@ -297,6 +297,16 @@ func editDistance(a, b string) int {
 // already, or still JSON).
 func providedByConfig(ctx caddy.Context) map[string]bool {
 	out := map[string]bool{}
+	for _, rl := range configRouteLists(ctx) {
+		mapDestinations(rl, out)
+	}
+	return out
+}
+
+// configRouteLists returns the route lists of every server of the config
+// being loaded's HTTP app: each server's routes, and its error routes.
+func configRouteLists(ctx caddy.Context) []caddyhttp.RouteList {
+	var lists []caddyhttp.RouteList
 	for _, m := range ctx.Modules() {
 		app, ok := m.(*caddyhttp.App)
 		if !ok {
@@ -306,13 +316,13 @@ func providedByConfig(ctx caddy.Context) map[string]bool {
 			if srv == nil {
 				continue
 			}
-			mapDestinations(srv.Routes, out)
+			lists = append(lists, srv.Routes)
 			if srv.Errors != nil {
-				mapDestinations(srv.Errors.Routes, out)
+				lists = append(lists, srv.Errors.Routes)
 			}
 		}
 	}
-	return out
+	return lists
 }
 
 func mapDestinations(routes caddyhttp.RouteList, out map[string]bool) {

@@ -458,37 +458,29 @@ local tat = tonumber(redis.call("HGET", h, "v" .. dc)) or now
 local capped = occ >= 0.5 or rate > fair
 
 local glen = len
-local lowest = false
+local lowest, shortest = false, false
 for j = 1, nwin do
   if not lowest or wlim[j] < lowest then
     lowest = wlim[j]
   end
+  if not shortest or wl[j] < shortest then
+    shortest = wl[j]
+  end
 end
+-- The longest grant: 16 lengths, or half the shortest window.
+local longest = math.max(len, math.min(len * 16, math.floor(shortest / 2)))
 if occ < 0.5 and want * 100 <= lowest then
   -- Room to spare and a small want (a quiet identity): a longer grant
   -- spares renewals. A large one stays short: what it leaves unused
   -- counts until a window after its end.
-  local shortest = false
-  for j = 1, nwin do
-    if not shortest or wl[j] < shortest then
-      shortest = wl[j]
-    end
-  end
-  glen = math.max(len, math.min(len * 16, math.floor(shortest / 2)))
+  glen = longest
 end
 if rate > 0 then
   -- A grant lasts until it would be spent at the demand's rate (and a
   -- length more: its renewal), or a trickle's units would die unused
   -- before its next request; at most the longest grant. One spent sooner
   -- is given back sooner, at its last use.
-  local shortest = false
-  for j = 1, nwin do
-    if not shortest or wl[j] < shortest then
-      shortest = wl[j]
-    end
-  end
-  local most = math.max(len, math.min(len * 16, math.floor(shortest / 2)))
-  glen = math.max(glen, math.min(math.floor(want * 1000000 / rate) + len, most))
+  glen = math.max(glen, math.min(math.floor(want * 1000000 / rate) + len, longest))
 end
 if capped and allow and fr * len < 1000000 then
   -- A unit per bucket's step: it lasts until the next may be granted.
