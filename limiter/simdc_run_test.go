@@ -258,11 +258,22 @@ func TestSimDC(t *testing.T) {
 	}
 }
 
+// TestSimDCFindingsFixed replays dcFindingsFixed: the histories of issue 28's findings that
+// are fixed, each failing should its finding come back.
+func TestSimDCFindingsFixed(t *testing.T) {
+	// Not parallel with the package's other tests (as TestSimDC).
+	replayCases(t, "fixed", dcFindingsFixed)
+}
+
 // replayPending replays dcPending in strict mode (SIM_PENDING=1), side by
 // side: each fails while its finding stands.
-func replayPending(t *testing.T) {
-	t.Run("pending", func(t *testing.T) {
-		for _, p := range dcPending {
+func replayPending(t *testing.T) { replayCases(t, "pending", dcPending) }
+
+// replayCases replays cases side by side, each failing on a finding of its
+// kind.
+func replayCases(t *testing.T, name string, cases []dcPendingCase) {
+	t.Run(name, func(t *testing.T) {
+		for _, p := range cases {
 			t.Run(p.c.Name, func(t *testing.T) {
 				t.Parallel()
 				e := &dcEnv{t: t, ledger: redistest.Start(t)}
