@@ -68,7 +68,7 @@ func main() {
 // this test's own build has fetched.
 func buildPreviousRelease(t *testing.T, dir string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
 	root, err := exec.CommandContext(ctx, "git", "rev-parse", "--show-toplevel").Output()
 	if err != nil {
@@ -98,7 +98,7 @@ func buildPreviousRelease(t *testing.T, dir string) string {
 	}
 	bin := filepath.Join(dir, "oldengine")
 	start := time.Now()
-	build := exec.CommandContext(ctx, "nice", "-n", "19", "go", "build", "-o", bin, "./cmd/oldengine")
+	build := exec.CommandContext(ctx, "nice", "-n", "5", "go", "build", "-o", bin, "./cmd/oldengine")
 	build.Dir = src
 	build.Env = append(os.Environ(), "GOFLAGS=-mod=readonly", "GOPROXY=off", "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
