@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -54,10 +55,17 @@ func TestMultidcExampleRunsAsTwoDatacenters(t *testing.T) {
 		n := node{site: fmt.Sprintf("http://127.0.0.1:%d/", site), admin: fmt.Sprintf("http://127.0.0.1:%d/sliding_ratelimit/", admin)}
 		deadline := time.Now().Add(30 * time.Second)
 		for {
+			// Up: the admin API answers and the site listens (the admin
+			// API starts first; a TCP connection, not a request, so that
+			// nothing is counted).
 			resp, err := http.Get(n.admin)
 			if err == nil {
 				resp.Body.Close()
-				return n
+				var c net.Conn
+				if c, err = net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", site)); err == nil {
+					c.Close()
+					return n
+				}
 			}
 			if time.Now().After(deadline) {
 				t.Fatalf("caddy %s not up in 30 s: %v", dc, err)
