@@ -42,7 +42,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyht
 	}
 	if d.Outcome != limiter.OutcomeUnavailable {
 		// Headers say what a store decided: none when none did (fail open).
-		h.rt.headers.writeInto(w.Header(), &d, ph.valsBuf())
+		h.rt.headers.WriteInto(w.Header(), &d, ph.valsBuf())
 	}
 	switch {
 	case h.rt.statusIn != nil:

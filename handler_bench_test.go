@@ -103,7 +103,7 @@ func runBench(b *testing.B, h *Handler, keys int) {
 	// No request's key resolved to nothing (the empty key's shared
 	// budget): the rows measure the keys they say.
 	if h != nil {
-		if n := testutil.ToFloat64(h.rt.metrics.emptyKeys); n != 0 {
+		if n := testutil.ToFloat64(h.rt.metrics.EmptyKeys); n != 0 {
 			b.Fatalf("%v requests had an empty key", n)
 		}
 	}

@@ -393,7 +393,7 @@ func (discardWriter) WriteHeader(int)             {}
 // every other such request of the limiter. A line is logged at most once a
 // minute, with the template and the placeholders unknown to this request.
 func (h *Handler) emptyKey(repl *caddy.Replacer) {
-	h.rt.metrics.emptyKeys.Inc()
+	h.rt.metrics.EmptyKeys.Inc()
 	ok, suppressed := h.rt.logs.emptyKey.allow(time.Now())
 	if !ok {
 		return

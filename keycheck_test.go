@@ -258,7 +258,7 @@ func TestEmptyKeysShareOneBudget(t *testing.T) {
 			if c.counted {
 				wantCount = 5
 			}
-			if got := testutil.ToFloat64(h.rt.metrics.emptyKeys); got != wantCount {
+			if got := testutil.ToFloat64(h.rt.metrics.EmptyKeys); got != wantCount {
 				t.Errorf("empty_keys_total = %v, want %v", got, wantCount)
 			}
 			lines := logs.FilterMessageSnippet("key resolved to nothing").All()

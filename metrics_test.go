@@ -158,7 +158,7 @@ func TestNearLimit(t *testing.T) {
 	t.Parallel()
 	h := &Handler{Name: uniqueName(), Limit: "10", WarnAt: 0.8, Window: caddy.Duration(time.Minute)}
 	logs := provision(t, h, newTestClock())
-	counter := metrics.nearLimit.WithLabelValues(h.Name)
+	counter := metrics.NearLimit.WithLabelValues(h.Name)
 	for i := 1; i <= 10; i++ {
 		w := serve(t, h, nil)
 		if w.Code != http.StatusOK {

@@ -24,6 +24,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redisconf"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/reply"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
@@ -35,8 +37,8 @@ func init() {
 const (
 	DefaultName        = "default"
 	DefaultKey         = "{http.vars.client_ip}"
-	DefaultTimeout     = 100 * time.Millisecond
-	DefaultDialTimeout = 250 * time.Millisecond
+	DefaultTimeout     = redisconf.DefaultTimeout
+	DefaultDialTimeout = redisconf.DefaultDialTimeout
 	DefaultWarnAt      = 0.85
 )
 
@@ -278,7 +280,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 	}
 	h.rt.metrics = newLimiterMetrics(h.Name, storeLabel)
 	if h.GlobalRedis != nil {
-		h.rt.metrics.global = newGlobalMetrics(h.Name, h.Datacenter, p.GlobalWindows)
+		h.rt.metrics.Global = newGlobalMetrics(h.Name, h.Datacenter, p.GlobalWindows)
 	}
 	if err := registerMetrics(ctx.GetMetricsRegistry()); err != nil {
 		return fmt.Errorf("sliding_ratelimit: metrics: %w", err)
@@ -302,6 +304,7 @@ func (h *Handler) Provision(ctx caddy.Context) (err error) {
 		return h.named(err)
 	}
 	h.rt.headers = planHeaders(h, &p)
+	h.rt.refusals.WithRegion = h.Region != ""
 	h.rt.configID = ctx.GetMetricsRegistry()
 	h.warnRestart(&p)
 	cfg, _ := json.Marshal(h)
@@ -414,7 +417,7 @@ func (h *Handler) release() error {
 var (
 	failModes   = []string{"open", "closed", "local"}
 	clocks      = []string{"redis", "app"}
-	headerModes = []string{"both", "ietf", "legacy", "off"}
+	headerModes = reply.HeaderModes
 	onLimits    = []string{"respond", "error"}
 )
 
@@ -744,14 +747,7 @@ func validDatacenter(dc string) error {
 	return nil
 }
 
-func hasPeriod(ws []limiter.Window) bool {
-	for _, w := range ws {
-		if w.Period != limiter.PeriodNone {
-			return true
-		}
-	}
-	return false
-}
+func hasPeriod(ws []limiter.Window) bool { return reply.HasPeriod(ws) }
 
 func hasDuration(ws []limiter.Window) bool {
 	for _, w := range ws {

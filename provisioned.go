@@ -1,7 +1,6 @@
 package slidingratelimit
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -9,6 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/limitmetrics"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/reply"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
@@ -36,11 +37,11 @@ type provisioned struct {
 	// it from the request's header, as Caddy's placeholder does.
 	keyHeader  string
 	regionTmpl template
-	headers    headerPlan
-	last429    atomic.Pointer[refusalText] // the last plain 429's body, see refuse
+	headers    reply.Plan
+	refusals   reply.Refusals // the 429, 413 and 503 bodies, see refuse
 	statusIn   func(int) bool
 
-	metrics *limiterMetrics
+	metrics *limitmetrics.Limiter
 	logs    logGates
 	events  *caddyevents.App
 	// top counts the keys it refuses; shared by the limiter's handlers,

@@ -1,21 +1,17 @@
 package slidingratelimit
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redisconf"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
@@ -112,10 +108,7 @@ type RedisTLS struct {
 }
 
 // DefaultPipelines is the default number of concurrent batch pipelines.
-const DefaultPipelines = 2
-
-// maxBatch bounds the checks sent in one pipeline.
-const maxBatch = 64
+const DefaultPipelines = redisconf.DefaultPipelines
 
 // provision replaces {env.*} placeholders in the secrets and the URL.
 func (c *RedisConfig) provision() {
@@ -125,66 +118,35 @@ func (c *RedisConfig) provision() {
 	}
 }
 
+// conf is the configuration as internal/redisconf takes it.
+func (c *RedisConfig) conf() *redisconf.Config {
+	rc := &redisconf.Config{
+		URL: c.URL, Addresses: c.Addresses, Cluster: c.Cluster, Sentinel: c.Sentinel,
+		SentinelPassword: c.SentinelPassword, Username: c.Username, Password: c.Password, DB: c.DB,
+		DialTimeout: time.Duration(c.DialTimeout), Timeout: time.Duration(c.Timeout), PoolSize: c.PoolSize,
+		Pipeline: c.Pipeline, KeyPrefix: c.KeyPrefix, Scripts: c.Scripts, StateFormat: c.StateFormat,
+	}
+	if c.TLS != nil {
+		t := redisconf.TLS(*c.TLS)
+		rc.TLS = &t
+	}
+	return rc
+}
+
 // validate checks a Redis configuration without connecting. Its errors
 // name the subdirective at fault (redis.<sub>).
 func (c *RedisConfig) validate() error { return c.check("redis") }
 
 // check is validate for the block of directive dir (redis or
 // global_redis): its errors name dir.<sub>.
-func (c *RedisConfig) check(dir string) error {
-	redisErr := func(sub, format string, args ...any) error { return dirErr(dir, sub, format, args...) }
-	if c.URL != "" && len(c.Addresses) > 0 {
-		return redisErr("address", "give either a URL or addresses, not both")
+func (c *RedisConfig) check(dir string) error { return dirErrOf(dir, c.conf().Check()) }
+
+// dirErrOf is the configuration error of a check of the block of dir.
+func dirErrOf(dir string, e *redisconf.Error) error {
+	if e == nil {
+		return nil
 	}
-	if c.URL == "" && len(c.Addresses) == 0 {
-		return redisErr("", "needs a URL or an address")
-	}
-	if c.URL != "" && !strings.Contains(c.URL, "{") {
-		if scheme, _, ok := strings.Cut(c.URL, "://"); ok && scheme != "redis" && scheme != "rediss" {
-			return redisErr("url", "bad URL '%s': the scheme must be redis:// or rediss:// (TLS), not %s://", c.URL, scheme)
-		} else if !ok {
-			return redisErr("url", "bad URL '%s': it needs a scheme: write redis://%s (or rediss:// for TLS)", c.URL, strings.TrimPrefix(c.URL, "//"))
-		}
-		if _, err := redis.ParseURL(c.URL); err != nil {
-			return redisErr("url", "bad URL '%s': %v", c.URL, err)
-		}
-	}
-	if c.Sentinel != "" && c.URL != "" {
-		return redisErr("sentinel", "sentinel needs the Sentinels' addresses, not a URL")
-	}
-	if c.SentinelPassword != "" && c.Sentinel == "" {
-		return redisErr("sentinel_password", "sentinel_password applies to sentinel, and this redis has none")
-	}
-	if c.Cluster && c.Sentinel != "" {
-		return redisErr("cluster", "cluster and sentinel exclude each other: the addresses are either cluster nodes or Sentinels")
-	}
-	if (len(c.Addresses) > 1 || c.Cluster) && c.Sentinel == "" && c.DB != 0 {
-		return redisErr("db", "a Redis Cluster has only db 0")
-	}
-	for _, a := range c.Addresses {
-		if _, _, err := net.SplitHostPort(a); err != nil {
-			return redisErr("address", "bad address '%s': want host:port", a)
-		}
-	}
-	if strings.ContainsAny(c.KeyPrefix, "{}") {
-		return redisErr("key_prefix", "key_prefix '%s' must not contain '{' or '}'", c.KeyPrefix)
-	}
-	if c.DB < 0 || c.PoolSize < 0 || c.Timeout < 0 || c.DialTimeout < 0 {
-		return redisErr("", "db, pool_size and timeouts must not be negative")
-	}
-	if c.Scripts != "" && c.Scripts != "functions" && c.Scripts != "eval" {
-		return redisErr("scripts", "scripts must be functions or eval, got '%s'", c.Scripts)
-	}
-	if c.StateFormat != 0 && c.StateFormat != limiter.LogFormat1 && c.StateFormat != limiter.LogFormat2 {
-		return redisErr("state_format", "state_format must be 1 or 2, got %d", c.StateFormat)
-	}
-	if c.Pipeline < -1 || c.Pipeline > 64 {
-		return redisErr("pipeline", "pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
-	}
-	if c.TLS != nil && (c.TLS.Cert == "") != (c.TLS.Key == "") {
-		return redisErr("tls", "tls: cert and key go together")
-	}
-	return nil
+	return dirErr(dir, e.Sub, "%s", e.Msg)
 }
 
 // dirErr is a configuration error of the subdirective sub of the block of
@@ -199,82 +161,17 @@ func dirErr(dir, sub, format string, args ...any) error {
 
 // DefaultLedgerTimeout bounds one call of the ledger (global_redis) when
 // its block gives no timeout.
-const DefaultLedgerTimeout = time.Second
+const DefaultLedgerTimeout = redisconf.DefaultLedgerTimeout
 
 // checkLedger checks a global_redis block: a redis block's checks (naming
 // global_redis.<sub>), and what a ledger cannot be or does not use.
-func (c *RedisConfig) checkLedger() error {
-	const dir = "global_redis"
-	if err := c.check(dir); err != nil {
-		return err
-	}
-	switch {
-	case c.KeyPrefix != "":
-		return dirErr(dir, "key_prefix", "key_prefix does not apply to the ledger: its keys take the limiter's namespace (redis key_prefix and name), which must be the same in every data centre")
-	case c.Pipeline != 0:
-		return dirErr(dir, "pipeline", "pipeline does not apply to the ledger: it is called in the background, one call per renewal, not per request")
-	case c.Scripts != "":
-		return dirErr(dir, "scripts", "scripts does not apply to the ledger: it always uses EVALSHA")
-	case c.StateFormat != 0:
-		return dirErr(dir, "state_format", "state_format does not apply to the ledger: it holds no sliding_log key")
-	}
-	return nil
-}
+func (c *RedisConfig) checkLedger() error { return dirErrOf("global_redis", c.conf().CheckLedger()) }
 
 // ledgerTimeout bounds one call of the ledger.
-func (c *RedisConfig) ledgerTimeout() time.Duration {
-	if c.Timeout > 0 {
-		return time.Duration(c.Timeout)
-	}
-	return DefaultLedgerTimeout
-}
+func (c *RedisConfig) ledgerTimeout() time.Duration { return c.conf().LedgerTimeout() }
 
 // timeout is the bound on one decision.
-func (c *RedisConfig) timeout() time.Duration {
-	if c.Timeout > 0 {
-		return time.Duration(c.Timeout)
-	}
-	return DefaultTimeout
-}
-
-// pipelines returns the number of batch pipelines, 0 for none.
-func (c *RedisConfig) pipelines() int {
-	switch {
-	case c.Pipeline < 0:
-		return 0
-	case c.Pipeline == 0:
-		return DefaultPipelines
-	}
-	return c.Pipeline
-}
-
-// tlsConfig loads the files into a *tls.Config.
-func (t *RedisTLS) tlsConfig() (*tls.Config, error) {
-	cfg := &tls.Config{
-		MinVersion:         tls.VersionTLS12,
-		ServerName:         t.ServerName,
-		InsecureSkipVerify: t.InsecureSkipVerify, //nolint:gosec // an explicit, documented option
-	}
-	if t.CA != "" {
-		pem, err := os.ReadFile(t.CA)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca: no PEM certificate in %s", t.CA)
-		}
-		cfg.RootCAs = pool
-	}
-	if t.Cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.Cert, t.Key)
-		if err != nil {
-			return nil, fmt.Errorf("tls cert/key: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
-	}
-	return cfg, nil
-}
+func (c *RedisConfig) timeout() time.Duration { return c.conf().DecisionTimeout() }
 
 // options turns the configuration into go-redis options with short,
 // bounded timeouts and no retries: a dead Redis must cost at most Timeout.
@@ -282,65 +179,7 @@ func (c *RedisConfig) options() (*redis.UniversalOptions, error) {
 	if err := c.validate(); err != nil {
 		return nil, err
 	}
-	return c.clientOptions(c.timeout())
-}
-
-// clientOptions are the go-redis options of a configuration already
-// checked, timeout bounding each call.
-func (c *RedisConfig) clientOptions(timeout time.Duration) (*redis.UniversalOptions, error) {
-	o := &redis.UniversalOptions{
-		Addrs:            c.Addresses,
-		Username:         c.Username,
-		Password:         c.Password,
-		DB:               c.DB,
-		MasterName:       c.Sentinel,
-		IsClusterMode:    c.Cluster && c.Sentinel == "",
-		SentinelPassword: c.SentinelPassword,
-	}
-	if c.TLS != nil {
-		tc, err := c.TLS.tlsConfig()
-		if err != nil {
-			return nil, err
-		}
-		o.TLSConfig = tc
-	}
-	if c.URL != "" {
-		u, err := redis.ParseURL(c.URL)
-		if err != nil {
-			return nil, err
-		}
-		o.Addrs = []string{u.Addr}
-		if o.TLSConfig == nil {
-			o.TLSConfig = u.TLSConfig
-		}
-		if o.Username == "" {
-			o.Username = u.Username
-		}
-		if o.Password == "" {
-			o.Password = u.Password
-		}
-		if o.DB == 0 {
-			o.DB = u.DB
-		}
-	}
-	dial := DefaultDialTimeout
-	if c.DialTimeout > 0 {
-		dial = time.Duration(c.DialTimeout)
-	}
-	o.DialTimeout = dial
-	o.DialerRetries = 1 // one dial attempt per call: the timeout bounds an outage, not a backoff loop
-	o.ReadTimeout = timeout
-	o.WriteTimeout = timeout
-	o.PoolTimeout = timeout
-	o.ContextTimeoutEnabled = true
-	o.MaxRetries = -1 // no retries: the fail mode decides, not a retry loop
-	o.PoolSize = c.PoolSize
-	o.DisableIdentity = true // no CLIENT SETINFO: one round trip less, and ACL users need no CLIENT
-	// No CLIENT MAINT_NOTIFICATIONS on each new connection: one round trip
-	// less (across data centres, for the ledger, it counts).
-	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	o.Protocol = 2
-	return o, nil
+	return c.conf().ClientOptions(c.timeout())
 }
 
 // poolKey identifies a Redis configuration: handlers with the same one share
@@ -353,18 +192,7 @@ func (c *RedisConfig) poolKey() string {
 }
 
 // target names a Redis config in logs, without credentials.
-func (c *RedisConfig) target() string {
-	if c.URL != "" {
-		if o, err := redis.ParseURL(c.URL); err == nil {
-			return o.Addr
-		}
-	}
-	t := strings.Join(c.Addresses, ",")
-	if c.Sentinel != "" {
-		t = c.Sentinel + "@" + t
-	}
-	return t
-}
+func (c *RedisConfig) target() string { return c.conf().Target() }
 
 // stores shares stores between handlers and across config reloads: a reload
 // provisions the new handlers (taking a reference) before it cleans up the
@@ -410,28 +238,17 @@ func acquireMemoryStore() (*limiter.MemoryStore, string, error) {
 func acquireRedisStore(cfg *RedisConfig, log *zap.Logger) (redisEntry, string, error) {
 	key := cfg.poolKey()
 	v, _, err := stores.LoadOrNew(key, func() (caddy.Destructor, error) {
-		opts, err := cfg.options()
+		if err := cfg.validate(); err != nil {
+			return nil, err
+		}
+		rc := cfg.conf()
+		target := rc.Target()
+		st, err := rc.OpenStore(logBreakerChange(log, target))
 		if err != nil {
 			return nil, err
 		}
-		client := redis.NewUniversalClient(opts)
-		var ropts []limiter.RedisOption
-		if w := cfg.pipelines(); w > 0 {
-			ropts = append(ropts, limiter.WithBatching(w, maxBatch))
-		}
-		if cfg.Scripts == "eval" {
-			ropts = append(ropts, limiter.WithScripts(limiter.ScriptsEval))
-		}
-		if cfg.StateFormat != 0 {
-			ropts = append(ropts, limiter.WithStateFormat(cfg.StateFormat))
-		}
-		store := limiter.NewRedisStore(client, ropts...)
-		target := cfg.target()
-		breaker := limiter.NewBreaker(store, limiter.BreakerConfig{
-			OnChange:  logBreakerChange(log, target),
-			IsFailure: limiter.IsUnavailable,
-		})
-		ping := startPing(client, opts.DialTimeout+cfg.timeout(), func(err error) {
+		client, store, breaker := st.Client, st.Store, st.Breaker
+		ping := startPing(client, st.Options.DialTimeout+rc.DecisionTimeout(), func(err error) {
 			log.Warn("redis does not answer at start; requests follow the fail mode until it does",
 				zap.String("redis", target), zap.Error(err))
 		})
@@ -464,21 +281,16 @@ func acquireLedger(cfg *RedisConfig, log *zap.Logger) (ledgerEntry, string, erro
 		if err := cfg.checkLedger(); err != nil {
 			return nil, err
 		}
-		opts, err := cfg.clientOptions(cfg.ledgerTimeout())
+		client, opts, ledger, err := cfg.conf().OpenLedger()
 		if err != nil {
 			return nil, err
 		}
-		if cfg.DialTimeout == 0 {
-			// A ledger may be 250 ms away, and TLS takes round trips.
-			opts.DialTimeout = cfg.ledgerTimeout()
-		}
-		client := redis.NewUniversalClient(opts)
 		target := cfg.target()
 		ping := startPing(client, opts.DialTimeout+cfg.ledgerTimeout(), func(err error) {
 			log.Warn("the ledger (global_redis) does not answer at start; identities that need a share follow the fail mode until it does",
 				zap.String("global_redis", target), zap.Error(err))
 		})
-		return ledgerEntry{client: client, ledger: limiter.NewLedger(client), ping: ping}, nil
+		return ledgerEntry{client: client, ledger: ledger, ping: ping}, nil
 	})
 	if err != nil {
 		return ledgerEntry{}, "", err
@@ -561,7 +373,7 @@ func (h *Handler) backend() (limiter.Backend, error) {
 	h.rt.ledgerKey, h.rt.ledger = key, e.ledger
 	h.rt.ledgerClient, h.rt.ledgerPing = e.client, e.ping
 	b.Global = &limiter.Global{Ledger: e.ledger, Datacenter: h.Datacenter, Timeout: h.GlobalRedis.ledgerTimeout(),
-		OnEvent: h.rt.metrics.globalEvent}
+		OnEvent: h.rt.metrics.GlobalEvent}
 	return b, nil
 }
 

@@ -249,18 +249,18 @@ func TestHeldShareEstimate(t *testing.T) {
 	t.Parallel()
 	now := time.Unix(1000, 0)
 	s := newHeldShare(time.Second, func() time.Time { return now })
-	s.add(5)
+	s.Add(5)
 	now = now.Add(400 * time.Millisecond)
-	s.add(3)
-	if got := s.units(); got != 8 {
+	s.Add(3)
+	if got := s.Units(); got != 8 {
 		t.Fatalf("held %d, want 8", got)
 	}
 	now = now.Add(700 * time.Millisecond) // the first grant's length has passed
-	if got := s.units(); got != 3 {
+	if got := s.Units(); got != 3 {
 		t.Fatalf("held %d after the first grant's length, want 3", got)
 	}
 	now = now.Add(time.Second)
-	if got := s.units(); got != 0 {
+	if got := s.Units(); got != 0 {
 		t.Fatalf("held %d after every grant's length, want 0", got)
 	}
 }
@@ -437,7 +437,7 @@ func TestGlobalEventMetrics(t *testing.T) {
 	t.Parallel()
 	name := uniqueName()
 	m := newLimiterMetrics(name, "redis")
-	m.global = newGlobalMetrics(name, "eu-west", []limiter.Window{{Duration: time.Minute}})
+	m.Global = newGlobalMetrics(name, "eu-west", []limiter.Window{{Duration: time.Minute}})
 	for _, ev := range []limiter.GlobalEvent{
 		{Kind: limiter.EventGrant, Units: 7, Took: time.Millisecond},
 		{Kind: limiter.EventGrant, Units: 0, Took: time.Millisecond}, // no room: not a grant
@@ -449,7 +449,7 @@ func TestGlobalEventMetrics(t *testing.T) {
 		{Kind: limiter.EventFailOpen},
 		{Kind: limiter.EventBeat, Took: time.Millisecond},
 	} {
-		m.globalEvent(ev)
+		m.GlobalEvent(ev)
 	}
 	for metric, want := range map[string]float64{
 		"caddy_sliding_ratelimit_global_grants_total": 1, "caddy_sliding_ratelimit_global_granted_units_total": 7,

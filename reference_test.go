@@ -83,21 +83,27 @@ func TestReferenceNamesEverything(t *testing.T) {
 	}
 	for _, m := range metrics {
 		if !strings.Contains(doc, "`"+m+"`") {
-			t.Errorf("metric %s is registered (metrics.go) but not in %s", m, referenceDoc)
+			t.Errorf("metric %s is registered (internal/limitmetrics) but not in %s", m, referenceDoc)
 		}
 	}
 }
 
-// headersFromCode returns the response headers the package's code writes:
-// the hdr* constants, hdr["Name"] assignments and Header().Set/Add calls.
+// headersFromCode returns the response headers the package's code writes,
+// and internal/reply's, which renders its decisions: the hdr* (Hdr*)
+// constants, hdr["Name"] assignments and Header().Set/Add calls.
 func headersFromCode(t *testing.T) []string {
 	t.Helper()
 	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
+	more, err := filepath.Glob("internal/reply/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, more...)
 	pats := []*regexp.Regexp{
-		regexp.MustCompile(`(?m)^\s*hdr\w+\s*=\s*"([A-Za-z-]+)"`),
+		regexp.MustCompile(`(?m)^\s*[hH]dr\w+\s*=\s*"([A-Za-z-]+)"`),
 		regexp.MustCompile(`\bhdr\["([A-Za-z-]+)"\]\s*=`),
 		regexp.MustCompile(`\.Header\(\)\.(?:Set|Add)\("([A-Za-z-]+)"`),
 	}
@@ -182,15 +188,21 @@ func dedupe(s []string) []string {
 	return out
 }
 
-// metricsFromCode returns the full name of every metric metrics.go
-// registers (namespace_subsystem_name).
+// metricsFromCode returns the full name of every metric the handler
+// registers (namespace_subsystem_name): the namespace from metrics.go, the
+// collectors from internal/limitmetrics, which both front doors count with.
 func metricsFromCode(t *testing.T) []string {
 	t.Helper()
-	src := readFile(t, "metrics.go")
-	nsSub := regexp.MustCompile(`const ns, sub = "([a-z_]+)", "([a-z_]+)"`).FindStringSubmatch(src)
-	if nsSub == nil {
-		t.Fatal("no `const ns, sub = ...` in metrics.go")
+	ns := regexp.MustCompile(`const metricsNamespace = "([a-z_]+)"`).FindStringSubmatch(readFile(t, "metrics.go"))
+	if ns == nil {
+		t.Fatal("no `const metricsNamespace = ...` in metrics.go")
 	}
+	src := readFile(t, "internal/limitmetrics/metrics.go")
+	sub := regexp.MustCompile(`const sub = "([a-z_]+)"`).FindStringSubmatch(src)
+	if sub == nil {
+		t.Fatal("no `const sub = ...` in internal/limitmetrics/metrics.go")
+	}
+	nsSub := []string{"", ns[1], sub[1]}
 	var out []string
 	for _, p := range []string{`Namespace: ns, Subsystem: sub, Name: "([a-z_]+)"`, `BuildFQName\(ns, sub, "([a-z_]+)"\)`} {
 		for _, m := range regexp.MustCompile(p).FindAllStringSubmatch(src, -1) {

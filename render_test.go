@@ -31,10 +31,10 @@ func TestDryRun(t *testing.T) {
 			t.Fatalf("dry run sent rate limit headers: %v", w.Header())
 		}
 	}
-	if got := testutil.ToFloat64(metrics.requests.WithLabelValues(h.Name, resultDryRunDenied)); got != 15 {
+	if got := testutil.ToFloat64(metrics.Requests.WithLabelValues(h.Name, resultDryRunDenied)); got != 15 {
 		t.Errorf("dry-run denials %v, want 15", got)
 	}
-	if got := testutil.ToFloat64(metrics.requests.WithLabelValues(h.Name, resultAllowed)); got != 5 {
+	if got := testutil.ToFloat64(metrics.Requests.WithLabelValues(h.Name, resultAllowed)); got != 5 {
 		t.Errorf("allowed %v, want 5", got)
 	}
 	if n := h.usage(t, "", ""); n != 5 {

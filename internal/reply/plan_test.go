@@ -1,4 +1,4 @@
-package slidingratelimit
+package reply
 
 import (
 	"net/http"
@@ -16,20 +16,20 @@ import (
 // the others as they were.
 func TestHeaderValuesStandAlone(t *testing.T) {
 	t.Parallel()
-	hp := headerPlan{legacy: true, ietf: true}
+	hp := Plan{Legacy: true, IETF: true}
 	decision := func(name string, limit, count int64) *limiter.Decision {
 		return &limiter.Decision{Windows: []limiter.WindowUsage{{Policy: name, Limit: limit, Seconds: 60, Known: true,
 			Count: count, Remaining: limit - count, Reset: 30 * time.Second}}}
 	}
 	hdr := http.Header{}
-	hp.write(hdr, decision("per_key", 100, 1))
-	hp.write(hdr, decision("per_ip", 10, 8))
-	hp.write(hdr, decision("loose", 1000, 1))
+	hp.Write(hdr, decision("per_key", 100, 1))
+	hp.Write(hdr, decision("per_ip", 10, 8))
+	hp.Write(hdr, decision("loose", 1000, 1))
 	want := http.Header{
-		hdrLimit:     {"10"},
-		hdrRemaining: {"2"},
-		hdrPolicy:    {`"per_key";q=100;w=60`, `"per_ip";q=10;w=60`, `"loose";q=1000;w=60`},
-		hdrRateLimit: {`"per_key";r=99;t=30`, `"per_ip";r=2;t=30`, `"loose";r=999;t=30`},
+		HdrLimit:     {"10"},
+		HdrRemaining: {"2"},
+		HdrPolicy:    {`"per_key";q=100;w=60`, `"per_ip";q=10;w=60`, `"loose";q=1000;w=60`},
+		HdrRateLimit: {`"per_key";r=99;t=30`, `"per_ip";r=2;t=30`, `"loose";r=999;t=30`},
 	}
 	check := func(when string) {
 		t.Helper()
@@ -42,14 +42,14 @@ func TestHeaderValuesStandAlone(t *testing.T) {
 	check("three limiters")
 
 	one := http.Header{}
-	hp.write(one, decision("solo", 5, 1))
-	one[hdrLimit] = append(one[hdrLimit], "appended")
-	one[hdrPolicy][0] = "rewritten"
-	if got := one[hdrRemaining]; !slices.Equal(got, []string{"4"}) {
-		t.Errorf("after an append to %s: %s = %q", hdrLimit, hdrRemaining, got)
+	hp.Write(one, decision("solo", 5, 1))
+	one[HdrLimit] = append(one[HdrLimit], "appended")
+	one[HdrPolicy][0] = "rewritten"
+	if got := one[HdrRemaining]; !slices.Equal(got, []string{"4"}) {
+		t.Errorf("after an append to %s: %s = %q", HdrLimit, HdrRemaining, got)
 	}
-	if got := one[hdrRateLimit]; !slices.Equal(got, []string{`"solo";r=4;t=30`}) {
-		t.Errorf("after a rewrite of %s: %s = %q", hdrPolicy, hdrRateLimit, got)
+	if got := one[HdrRateLimit]; !slices.Equal(got, []string{`"solo";r=4;t=30`}) {
+		t.Errorf("after a rewrite of %s: %s = %q", HdrPolicy, HdrRateLimit, got)
 	}
 	check("another response's headers changed")
 }
