@@ -85,7 +85,7 @@ func recvName(e ast.Expr) string {
 }
 
 func TestNoFunctionOver80Lines(t *testing.T) {
-	for _, dir := range []string{".", "limiter", "internal/reply", "internal/redisconf", "internal/limitmetrics"} {
+	for _, dir := range []string{".", "limiter", "internal/reply", "internal/redisconf", "internal/limitmetrics", "httplimit"} {
 		fset, files := parseSources(t, dir)
 		for _, l := range longFuncs(fset, files, maxFuncLines) {
 			t.Errorf("%s: over %d lines; split it into named steps", l, maxFuncLines)
