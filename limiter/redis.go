@@ -343,8 +343,10 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 			global = 1
 		}
 		kind := int(p.Kind)
-		if p.Kind == KindLog && format == LogFormat1 {
+		if format == LogFormat1 && p.Kind == KindLog {
 			kind = 7
+		} else if format == LogFormat1 && p.Kind == KindCounter {
+			kind = 8
 		}
 		c.args = append(c.args, kind, len(p.Windows), global)
 		if p.Kind == KindShare {
