@@ -64,10 +64,11 @@ local CTR_N = 10
 local CTR_R = CTR_N + 1
 
 -- Per window of the check: its format (cfmt), bucket length and B, the
--- buckets (cring[j][slot], for (s1 - CTR_R, s1]), their suffix sums
--- (csfx[j][i]: the units of buckets s1 - CTR_R + 1 + i .. s1), and the
--- newest bucket stored (cK, false when the state is written whole).
-local cfmt, cbw, cb, cK, cring, csfx = {}, {}, {}, {}, {}, {}
+-- buckets (cring[j][slot], for (s1 - CTR_R, s1]), their prefix sums
+-- (cpre[j][i]: the units of buckets s1 - CTR_R + 1 .. s1 - CTR_R + i) and
+-- total (ctot), and the newest bucket stored (cK, false when the state is
+-- written whole).
+local cfmt, cbw, cb, cK, cring, cpre, ctot = {}, {}, {}, {}, {}, {}, {}
 local ctrnames = {}
 
 -- ctr_fields is window name's field names: k, w, the slots, c, p.
@@ -84,13 +85,20 @@ local function ctr_fields(name)
   return fs
 end
 
--- ctr_sums fills window j's suffix sums.
+-- ctr_sums fills window j's prefix sums and total.
 local function ctr_sums(j)
-  local c, s, k = cring[j], csfx[j], s1[j]
-  s[CTR_R] = 0
-  for i = CTR_R - 1, 0, -1 do
-    s[i] = s[i + 1] + c[(k - CTR_R + 1 + i) % CTR_R]
+  local c, s = cring[j], cpre[j]
+  local slot, acc = (s1[j] + 1) % CTR_R, 0
+  s[0] = 0
+  for i = 1, CTR_R do
+    acc = acc + c[slot]
+    s[i] = acc
+    slot = slot + 1
+    if slot == CTR_R then
+      slot = 0
+    end
   end
+  ctot[j] = acc
 end
 
 -- ctr_best is window j's estimate at t >= s1[j] * bw.
@@ -106,54 +114,62 @@ local function ctr_best(j, t)
   if c - cb[j] > part then
     part = c - cb[j]
   end
-  return csfx[j][m0 - (k - CTR_R + 1) + 1] + part
+  return (ctot[j] - cpre[j][m0 - k + CTR_R]) + part
 end
 
 -- ctr_buntil is the smallest whole d >= 0 with ctr_best(j, base + d) <=
--- target (target >= 0): segment by segment (m0 constant in each), the
--- closed form nudged by a few µs to absorb floating-point rounding.
-local function ctr_buntil(j, target, base)
-  if ctr_best(j, base) <= target then
+-- target (target >= 0), est being ctr_best(j, base): segment by segment
+-- (m0 constant in each; at its last µs, x = 1), the closed form nudged by
+-- a few µs to absorb floating-point rounding.
+local function ctr_buntil(j, target, base, est)
+  if est <= target then
     return 0
   end
-  local w, bw, k = wlen[j], cbw[j], s1[j]
+  local w, bw, k, b = wlen[j], cbw[j], s1[j], cb[j]
+  local ring, pre, tot = cring[j], cpre[j], ctot[j]
   local m = math.floor((base - w) / bw)
-  while m <= k + 1 do
-    local tend = (m + 1) * bw + w - 1
-    local start = m * bw + w
-    if start < base then
-      start = base
+  while m <= k do
+    local c = ring[m % CTR_R]
+    local sf = tot - pre[m - k + CTR_R]
+    local part = c / bw
+    if c - b > part then
+      part = c - b
     end
-    if ctr_best(j, tend) <= target then
+    if sf + part <= target then
+      local tend = (m + 1) * bw + w - 1
+      local start = m * bw + w
+      if start < base then
+        start = base
+      end
       local t = start
-      if m <= k then
-        local c = cring[j][m % CTR_R]
-        local sf = csfx[j][m - (k - CTR_R + 1) + 1]
-        if c > 0 then
-          t = (m + 1) * bw + w - math.floor((target - sf) * bw / c)
-        end
-        if t < start then
-          t = start
-        end
-        if t > tend then
-          t = tend
-        end
-        local n = 0
-        while n < 4 and t < tend and ctr_best(j, t) > target do
-          t = t + 1
-          n = n + 1
-        end
-        n = 0
-        while n < 4 and t > start and ctr_best(j, t - 1) <= target do
-          t = t - 1
-          n = n + 1
-        end
+      if c > 0 then
+        t = (m + 1) * bw + w - math.floor((target - sf) * bw / c)
+      end
+      if t < start then
+        t = start
+      end
+      if t > tend then
+        t = tend
+      end
+      local n = 0
+      while n < 4 and t < tend and ctr_best(j, t) > target do
+        t = t + 1
+        n = n + 1
+      end
+      n = 0
+      while n < 4 and t > start and ctr_best(j, t - 1) <= target do
+        t = t - 1
+        n = n + 1
       end
       return t - base
     end
     m = m + 1
   end
-  return (k + 2) * bw + w - base
+  local t = (k + 1) * bw + w
+  if t < base then
+    t = base
+  end
+  return t - base
 end
 
 -- Format 1.
@@ -434,13 +450,10 @@ local function ctr_check2(v, f, j0, j1, now, cost)
     local w, limit = wlen[j], wlim[j]
     local bw, b = math.ceil(w / CTR_N), math.ceil(limit / CTR_N)
     cbw[j], cb[j], cfmt[j] = bw, b, 2
-    local ring, sums = cring[j], csfx[j]
+    local ring = cring[j]
     if not ring then
-      ring, sums = {}, {}
-      cring[j], csfx[j] = ring, sums
-    end
-    for i = 0, CTR_R - 1 do
-      ring[i] = 0
+      ring = {}
+      cring[j], cpre[j] = ring, {}
     end
     local k = math.floor(now / bw)
     local base = now
@@ -451,13 +464,26 @@ local function ctr_check2(v, f, j0, j1, now, cost)
         k = sk
         base = k * bw
       end
-      for m = k - CTR_R + 1, sk do
-        if m > sk - CTR_R then
-          ring[m % CTR_R] = tonumber(v[o + 2 + m % CTR_R]) or 0
+      -- The slots of buckets (k - CTR_R, sk] as stored, the others 0.
+      local keep = sk - k + CTR_R
+      local slot = (k + 1) % CTR_R
+      for i = 1, CTR_R do
+        if i <= keep then
+          local x = v[o + 2 + slot]
+          ring[slot] = x and x + 0 or 0
+        else
+          ring[slot] = 0
+        end
+        slot = slot + 1
+        if slot == CTR_R then
+          slot = 0
         end
       end
       cK[j] = sk
     else
+      for i = 0, CTR_R - 1 do
+        ring[i] = 0
+      end
       cK[j] = false
       if f[wname[j] .. "w"] and f[wname[j] .. "w"] ~= "#2" then
         k = ctr_from1(j, f, now, k)
@@ -475,8 +501,8 @@ local function ctr_check2(v, f, j0, j1, now, cost)
     ctr_sums(j)
     local est = ctr_best(j, base)
     local count = math.ceil(est)
-    if count > sums[0] then
-      count = sums[0]
+    if count > ctot[j] then
+      count = ctot[j]
     end
     if count < 0 then
       count = 0
@@ -485,7 +511,7 @@ local function ctr_check2(v, f, j0, j1, now, cost)
     if cost > limit then
       retry = w
     elseif est > limit - cost then
-      retry = ctr_buntil(j, limit - cost, base) + (base - now)
+      retry = ctr_buntil(j, limit - cost, base, est) + (base - now)
     end
     if retry > 0 then
       fits = false
@@ -552,6 +578,8 @@ local function ctr_record(j0, j1, cost, stale)
     local fs = ctr_fields(wname[j])
     local slot = k % CTR_R
     ring[slot] = ring[slot] + cost
+    ctot[j] = ctot[j] + cost -- (bucket k is the last of the prefix sums)
+    cpre[j][CTR_R] = ctot[j]
     cnt[j] = cnt[j] + cost
     local sk = cK[j]
     if stale or not sk then
@@ -594,7 +622,6 @@ local function ctr_reset(j0, j1, now)
     return ctr1_reset(j0, j1, now)
   end
   for j = j0, j1 do
-    ctr_sums(j)
     local base = s2[j]
     local est = ctr_best(j, base)
     local reset = 0
@@ -603,7 +630,7 @@ local function ctr_reset(j0, j1, now)
       if target < 0 then
         target = 0
       end
-      reset = ctr_buntil(j, target, base) + (base - now)
+      reset = ctr_buntil(j, target, base, est) + (base - now)
     end
     rst[j] = reset
   end
