@@ -235,7 +235,14 @@ func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winSt
 		i := int(math.Mod(ev.s1, ctrSlots))
 		ev.ring[i] = ev.ring[i] + cost
 		ev.count += int64(cost)
-		ring := make([]int64, ctrSlots)
+		// A state rewritten in place keeps its buckets' storage.
+		var ring []int64
+		if len(out) < cap(out) {
+			ring = out[: len(out)+1 : len(out)+1][len(out)].ring
+		}
+		if len(ring) != ctrSlots {
+			ring = make([]int64, ctrSlots)
+		}
 		for x := range ring {
 			ring[x] = int64(ev.ring[x])
 		}
