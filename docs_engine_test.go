@@ -56,9 +56,10 @@ func TestCountOnlyDeniesWhenCountPlusCostExceeds(t *testing.T) {
 	}
 }
 
-// TestSlidingCounterTPastW: one request 50 s into a fixed minute gets
-// t=70 beside w=60 (it weighs in full for 10 s, then decays over the next
-// minute); the reference says why, where the header is described.
+// TestSlidingCounterTPastW: one request 50 s into a minute gets t=64 beside
+// w=60 (its bucket is [48 s, 54 s): it weighs in full until the window
+// starts in that bucket, 58 s later, then decays over the bucket's 6 s);
+// the reference says why, where the header is described.
 func TestSlidingCounterTPastW(t *testing.T) {
 	t.Parallel()
 	h := &Handler{Name: uniqueName(), Algorithm: "sliding_counter", Key: "{http.request.header.X-API-Key}", Limit: "10",
@@ -67,10 +68,10 @@ func TestSlidingCounterTPastW(t *testing.T) {
 	clock.Set(time.Date(2026, 11, 29, 12, 0, 50, 0, time.UTC))
 	provision(t, h, clock)
 	o := mustServe(t, h, map[string]string{"X-API-Key": "K"})
-	if p, rl := o.header.Get("RateLimit-Policy"), o.header.Get("RateLimit"); !strings.HasSuffix(p, ";w=60") || !strings.HasSuffix(rl, ";t=70") {
-		t.Fatalf("RateLimit-Policy %q, RateLimit %q: want w=60 and t=70", p, rl)
+	if p, rl := o.header.Get("RateLimit-Policy"), o.header.Get("RateLimit"); !strings.HasSuffix(p, ";w=60") || !strings.HasSuffix(rl, ";t=64") {
+		t.Fatalf("RateLimit-Policy %q, RateLimit %q: want w=60 and t=64", p, rl)
 	}
-	if want := "For a sliding counter `t` may exceed `w` (`t=70` beside `w=60`), and that is no bug"; !strings.Contains(readReference(t), want) {
+	if want := "For a sliding counter `t` may exceed `w` (`t=64` beside `w=60`), and that is no bug"; !strings.Contains(readReference(t), want) {
 		t.Errorf("docs/reference.md does not say %q", want)
 	}
 }

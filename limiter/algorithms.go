@@ -15,13 +15,14 @@ import (
 
 // winState is the stored state of one window of a hash kind, as its fields:
 //
-//	counter:  a = index, b = units in it, c = units in the one before
+//	counter:  a = the newest bucket's index, ring = the buckets' units
 //	fixed:    a = index, b = units
 //	token:    a = tat, b = interval, c = burst
 //	calendar: a = start, b = end, c = units
 type winState struct {
 	name    string
 	a, b, c int64
+	ring    []int64 // counter: the units of buckets a - N .. a, bucket m at m % (N + 1)
 }
 
 // winEval is one window's check, with what recording it needs (the
@@ -29,11 +30,21 @@ type winState struct {
 type winEval struct {
 	count, retry, reset int64
 	s1, s2, s3, s4      float64
+	ring                [ctrSlots]float64 // counter: its buckets (s1 the newest, s2 the time it is decided at)
 }
 
 // ---- sliding_counter ----------------------------------------------------
 
-// ctrEst is ctr_est.
+// CounterBuckets is N, the buckets a sliding_counter window is split in
+// (lua/sliding_counter.lua's CTR_N): a window of length w keeps the units
+// of its N + 1 newest buckets of bw = ceil(w / N) µs each.
+const CounterBuckets = 10
+
+const ctrSlots = CounterBuckets + 1
+
+// ctrEst is ctr_est: the two-counter estimate of state format 1 (and of a
+// ban's weighted count), at t (t >= idx * w) of a window whose index idx
+// holds cur units and idx - 1 prev units.
 func ctrEst(w, t, idx, cur, prev float64) float64 {
 	k := math.Floor(t / w)
 	if k == idx {
@@ -45,35 +56,223 @@ func ctrEst(w, t, idx, cur, prev float64) float64 {
 	return 0
 }
 
-// ctrUntil is ctr_until.
-func ctrUntil(w, target, base, idx, cur, prev float64) float64 {
-	if ctrEst(w, base, idx, cur, prev) <= target {
+// ctrWin is one window's buckets as ctr_sums leaves them: bucket m of
+// (k - ctrSlots, k] holds c[m % ctrSlots] units, and sfx[i] is the units of
+// buckets k - ctrSlots + 1 + i .. k (sfx[ctrSlots] = 0).
+type ctrWin struct {
+	w, bw, b, k float64
+	c           *[ctrSlots]float64
+	sfx         [ctrSlots + 1]float64
+}
+
+// ctrSums is ctr_sums.
+func (s *ctrWin) sums() {
+	s.sfx[ctrSlots] = 0
+	for i := ctrSlots - 1; i >= 0; i-- {
+		m := s.k - ctrSlots + 1 + float64(i)
+		s.sfx[i] = s.sfx[i+1] + s.c[int(math.Mod(m, ctrSlots))]
+	}
+}
+
+// est is ctr_best: the estimate at t >= k * bw.
+func (s *ctrWin) est(t float64) float64 {
+	m0 := math.Floor((t - s.w) / s.bw)
+	if m0 > s.k {
 		return 0
 	}
-	e := base - float64(idx*w)
-	var d float64
-	if target >= cur && prev > 0 {
-		d = math.Ceil(w - float64((target-cur)*w)/prev - e)
-	} else {
-		x := 0.0
-		if cur > 0 {
-			x = w - float64(target*w)/cur
-			if x < 0 {
-				x = 0
-			}
+	i := int(m0 - (s.k - ctrSlots + 1))
+	c := s.c[int(math.Mod(m0, ctrSlots))]
+	x := float64((m0+1)*s.bw) - (t - s.w)
+	part := float64(c*x) / s.bw
+	if c-s.b > part {
+		part = c - s.b
+	}
+	return s.sfx[i+1] + part
+}
+
+// until is ctr_buntil: the smallest whole d >= 0 with est(base + d) <=
+// target (target >= 0).
+func (s *ctrWin) until(target, base float64) float64 {
+	if s.est(base) <= target {
+		return 0
+	}
+	m := math.Floor((base - s.w) / s.bw)
+	for m <= s.k+1 {
+		tend := float64((m+1)*s.bw) + s.w - 1
+		start := float64(m*s.bw) + s.w
+		if start < base {
+			start = base
 		}
-		d = math.Ceil(w - e + x)
+		if s.est(tend) <= target {
+			t := start
+			if m <= s.k {
+				c := s.c[int(math.Mod(m, ctrSlots))]
+				sf := s.sfx[int(m-(s.k-ctrSlots+1))+1]
+				if c > 0 {
+					t = float64((m+1)*s.bw) + s.w - math.Floor(float64((target-sf)*s.bw)/c)
+				}
+				if t < start {
+					t = start
+				}
+				if t > tend {
+					t = tend
+				}
+				for n := 0; n < 4 && t < tend && s.est(t) > target; n++ {
+					t = t + 1
+				}
+				for n := 0; n < 4 && t > start && s.est(t-1) <= target; n++ {
+					t = t - 1
+				}
+			}
+			return t - base
+		}
+		m = m + 1
 	}
-	if d < 1 {
-		d = 1
+	return float64((s.k+2)*s.bw) + s.w - base
+}
+
+// ctrBucket is a window's bucket length, ceil(w / N), and the units one
+// bucket may hold beyond the estimate, B = ceil(limit / N).
+func ctrBucket(w, limit float64) (bw, b float64) {
+	return math.Ceil(w / CounterBuckets), math.Ceil(limit / CounterBuckets)
+}
+
+// ctrRing fills ring with the buckets of (k - ctrSlots, k] that a stored
+// state of newest bucket sk holds.
+func ctrRing(ring *[ctrSlots]float64, st *winState, k float64) {
+	for i := 0; i < ctrSlots; i++ {
+		m := k - ctrSlots + 1 + float64(i)
+		v := 0.0
+		if m <= float64(st.a) && m > float64(st.a)-ctrSlots {
+			v = float64(st.ring[int(math.Mod(m, ctrSlots))])
+		}
+		ring[int(math.Mod(m, ctrSlots))] = v
 	}
-	for n := 0; n < 4 && ctrEst(w, base+d, idx, cur, prev) > target; n++ {
-		d = d + 1
+}
+
+// ctrCarry is ctr_carry: the units, rounded up, that the states of other
+// lengths (windows that a reload replaced) still hold at now, their oldest
+// bucket counted whole: the most of them.
+func ctrCarry(states []winState, wins []Win, now float64) float64 {
+	most := 0.0
+	for i := range states {
+		st := &states[i]
+		if isWindow(st.name, wins) || len(st.ring) != ctrSlots {
+			continue
+		}
+		l := parseLen(st.name)
+		if l <= 0 {
+			continue
+		}
+		var ring [ctrSlots]float64
+		s := ctrWin{w: l, bw: math.Ceil(l / CounterBuckets), k: float64(st.a), c: &ring}
+		ctrRing(&ring, st, s.k)
+		s.sums()
+		t := now
+		if float64(s.k*s.bw) > t {
+			t = float64(s.k * s.bw)
+		}
+		if est := math.Ceil(s.est(t)); est > most {
+			most = est
+		}
 	}
-	for n := 0; n < 4 && d > 1 && ctrEst(w, base+d-1, idx, cur, prev) <= target; n++ {
-		d = d - 1
+	return most
+}
+
+func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
+	fits := true
+	carried, haveCarry := 0.0, false
+	for j := range wins {
+		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
+		bw, b := ctrBucket(w, limit)
+		ev := &evs[j]
+		*ev = winEval{}
+		k := math.Floor(now / bw)
+		base := now
+		if st := stateOf(states, wins[j].Name); st != nil && len(st.ring) == ctrSlots {
+			if float64(st.a) > k {
+				k = float64(st.a)
+				base = float64(k * bw)
+			}
+			ctrRing(&ev.ring, st, k)
+		} else {
+			if !haveCarry {
+				carried, haveCarry = ctrCarry(states, wins, now), true
+			}
+			ev.ring[int(math.Mod(k, ctrSlots))] = carried
+		}
+		s := ctrWin{w: w, bw: bw, b: b, k: k, c: &ev.ring}
+		s.sums()
+		est := s.est(base)
+		count := math.Ceil(est)
+		if count > s.sfx[0] {
+			count = s.sfx[0]
+		}
+		if count < 0 {
+			count = 0
+		}
+		retry := 0.0
+		if cost > limit {
+			retry = w
+		} else if est > limit-cost {
+			retry = s.until(limit-cost, base) + (base - now)
+		}
+		if retry > 0 {
+			fits = false
+		}
+		ev.count, ev.retry, ev.s1, ev.s2 = int64(count), int64(retry), k, base
 	}
-	return d
+	return fits
+}
+
+// ctrRecord is ctr_record: the new states and the TTL in ms.
+func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winState, int64) {
+	ttl := 0.0
+	for j := range wins {
+		ev := &evs[j]
+		w := float64(wins[j].Len)
+		bw, _ := ctrBucket(w, float64(wins[j].Limit))
+		i := int(math.Mod(ev.s1, ctrSlots))
+		ev.ring[i] = ev.ring[i] + cost
+		ev.count += int64(cost)
+		// A state rewritten in place keeps its buckets' storage.
+		var ring []int64
+		if len(out) < cap(out) {
+			ring = out[: len(out)+1 : len(out)+1][len(out)].ring
+		}
+		if len(ring) != ctrSlots {
+			ring = make([]int64, ctrSlots)
+		}
+		for x := range ring {
+			ring[x] = int64(ev.ring[x])
+		}
+		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), ring: ring})
+		if t := math.Ceil((w+bw)/1000) + 1000; t > ttl {
+			ttl = t
+		}
+	}
+	return out, int64(ttl)
+}
+
+// ctrReset is ctr_reset.
+func ctrReset(wins []Win, evs []winEval, now float64) {
+	for j := range wins {
+		ev := &evs[j]
+		w := float64(wins[j].Len)
+		bw, b := ctrBucket(w, float64(wins[j].Limit))
+		s := ctrWin{w: w, bw: bw, b: b, k: ev.s1, c: &ev.ring}
+		s.sums()
+		est := s.est(ev.s2)
+		reset := 0.0
+		if est > 0 {
+			target := est - 1
+			if target < 0 {
+				target = 0
+			}
+			reset = s.until(target, ev.s2) + (ev.s2 - now)
+		}
+		ev.reset = int64(reset)
+	}
 }
 
 // stateOf is the stored state of window name, or nil.
@@ -94,108 +293,6 @@ func isWindow(name string, wins []Win) bool {
 		}
 	}
 	return false
-}
-
-// ctrCarry is ctr_carry.
-func ctrCarry(states []winState, wins []Win, now float64) float64 {
-	most := 0.0
-	for i := range states {
-		st := &states[i]
-		if isWindow(st.name, wins) {
-			continue
-		}
-		l, idx, cur, prev := parseLen(st.name), float64(st.a), float64(st.b), float64(st.c)
-		if l <= 0 {
-			continue
-		}
-		t := now
-		if float64(idx*l) > t {
-			t = float64(idx * l)
-		}
-		if est := math.Ceil(ctrEst(l, t, idx, cur, prev)); est > most {
-			most = est
-		}
-	}
-	return most
-}
-
-func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) bool {
-	fits := true
-	carried, haveCarry := 0.0, false
-	for j := range wins {
-		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
-		idx := math.Floor(now / w)
-		base, cur, prev := now, 0.0, 0.0
-		if st := stateOf(states, wins[j].Name); st != nil {
-			sw := float64(st.a)
-			switch {
-			case sw == idx:
-				cur, prev = float64(st.b), float64(st.c)
-			case sw == idx-1:
-				prev = float64(st.b)
-			case sw > idx:
-				idx, base = sw, float64(sw*w)
-				cur, prev = float64(st.b), float64(st.c)
-			}
-		} else {
-			if !haveCarry {
-				carried, haveCarry = ctrCarry(states, wins, now), true
-			}
-			cur = carried
-		}
-		est := ctrEst(w, base, idx, cur, prev)
-		count := math.Ceil(est)
-		if count > cur+prev {
-			count = cur + prev
-		}
-		if count < 0 {
-			count = 0
-		}
-		retry := 0.0
-		if cost > limit {
-			retry = w
-		} else if est > limit-cost {
-			retry = ctrUntil(w, limit-cost, base, idx, cur, prev) + (base - now)
-		}
-		if retry > 0 {
-			fits = false
-		}
-		evs[j] = winEval{count: int64(count), retry: int64(retry), s1: idx, s2: base, s3: cur, s4: prev}
-	}
-	return fits
-}
-
-// ctrRecord is ctr_record: the new states and the TTL in ms.
-func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winState, int64) {
-	ttl := 0.0
-	for j := range wins {
-		ev := &evs[j]
-		ev.s3 = ev.s3 + cost
-		ev.count += int64(cost)
-		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), b: int64(ev.s3), c: int64(ev.s4)})
-		if t := math.Ceil(2*float64(wins[j].Len)/1000) + 1000; t > ttl {
-			ttl = t
-		}
-	}
-	return out, int64(ttl)
-}
-
-// ctrReset is ctr_reset.
-func ctrReset(wins []Win, evs []winEval, now float64) {
-	for j := range wins {
-		ev := &evs[j]
-		w := float64(wins[j].Len)
-		est := ctrEst(w, ev.s2, ev.s1, ev.s3, ev.s4)
-		reset := 0.0
-		if est > 0 {
-			target := est - 1
-			if target < 0 {
-				target = 0
-			}
-			reset = ctrUntil(w, target, ev.s2, ev.s1, ev.s3, ev.s4) + (ev.s2 - now)
-		}
-		ev.reset = int64(reset)
-	}
 }
 
 // ---- fixed_window and calendar periods -----------------------------------

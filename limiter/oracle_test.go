@@ -251,51 +251,57 @@ func evalSpan(log []oEntry, s, e, limit, now, cost int64) (fits bool, count, ret
 	return
 }
 
-// evalCounter: sliding_counter. With idx = floor(now/W), c the units of
-// window idx, p those of idx-1 and e = now - idx*W, the estimate is
-// p*(W-e)/W + c (kept here times W, in integers); a request fits when it is
-// at most limit - cost. count: ceil(est) (at most c+p); retry: the first
-// whole µs at which est is at most limit - cost; reset: the first whole µs
-// at which est has dropped by one (to 0 when below 1).
+// evalCounter: sliding_counter (lua/sliding_counter.lua's header). The
+// window W is split in buckets of bw = ceil(W/10) µs, bucket m holding the
+// units admitted in [m*bw, (m+1)*bw). At t the window (t-W, t] starts in
+// bucket m0 = floor((t-W)/bw), overlapping it by x = (m0+1)*bw - (t-W);
+// with F the units of the later buckets and c those of m0, the estimate is
+// F + max(c*x/bw, c - B), B = ceil(limit/10) (kept here times bw, in
+// integers); a request fits when it is at most limit - cost. count:
+// ceil(est); retry: the first whole µs at which est is at most limit -
+// cost; reset: the first whole µs at which est has dropped by one (to 0
+// when below 1). Worked out from the log at each instant, by a search of
+// the first such µs (est never grows with time).
 func evalCounter(log []oEntry, W, limit, now, cost int64) (fits bool, count, retry, reset int64) {
-	idx := floorDiv(now, W)
-	var c, p int64
-	for _, x := range log {
-		switch floorDiv(x.t, W) {
-		case idx:
-			c += x.cost
-		case idx - 1:
-			p += x.cost
+	bw, B := ceilDiv(W, 10), ceilDiv(limit, 10)
+	est := func(t int64) int64 { // × bw
+		m0 := floorDiv(t-W, bw)
+		var f, c int64
+		for _, x := range log {
+			switch m := floorDiv(x.t, bw); {
+			case m > m0:
+				f += x.cost
+			case m == m0:
+				c += x.cost
+			}
+		}
+		return f*bw + max(c*((m0+1)*bw-(t-W)), (c-B)*bw)
+	}
+	until := func(target int64) int64 { // the first d >= 0 with est(now+d) <= target
+		lo, hi := int64(0), W+2*bw
+		for lo < hi {
+			if mid := (lo + hi) / 2; est(now+mid) <= target {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+		return lo
+	}
+	e := est(now)
+	fits = cost <= limit && e <= (limit-cost)*bw
+	count = ceilDiv(e, bw)
+	if !fits {
+		if cost > limit {
+			retry = W
+		} else {
+			retry = until((limit - cost) * bw)
 		}
 	}
-	e0 := now - idx*W
-	est := p*(W-e0) + c*W // × W
-	fits = est <= (limit-cost)*W
-	count = min(ceilDiv(est, W), c+p)
-	if !fits {
-		retry = ctrUntil(W, e0, c, p, (limit-cost)*W)
-	}
-	if est > 0 {
-		target := max(est-W, 0)
-		reset = ctrUntil(W, e0, c, p, target)
+	if e > 0 {
+		reset = until(max(e-bw, 0))
 	}
 	return
-}
-
-// ctrUntil is the smallest whole d >= 0 with est(now+d) <= target (both
-// times W), for the counts c (this window) and p (the one before).
-func ctrUntil(W, e0, c, p, target int64) int64 {
-	if p*(W-e0)+c*W <= target {
-		return 0
-	}
-	if c*W <= target {
-		// Within this window: p*(W-e) <= target - c*W.
-		emin := W - floorDiv(target-c*W, p)
-		return max(emin-e0, 0)
-	}
-	// In the next window, c is the previous count: c*(W-x) <= target.
-	x := W - floorDiv(target, c)
-	return W - e0 + x
 }
 
 // tokenInterval is a token bucket's emission interval: floor(W/limit+0.5)

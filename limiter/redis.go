@@ -64,21 +64,22 @@ type RedisStore struct {
 	clock   offsetClock
 	notify  notifier
 	scripts scripts // how decide.lua is called: FCALL or EVALSHA
-	format  int     // the state format sliding_log keys are written in (LogFormat)
+	format  int     // the state format sliding_log and sliding_counter keys are written in (LogFormat)
 }
 
-// The state formats of a sliding_log key (lua/sliding_log.lua): LogFormat1
-// is the previous releases', LogFormat2 this one's. A store reads both and
-// writes one, turning a key of the other format into it as it writes.
+// The state formats of a sliding_log key (lua/sliding_log.lua) and of a
+// sliding_counter key (lua/sliding_counter.lua): LogFormat1 is the previous
+// releases', LogFormat2 this one's. A store reads both and writes one,
+// turning a key of the other format into it as it writes.
 const (
 	LogFormat1 = 1
 	LogFormat2 = 2
 )
 
-// WithStateFormat sets the format the store writes sliding_log keys in
-// (LogFormat2 unless set): LogFormat1 while nodes of a release before the
-// state format version share the Redis (a rolling upgrade from one, or a
-// rollback to one: docs/redis.md, "Upgrading").
+// WithStateFormat sets the format the store writes sliding_log and
+// sliding_counter keys in (LogFormat2 unless set): LogFormat1 while nodes
+// of a release before the state format version share the Redis (a rolling
+// upgrade from one, or a rollback to one: docs/redis.md, "Upgrading").
 func WithStateFormat(f int) RedisOption {
 	return func(s *RedisStore) {
 		if f == LogFormat1 {
@@ -298,7 +299,8 @@ type check struct {
 }
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
-// parts to be written in format (LogFormat1: kind 7; else kind 1, format 2).
+// and sliding_counter parts to be written in format (LogFormat1: kinds 7
+// and 8; else kinds 1 and 2, format 2).
 func (c *check) encode(op *Op, deadline int64, format int) {
 	nw := op.windows()
 	nk, nargs := len(op.Parts), 11+5*len(op.Parts)+6*nw
@@ -343,8 +345,10 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 			global = 1
 		}
 		kind := int(p.Kind)
-		if p.Kind == KindLog && format == LogFormat1 {
+		if format == LogFormat1 && p.Kind == KindLog {
 			kind = 7
+		} else if format == LogFormat1 && p.Kind == KindCounter {
+			kind = 8
 		}
 		c.args = append(c.args, kind, len(p.Windows), global)
 		if p.Kind == KindShare {

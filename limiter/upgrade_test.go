@@ -260,6 +260,133 @@ func TestMixedVersions(t *testing.T) {
 	if seen["allowed"] < 100 || seen["denied"] < 50 || seen["peek"] < 50 {
 		t.Errorf("too easy: %v", seen)
 	}
+	mixedCounters(t, old, engines, phases)
+}
+
+// mixedCounters runs TestMixedVersions's phases on sliding_counter keys (a
+// bucket in one of two regions and the global ceiling, windows of 10 s and
+// 30 s): the previous release's two counters (format 1), this release's
+// buckets (format 2), and its state_format 1. The counter is an estimate,
+// so what each reply must be is a bound of the exact log, not the log:
+//   - while every node reads and writes format 1 (phases 0-3), exactly the
+//     previous release's two-counter estimate from the log (the new
+//     release's state_format 1 decides as the old one did);
+//   - never read as empty: every window's count at least the units the
+//     log holds since both the current fixed window and the window's
+//     first bucket (t - L + L/10) started, which both formats count whole;
+//   - never more admitted in a window (t - L, t] than limit + B (B =
+//     ceil(limit / 10)) while every node writes format 2, and than twice
+//     the limit (the two counters' own bound) while any writes format 1.
+//
+// After the switch to format 2, the previous release fails on a key in it.
+func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.Store, phases [][3]string) {
+	kb, _ := limiter.NewKeyBuilder("upc:", "api")
+	rng := rand.New(rand.NewPCG(29, 3))
+	oracle := upgradeOracle{}
+	now := time.Date(2026, 12, 1, 13, 0, 0, 0, time.UTC).UnixMicro()
+	wins := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: 10e6, Limit: 8},
+		{Name: limiter.WindowName(30 * time.Second), Len: 30e6, Limit: 20}}
+	global := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: 10e6, Limit: 12}}
+	ctx := context.Background()
+	seen := map[string]int{}
+	ids := []string{"id0", "id1", "id2", "id3"}
+	for ph, nodes := range phases {
+		allF2 := nodes == [3]string{"f2", "f2", "f2"}
+		for i := range 80 {
+			now += rng.Int64N(300_000)
+			node := i % 3
+			id := ids[rng.IntN(len(ids))]
+			region := fmt.Sprint("r", rng.IntN(2))
+			if ph == 9 && i < 2*len(ids) {
+				// Before the previous release comes back, every key is
+				// checked by a node writing format 1.
+				id, node, region = ids[i/2], 0, fmt.Sprint("r", i%2)
+			}
+			op := &limiter.Op{Now: now, Cost: 1 + rng.Int64N(3), Mode: limiter.ModeCheck, Parts: []limiter.Part{
+				{Key: kb.Key("ctr", id, true, region), Kind: limiter.KindCounter, Windows: wins},
+				{Key: kb.Global("ctr", id), Kind: limiter.KindCounter, Global: true, Windows: global}}}
+			if rng.IntN(8) == 0 && !(ph == 9 && i < 2*len(ids)) {
+				op.Mode = limiter.ModePeek
+			}
+			where := fmt.Sprintf("counter phase %d %v, node %d (%s), request %d", ph, nodes, node, nodes[node], i)
+			r, err := engines[nodes[node]][node%2].Do(ctx, cloneOp(op))
+			if err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			admitted := r.Status == limiter.StatusAllowed
+			if ph <= 3 {
+				fits := true
+				for _, p := range op.Parts {
+					for _, w := range p.Windows {
+						if oldCounterEst(oracle[p.Key], w.Len, op.Now)+op.Cost*w.Len > w.Limit*w.Len {
+							fits = false
+						}
+					}
+				}
+				if admitted != fits {
+					t.Fatalf("%s: admitted %v, the two counters say %v (%+v)", where, admitted, fits, r)
+				}
+			}
+			if admitted && op.Mode == limiter.ModeCheck {
+				for _, p := range op.Parts {
+					oracle[p.Key] = append(oracle[p.Key], [2]int64{op.Now, op.Cost})
+				}
+			}
+			j := 0
+			for _, p := range op.Parts {
+				for _, w := range p.Windows {
+					since := max(op.Now/w.Len*w.Len, op.Now-w.Len+w.Len/10)
+					if least := oracle.count(p.Key, op.Now-since+1, op.Now); r.Usage[j].Count < least {
+						t.Fatalf("%s: %s window %d s counts %d, below the %d units since %d µs ago (%+v)", where, p.Key, w.Len/1e6, r.Usage[j].Count, least, op.Now-since, r)
+					}
+					bound := 2 * w.Limit
+					if allF2 {
+						bound = w.Limit + (w.Limit+9)/10
+					}
+					if n := oracle.count(p.Key, w.Len, op.Now); n > bound {
+						t.Fatalf("%s: %s window %d s holds %d units, over %d", where, p.Key, w.Len/1e6, n, bound)
+					}
+					j++
+				}
+			}
+			switch {
+			case op.Mode == limiter.ModePeek:
+				seen["peek"]++
+			case admitted:
+				seen["allowed"]++
+			default:
+				seen["denied"]++
+			}
+		}
+		if ph == 6 {
+			op := &limiter.Op{Now: now, Cost: 1, Mode: limiter.ModeCheck, Parts: []limiter.Part{
+				{Key: kb.Global("ctr", ids[0]), Kind: limiter.KindCounter, Global: true, Windows: global}}}
+			if r, err := old.Do(ctx, op); err == nil {
+				t.Fatalf("the previous release read a format-2 counter key and answered %+v, want an error", r)
+			}
+		}
+	}
+	t.Logf("counter: %v", seen)
+	if seen["allowed"] < 100 || seen["denied"] < 50 || seen["peek"] < 50 {
+		t.Errorf("counter: too easy: %v", seen)
+	}
+}
+
+// oldCounterEst is the previous release's two-counter estimate of a window
+// of length w at now from a log, times w: p*(w-e) + c*w for the units c
+// of the fixed window now is in and p of the one before.
+func oldCounterEst(log [][2]int64, w, now int64) int64 {
+	idx := now / w
+	var c, p int64
+	for _, e := range log {
+		switch e[0] / w {
+		case idx:
+			c += e[1]
+		case idx - 1:
+			p += e[1]
+		}
+	}
+	return p*(w-(now-idx*w)) + c*w
 }
 
 // checkAgainstOracle runs op on s and holds its reply to the exact log,

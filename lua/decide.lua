@@ -43,7 +43,8 @@
 --        are recorded, nothing checked); 4 release the lease.
 -- kind:  1 sliding_log (its state in format 2; 7: in format 1, the format of
 --        releases before the state format version, see sliding_log.lua),
---        2 sliding_counter, 3 fixed_window, 4 token_bucket,
+--        2 sliding_counter (format 2; 8: in format 1, see
+--        sliding_counter.lua), 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
 --        centre's share of the global ceiling (share.lua): its part header
 --        goes on with lead and claim (µs) and the limits' signature, and its
@@ -238,14 +239,16 @@ local function hash_read(key, kind, j0, j1)
   return v, f, stale
 end
 
--- hash_write writes the queued fields with the TTL in ms, dropping the
--- fields of removed windows.
+-- hash_write writes the queued fields with the TTL in ms (0: the TTL is
+-- left as it is), dropping the fields of removed windows.
 local function hash_write(key, ttl, stale)
   if stale then
     redis.call("DEL", key)
   end
   redis.call("HSET", key, unpack(hf, 1, hn))
-  redis.call("PEXPIRE", key, num(ttl))
+  if ttl > 0 then
+    redis.call("PEXPIRE", key, num(ttl))
+  end
   hn = 0
 end
 
@@ -390,6 +393,8 @@ local function decide(a, k)
     end
     if kind == 7 then
       kind, pwant[p] = 1, 1 -- sliding_log in format 1 (sliding_log.lua)
+    elseif kind == 8 then
+      kind, pwant[p] = 2, 1 -- sliding_counter in format 1 (sliding_counter.lua)
     else
       pwant[p] = 2
     end
@@ -462,12 +467,12 @@ local function decide(a, k)
       ok = share_check(p, key, j0, j1, cost)
     elseif kind == 1 then
       ok, ptot[p], pnew[p], pmax[p], pread[p], pfmt[p] = log_check(key, j0, j1, now, cost, peek, pwant[p])
+    elseif kind == 2 then
+      ok, pstale[p] = ctr_part(key, j0, j1, now, cost, pwant[p])
     else
       local v, f
       v, f, pstale[p] = hash_read(key, kind, j0, j1)
-      if kind == 2 then
-        ok = ctr_check(v, f, j0, j1, now, cost)
-      elseif kind == 3 then
+      if kind == 3 then
         ok = fix_check(v, f, j0, j1, now, cost)
       elseif kind == 4 then
         local restate
@@ -532,7 +537,7 @@ local function decide(a, k)
       end
       local ttl
       if kind == 2 then
-        ttl = ctr_record(j0, j1, c)
+        ttl = ctr_record(j0, j1, c, pstale[p])
       elseif kind == 3 then
         ttl = fix_record(j0, j1, now, c)
       elseif kind == 4 then

@@ -1,30 +1,178 @@
 -- sliding_counter.lua: the sliding-window counter, one hash per bucket holding
 -- every duration window of the bucket. Spliced into decide.lua (clock, units,
--- the window arrays and hash_read/hash_write are there). Numbers are Lua
--- doubles; every value stored or returned is a whole number. The in-process
--- store (limiter/algorithms.go) repeats this arithmetic operation by
+-- the window arrays and hset are there). Numbers are Lua doubles; every
+-- value stored or returned is a whole number. The in-process store
+-- (limiter/algorithms.go) repeats format 2's arithmetic operation by
 -- operation, so both stores give the same answers to the microsecond.
 --
--- State per window of length L (fields named by L, so a window's state is
--- never read under another length): "<L>w" = index of the current fixed
--- window, floor(t / L); "<L>c" = units admitted in it; "<L>p" = units
--- admitted in the one before. At time t, elapsed e = t - idx * L, the estimate
--- of the units in (t - L, t] is est = p * (L - e) / L + c: the previous window
--- weighted by the share of it still inside the sliding window. A request fits
--- when est <= limit - cost. The state carries its own window index, so a stale
--- state reads as empty whatever its TTL (2 L + 1 s, refreshed on write).
+-- Format 2 (kind 2 writes it). A window of length L is split in buckets of
+-- bw = ceil(L / N) µs (N = CTR_N = 10); bucket m is [m bw, (m + 1) bw). Its
+-- fields (named by L, so a window's state is never read under another
+-- length): "<L>k" = K, the newest bucket written; "<L>.<i>" = the units of
+-- bucket m in slot i = m % (N + 1), for the N + 1 buckets (K - N - 1, K] (a
+-- slot not written reads 0); "<L>w" = "#2", written with the state, which
+-- says the format (and makes a release before the format version fail on
+-- the key rather than read it as empty: its index is not a number).
+-- At time t the window is (t - L, t]; m0 = floor((t - L) / bw) is the
+-- bucket it starts in. The buckets m0 + 1 .. K are wholly inside and count
+-- whole (F); the oldest, m0, holding c units, overlaps it by x = (m0 + 1) bw
+-- - (t - L) µs and counts max(c x / bw, c - B), B = ceil(limit / N):
+--   est = F + max(c x / bw, c - B).
+-- A request fits when est <= limit - cost. The true units in the window are
+-- at most F + c <= est + B, so at every admission the window (t - L, t]
+-- holds at most limit + B units, whatever the timing of the bursts: the
+-- counter never admits more than limit + ceil(limit / N) in any window.
 --
 -- A window whose length changed (a reload) has no fields of its own; its
--- budget carries over from the fields of the length it replaced: the old
--- estimate, rounded up, counted in the new current window.
+-- budget carries over from the fields of the lengths it replaced: their
+-- units still in their window (oldest bucket counted whole; in format 1
+-- the old estimate), rounded up, the most of them, counted in the current
+-- bucket.
 --
--- A timestamp older than the stored window (a caller with a slow clock) is
--- taken as the start of the stored window: the counter never goes back.
+-- A timestamp older than the newest bucket (a caller with a slow clock) is
+-- taken as that bucket's start: the counter never goes back.
 --
--- Per window: count = ceil(est) clamped to [0, c + p] (+ cost when recorded);
--- retry = when denied, the first whole µs at which est has decayed to
--- limit - cost; reset = the first whole µs at which the estimate (after the
--- request) has dropped by one unit (to 0 when below 1), 0 when it is 0.
+-- Per window: count = ceil(est) (at most the units held); retry = when
+-- denied, the first whole µs at which est has decayed to limit - cost;
+-- reset = the first whole µs at which est (after the request) has dropped by
+-- one unit (to 0 when below 1), 0 when it is 0. est never grows with time.
+--
+-- TTL: L + bw + 1 s, set when a write starts a bucket (K moves, or the state
+-- is written whole) and left on the other writes: a write in bucket K comes
+-- within bw of the one that started it, so K's units keep their window.
+--
+-- Format 1 (the releases before the state format version; kind 8 writes it,
+-- `state_format 1`): "<L>w" = index of the current fixed window, floor(t /
+-- L); "<L>c" = units admitted in it; "<L>p" = units admitted in the one
+-- before; est = p (L - e) / L + c at elapsed e = t - idx L; TTL 2 L + 1 s,
+-- refreshed on every write. (A ban's weighted count is this estimate too.)
+--
+-- Both formats are read by every check; a check that writes (not a peek)
+-- rewrites a key holding the other format in its own (DEL, then the whole
+-- state), never admitting more than either reading allows:
+--   format 1 -> 2: the units of window idx go to the bucket of the latest
+--     time they can have (now, within the window), those of idx - 1 to the
+--     window's last bucket: each counts at least as long as it can be in
+--     the window;
+--   format 2 -> 1: each bucket's units go to the fixed window holding the
+--     bucket's last µs (the buckets of a length that N divides tile its
+--     windows: the old counts exactly, but for buckets already out of the
+--     sliding window).
+-- See docs/redis.md, "Upgrading".
+
+local CTR_N = 10
+local CTR_R = CTR_N + 1
+
+-- Per window of the check: its format (cfmt), bucket length and B, the
+-- buckets (cring[j][slot], for (s1 - CTR_R, s1]), their prefix sums
+-- (cpre[j][i]: the units of buckets s1 - CTR_R + 1 .. s1 - CTR_R + i) and
+-- total (ctot), and the newest bucket stored (cK, false when the state is
+-- written whole).
+local cfmt, cbw, cb, cK, cring, cpre, ctot = {}, {}, {}, {}, {}, {}, {}
+local ctrnames = {}
+
+-- ctr_fields is window name's field names: k, w, the slots, c, p.
+local function ctr_fields(name)
+  local fs = ctrnames[name]
+  if not fs then
+    fs = {name .. "k", name .. "w"}
+    for i = 0, CTR_R - 1 do
+      fs[i + 3] = name .. "." .. i
+    end
+    fs[CTR_R + 3], fs[CTR_R + 4] = name .. "c", name .. "p"
+    ctrnames[name] = fs
+  end
+  return fs
+end
+
+-- ctr_sums fills window j's prefix sums and total.
+local function ctr_sums(j)
+  local c, s = cring[j], cpre[j]
+  local slot, acc = (s1[j] + 1) % CTR_R, 0
+  s[0] = 0
+  for i = 1, CTR_R do
+    acc = acc + c[slot]
+    s[i] = acc
+    slot = slot + 1
+    if slot == CTR_R then
+      slot = 0
+    end
+  end
+  ctot[j] = acc
+end
+
+-- ctr_best is window j's estimate at t >= s1[j] * bw.
+local function ctr_best(j, t)
+  local w, bw, k = wlen[j], cbw[j], s1[j]
+  local m0 = math.floor((t - w) / bw)
+  if m0 > k then
+    return 0
+  end
+  local c = cring[j][m0 % CTR_R]
+  local x = (m0 + 1) * bw - (t - w)
+  local part = c * x / bw
+  if c - cb[j] > part then
+    part = c - cb[j]
+  end
+  return (ctot[j] - cpre[j][m0 - k + CTR_R]) + part
+end
+
+-- ctr_buntil is the smallest whole d >= 0 with ctr_best(j, base + d) <=
+-- target (target >= 0), est being ctr_best(j, base): segment by segment
+-- (m0 constant in each; at its last µs, x = 1), the closed form nudged by
+-- a few µs to absorb floating-point rounding.
+local function ctr_buntil(j, target, base, est)
+  if est <= target then
+    return 0
+  end
+  local w, bw, k, b = wlen[j], cbw[j], s1[j], cb[j]
+  local ring, pre, tot = cring[j], cpre[j], ctot[j]
+  local m = math.floor((base - w) / bw)
+  while m <= k do
+    local c = ring[m % CTR_R]
+    local sf = tot - pre[m - k + CTR_R]
+    local part = c / bw
+    if c - b > part then
+      part = c - b
+    end
+    if sf + part <= target then
+      local tend = (m + 1) * bw + w - 1
+      local start = m * bw + w
+      if start < base then
+        start = base
+      end
+      local t = start
+      if c > 0 then
+        t = (m + 1) * bw + w - math.floor((target - sf) * bw / c)
+      end
+      if t < start then
+        t = start
+      end
+      if t > tend then
+        t = tend
+      end
+      local n = 0
+      while n < 4 and t < tend and ctr_best(j, t) > target do
+        t = t + 1
+        n = n + 1
+      end
+      n = 0
+      while n < 4 and t > start and ctr_best(j, t - 1) <= target do
+        t = t - 1
+        n = n + 1
+      end
+      return t - base
+    end
+    m = m + 1
+  end
+  local t = (k + 1) * bw + w
+  if t < base then
+    t = base
+  end
+  return t - base
+end
+
+-- Format 1.
 
 -- ctr_est is the estimate at t (t >= idx * w) of a window whose index idx
 -- holds cur units and idx - 1 prev units.
@@ -38,10 +186,10 @@ local function ctr_est(w, t, idx, cur, prev)
   return 0
 end
 
--- ctr_until is the smallest whole d >= 0 with ctr_est(base + d) <= target
+-- ctr1_until is the smallest whole d >= 0 with ctr_est(base + d) <= target
 -- (target >= 0). The estimate never grows with time, so the closed-form
 -- answer is only nudged by a few µs to absorb floating-point rounding.
-local function ctr_until(w, target, base, idx, cur, prev)
+local function ctr1_until(w, target, base, idx, cur, prev)
   if ctr_est(w, base, idx, cur, prev) <= target then
     return 0
   end
@@ -78,35 +226,51 @@ local function ctr_until(w, target, base, idx, cur, prev)
   return d
 end
 
--- ctr_carry is the estimate, rounded up, that the fields of other lengths
--- (windows that a reload replaced) still hold at now: the most of them.
+-- ctr_carry is the units, rounded up, that the fields of other lengths
+-- (windows that a reload replaced) still hold at now, in either format:
+-- the most of them.
 local function ctr_carry(f, now, j0, j1)
   local most = 0
   for name, v in pairs(f) do
     if string.sub(name, -1) == "w" and not is_window(string.sub(name, 1, -2), j0, j1) then
       local ls = string.sub(name, 1, -2)
       local l = tonumber(ls)
-      local idx = tonumber(v)
-      if l and l > 0 and idx then
-        local cur, prev = tonumber(f[ls .. "c"]) or 0, tonumber(f[ls .. "p"]) or 0
-        local t = now
-        if idx * l > t then
-          t = idx * l
+      local est = 0
+      if l and l > 0 and v == "#2" then
+        local k = tonumber(f[ls .. "k"])
+        if k then
+          local bw = math.ceil(l / CTR_N)
+          local t = now
+          if k * bw > t then
+            t = k * bw
+          end
+          for m = math.floor((t - l) / bw), k do
+            est = est + (tonumber(f[ls .. "." .. (m % CTR_R)]) or 0)
+          end
         end
-        local est = math.ceil(ctr_est(l, t, idx, cur, prev))
-        if est > most then
-          most = est
+      elseif l and l > 0 then
+        local idx = tonumber(v)
+        if idx then
+          local cur, prev = tonumber(f[ls .. "c"]) or 0, tonumber(f[ls .. "p"]) or 0
+          local t = now
+          if idx * l > t then
+            t = idx * l
+          end
+          est = math.ceil(ctr_est(l, t, idx, cur, prev))
         end
+      end
+      if est > most then
+        most = est
       end
     end
   end
   return most
 end
 
--- ctr_check fills windows j0..j1 from their fields v (w, c, p in a row
+-- ctr1_check fills windows j0..j1 from their fields v (w, c, p in a row
 -- per window; f, the whole hash, when a window has none); the per-window
 -- state record needs goes to s1..s4 (idx, base, cur, prev).
-local function ctr_check(v, f, j0, j1, now, cost)
+local function ctr1_check(v, f, j0, j1, now, cost)
   local fits = true
   local carried = false
   for j = j0, j1 do
@@ -142,7 +306,7 @@ local function ctr_check(v, f, j0, j1, now, cost)
     if cost > limit then
       retry = w
     elseif est > limit - cost then
-      retry = ctr_until(w, limit - cost, base, idx, cur, prev) + (base - now)
+      retry = ctr1_until(w, limit - cost, base, idx, cur, prev) + (base - now)
     end
     if retry > 0 then
       fits = false
@@ -153,16 +317,16 @@ local function ctr_check(v, f, j0, j1, now, cost)
   return fits
 end
 
--- ctr_record adds cost to windows j0..j1 and queues their fields.
-local function ctr_record(j0, j1, cost)
+-- ctr1_record adds cost to windows j0..j1 and queues their fields.
+local function ctr1_record(j0, j1, cost)
   local ttl = 0
   for j = j0, j1 do
-    local w, fs = wlen[j], fieldnames[2][wname[j]]
+    local w, fs = wlen[j], ctr_fields(wname[j])
     s3[j] = s3[j] + cost
     cnt[j] = cnt[j] + cost
-    hset(fs[1], s1[j])
-    hset(fs[2], s3[j])
-    hset(fs[3], s4[j])
+    hset(fs[2], s1[j])
+    hset(fs[CTR_R + 3], s3[j])
+    hset(fs[CTR_R + 4], s4[j])
     local t = math.ceil(2 * w / 1000) + 1000
     if t > ttl then
       ttl = t
@@ -171,8 +335,8 @@ local function ctr_record(j0, j1, cost)
   return ttl
 end
 
--- ctr_reset fills the windows' resets from their state (after any write).
-local function ctr_reset(j0, j1, now)
+-- ctr1_reset fills the windows' resets from their state (after any write).
+local function ctr1_reset(j0, j1, now)
   for j = j0, j1 do
     local w = wlen[j]
     local est = ctr_est(w, s2[j], s1[j], s3[j], s4[j])
@@ -182,7 +346,291 @@ local function ctr_reset(j0, j1, now)
       if target < 0 then
         target = 0
       end
-      reset = ctr_until(w, target, s2[j], s1[j], s3[j], s4[j]) + (s2[j] - now)
+      reset = ctr1_until(w, target, s2[j], s1[j], s3[j], s4[j]) + (s2[j] - now)
+    end
+    rst[j] = reset
+  end
+end
+
+-- Format 2.
+
+-- ctr_map is the hash as a map.
+local function ctr_map(key)
+  local raw = redis.call("HGETALL", key)
+  local f = {}
+  for i = 1, #raw, 2 do
+    f[raw[i]] = raw[i + 1]
+  end
+  return f
+end
+
+-- ctr_stale reports whether f holds a field that is not of windows j0..j1
+-- in format want: a window a reload replaced, or the other format.
+local function ctr_stale(f, j0, j1, want)
+  for name, v in pairs(f) do
+    local ls, sfx = string.match(name, "^(%d+)(.*)$")
+    local ok = false
+    if ls and is_window(ls, j0, j1) then
+      if want == 2 then
+        ok = sfx == "k" or (sfx == "w" and v == "#2") or string.sub(sfx, 1, 1) == "."
+      else
+        ok = (sfx == "w" and v ~= "#2") or sfx == "c" or sfx == "p"
+      end
+    end
+    if not ok then
+      return true
+    end
+  end
+  return false
+end
+
+-- ctr_from1 turns window j's format-1 fields in f (window index sw, cur,
+-- prev) into buckets of newest k (bucket of now kn, or later).
+local function ctr_from1(j, f, now, kn)
+  local l, bw, ring = wlen[j], cbw[j], cring[j]
+  local ls = wname[j]
+  local sw = tonumber(f[ls .. "w"])
+  local k = kn
+  if sw and sw >= math.floor(now / l) - 1 then
+    local cur, prev = tonumber(f[ls .. "c"]) or 0, tonumber(f[ls .. "p"]) or 0
+    local tc = now
+    if tc < sw * l then
+      tc = sw * l
+    end
+    if tc > (sw + 1) * l - 1 then
+      tc = (sw + 1) * l - 1
+    end
+    local mc, mp = math.floor(tc / bw), math.floor((sw * l - 1) / bw)
+    if mc > k then
+      k = mc
+    end
+    if mc > k - CTR_R then
+      ring[mc % CTR_R] = ring[mc % CTR_R] + cur
+    end
+    if mp > k - CTR_R then
+      ring[mp % CTR_R] = ring[mp % CTR_R] + prev
+    end
+  end
+  return k
+end
+
+-- ctr_to1 is window j's format-2 fields in f as format 1's: window index,
+-- cur, prev at now.
+local function ctr_to1(j, f, now)
+  local l, ls = wlen[j], wname[j]
+  local bw = math.ceil(l / CTR_N)
+  local k = tonumber(f[ls .. "k"])
+  if not k then
+    return nil
+  end
+  local t = now
+  if k * bw > t then
+    t = k * bw
+  end
+  local sw = math.floor(t / l)
+  local cur, prev = 0, 0
+  for m = k - CTR_R + 1, k do
+    local c = tonumber(f[ls .. "." .. (m % CTR_R)]) or 0
+    local wi = math.floor(((m + 1) * bw - 1) / l)
+    if wi >= sw then
+      cur = cur + c
+    elseif wi == sw - 1 then
+      prev = prev + c
+    end
+  end
+  return sw, cur, prev
+end
+
+-- ctr_check2 fills windows j0..j1 in format 2 from their fields v (k then
+-- the slots, per window), f (the whole hash, or false).
+local function ctr_check2(v, f, j0, j1, now, cost)
+  local fits = true
+  local carried = false
+  for j = j0, j1 do
+    local w, limit = wlen[j], wlim[j]
+    local bw, b = math.ceil(w / CTR_N), math.ceil(limit / CTR_N)
+    cbw[j], cb[j], cfmt[j] = bw, b, 2
+    local ring = cring[j]
+    if not ring then
+      ring = {}
+      cring[j], cpre[j] = ring, {}
+    end
+    local k = math.floor(now / bw)
+    local base = now
+    local o = (j - j0) * (CTR_R + 1)
+    local sk = tonumber(v[o + 1])
+    if sk then
+      if sk > k then
+        k = sk
+        base = k * bw
+      end
+      -- The slots of buckets (k - CTR_R, sk] as stored, the others 0.
+      local keep = sk - k + CTR_R
+      local slot = (k + 1) % CTR_R
+      for i = 1, CTR_R do
+        if i <= keep then
+          local x = v[o + 2 + slot]
+          ring[slot] = x and x + 0 or 0
+        else
+          ring[slot] = 0
+        end
+        slot = slot + 1
+        if slot == CTR_R then
+          slot = 0
+        end
+      end
+      cK[j] = sk
+    else
+      for i = 0, CTR_R - 1 do
+        ring[i] = 0
+      end
+      cK[j] = false
+      if f[wname[j] .. "w"] and f[wname[j] .. "w"] ~= "#2" then
+        k = ctr_from1(j, f, now, k)
+        if k * bw > now then
+          base = k * bw
+        end
+      else
+        if carried == false then
+          carried = ctr_carry(f, now, j0, j1)
+        end
+        ring[k % CTR_R] = carried
+      end
+    end
+    s1[j], s2[j] = k, base
+    ctr_sums(j)
+    local est = ctr_best(j, base)
+    local count = math.ceil(est)
+    if count > ctot[j] then
+      count = ctot[j]
+    end
+    if count < 0 then
+      count = 0
+    end
+    local retry = 0
+    if cost > limit then
+      retry = w
+    elseif est > limit - cost then
+      retry = ctr_buntil(j, limit - cost, base, est) + (base - now)
+    end
+    if retry > 0 then
+      fits = false
+    end
+    cnt[j], rty[j] = count, retry
+  end
+  return fits
+end
+
+-- ctr_part reads and checks a counter part's windows j0..j1 in format want
+-- (1 or 2); it reports whether the cost fits and whether the hash must be
+-- written whole (it holds the other format, or windows a reload replaced).
+local function ctr_part(key, j0, j1, now, cost, want)
+  local n = 0
+  for j = j0, j1 do
+    local fs = ctr_fields(wname[j])
+    if want == 2 then
+      n = n + 1
+      flist[n] = fs[1]
+      for i = 3, CTR_R + 2 do
+        n = n + 1
+        flist[n] = fs[i]
+      end
+    else
+      flist[n + 1], flist[n + 2], flist[n + 3] = fs[2], fs[CTR_R + 3], fs[CTR_R + 4]
+      n = n + 3
+    end
+  end
+  local v = redis.call("HMGET", key, unpack(flist, 1, n))
+  local f, stale = false, false
+  local per = 3
+  if want == 2 then
+    per = CTR_R + 1
+  end
+  for i = 1, n, per do
+    if not v[i] or (want == 1 and v[i] == "#2") then
+      f = ctr_map(key)
+      stale = ctr_stale(f, j0, j1, want)
+      break
+    end
+  end
+  if want == 2 then
+    return ctr_check2(v, f, j0, j1, now, cost), stale
+  end
+  for j = j0, j1 do
+    cfmt[j] = 1
+    local o = (j - j0) * 3
+    if v[o + 1] == "#2" then
+      v[o + 1], v[o + 2], v[o + 3] = ctr_to1(j, f, now)
+    end
+  end
+  return ctr1_check(v, f, j0, j1, now, cost), stale
+end
+
+-- ctr_record adds cost to windows j0..j1 and queues their fields; it
+-- returns the TTL in ms when the key's TTL is to be set, else 0.
+local function ctr_record(j0, j1, cost, stale)
+  if cfmt[j0] == 1 then
+    return ctr1_record(j0, j1, cost)
+  end
+  local ttl, start = 0, false
+  for j = j0, j1 do
+    local w, bw, k, ring = wlen[j], cbw[j], s1[j], cring[j]
+    local fs = ctr_fields(wname[j])
+    local slot = k % CTR_R
+    ring[slot] = ring[slot] + cost
+    ctot[j] = ctot[j] + cost -- (bucket k is the last of the prefix sums)
+    cpre[j][CTR_R] = ctot[j]
+    cnt[j] = cnt[j] + cost
+    local sk = cK[j]
+    if stale or not sk then
+      hf[hn + 1], hf[hn + 2] = fs[2], "#2"
+      hn = hn + 2
+      hset(fs[1], k)
+      for i = 0, CTR_R - 1 do
+        if ring[i] ~= 0 then
+          hset(fs[i + 3], ring[i])
+        end
+      end
+      start = true
+    elseif k > sk then
+      hset(fs[1], k)
+      local m = sk + 1
+      if m < k - CTR_R + 1 then
+        m = k - CTR_R + 1
+      end
+      for x = m, k do
+        hset(fs[x % CTR_R + 3], ring[x % CTR_R])
+      end
+      start = true
+    else
+      hset(fs[slot + 3], ring[slot])
+    end
+    local t = math.ceil((w + bw) / 1000) + 1000
+    if t > ttl then
+      ttl = t
+    end
+  end
+  if start then
+    return ttl
+  end
+  return 0
+end
+
+-- ctr_reset fills the windows' resets from their state (after any write).
+local function ctr_reset(j0, j1, now)
+  if cfmt[j0] == 1 then
+    return ctr1_reset(j0, j1, now)
+  end
+  for j = j0, j1 do
+    local base = s2[j]
+    local est = ctr_best(j, base)
+    local reset = 0
+    if est > 0 then
+      local target = est - 1
+      if target < 0 then
+        target = 0
+      end
+      reset = ctr_buntil(j, target, base, est) + (base - now)
     end
     rst[j] = reset
   end

@@ -1,0 +1,91 @@
+package limiter_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+)
+
+// TestCounterBoundAtBucketEdges: bursts timed against the counter's buckets
+// (lua/sliding_counter.lua: a window W in 10 buckets of W/10, the oldest
+// counted by its overlap but never below its units minus B = ceil(limit /
+// 10)) never get more than limit + B units into any window (t - W, t]:
+// each round sends a burst (as many requests as are admitted, costs 1 to 3)
+// into one bucket (at its last µs, its first, or between), then bursts as
+// the window comes to start in that bucket (d µs before the burst leaves
+// it, down to 1 µs) and at the edges of the buckets after it. It checks
+// the exact log of what was admitted after every admission, on the
+// in-process store and on redis-server (format 2), and that the bursts do
+// reach past the limit (the bound is met, not merely above what happened).
+func TestCounterBoundAtBucketEdges(t *testing.T) {
+	t.Parallel()
+	client := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	for _, st := range []struct {
+		name  string
+		store limiter.Store
+	}{{"memory", limiter.NewMemoryStore()}, {"redis-server", limiter.NewRedisStore(client)}} {
+		for _, limit := range []int64{7, 100} {
+			const w = int64(10_000_000)
+			bw, b := w/10, (limit+9)/10
+			rng := rand.New(rand.NewPCG(uint64(limit), 4))
+			key := "bound:{" + st.name + "}"
+			wins := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: w, Limit: limit}}
+			start := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC).UnixMicro()/bw*bw + 100*bw*limit
+			var log [][2]int64
+			most := int64(0)
+			burst := func(at int64) {
+				for cost := 1 + rng.Int64N(3); ; cost = 1 + rng.Int64N(3) {
+					op := &limiter.Op{Now: at, Cost: cost, Mode: limiter.ModeCheck,
+						Parts: []limiter.Part{{Key: key, Kind: limiter.KindCounter, Windows: wins}}}
+					r, err := st.store.Do(ctx, op)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.Status != limiter.StatusAllowed {
+						if cost == 1 {
+							return
+						}
+						continue
+					}
+					log = append(log, [2]int64{at, op.Cost})
+					var n int64
+					for _, e := range log {
+						if e[0] > at-w {
+							n += e[1]
+						}
+					}
+					if n > limit+b {
+						t.Fatalf("%s, limit %d: %d units in the window ending %d µs after the start, over limit + B = %d", st.name, limit, n, at-start, limit+b)
+					}
+					most = max(most, n)
+				}
+			}
+			for round := range int64(30) {
+				// A burst in one bucket (at its last µs, its first, or
+				// between), then bursts as the window comes to start in
+				// that bucket: d µs before the burst leaves the window.
+				edge := start + round*3*w + rng.Int64N(10)*bw
+				first := []int64{edge + bw - 1, edge, edge + rng.Int64N(bw)}[round%3]
+				burst(first)
+				for _, d := range []int64{bw, bw / 2, bw / 10, 3, 2, 1} {
+					burst(first + w - d)
+				}
+				// And at the edges of the buckets after it.
+				for m := range int64(12) {
+					e := edge + w + m*bw
+					burst(e - 1)
+					burst(e)
+				}
+			}
+			if most <= limit {
+				t.Errorf("%s, limit %d: at most %d units in a window: the bursts never reached past the limit", st.name, limit, most)
+			}
+			t.Logf("%s, limit %d: at most %d units in a window (limit + B = %d), %d admitted", st.name, limit, most, limit+b, len(log))
+		}
+	}
+}
