@@ -59,6 +59,11 @@ func genDC(seed uint64) dcCase {
 	}
 	c := dcCase{Name: fmt.Sprintf("dc seed %d", seed), Fail: fail, Win: win,
 		Skew: int64(100 + rng.IntN(201))}
+	if i := int(seed) - len(dcFixed) - 1; seed > uint64(len(dcFixed)) && i < len(dcFoci) {
+		c.Name, c.Win = fmt.Sprintf("dc seed %d (focus)", seed), 1000
+		dcFoci[i](rng, &c)
+		return c
+	}
 	// Ceilings a viral data centre can over-demand within the machine's
 	// budget of requests (250 a second at most).
 	c.Limit = []int64{10, 30, 80}[rng.IntN(3)] * c.Win / 1000
@@ -221,6 +226,8 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	if over, r := w.overAdmission(); over > 0 {
 		res.err = fmt.Errorf("%d over the ceiling (%d per %dms) in the window ending %v after the start, at dc%d (%s, limit %d)",
 			over, r.limit, c.Win, r.at.Sub(w.start).Round(time.Millisecond), r.dc, r.id, r.limit)
+	} else if v := w.glog.violation(); v != "" {
+		res.err = fmt.Errorf("a grant misused: %s", v)
 	} else if r, what, ok := w.uncovered(); ok {
 		if os.Getenv("SIM_DEBUG") != "" {
 			w.dumpDC(r.dc)
@@ -275,6 +282,11 @@ func (w *dcWorld) reached(res *dcResult) {
 			w.seen["fail:"+c.Fail]++
 		}
 	}
+	w.glog.mu.Lock()
+	if w.glog.recalls > 0 {
+		w.seen["recalled"] += w.glog.recalls
+	}
+	w.glog.mu.Unlock()
 	if slices.ContainsFunc(c.Offset, func(o int64) bool { return o != 0 }) {
 		w.seen["clocks_apart"]++
 	}

@@ -142,6 +142,11 @@ func dcBudget() (seeds []uint64, until time.Time) {
 	for i := range dcFixed {
 		seeds = append(seeds, uint64(i+1))
 	}
+	for i := range dcFoci {
+		if dcFocusOn() {
+			seeds = append(seeds, uint64(len(dcFixed)+i+1))
+		}
+	}
 	for i := range simFresh("dc") {
 		seeds = append(seeds, base+uint64(i))
 	}
@@ -254,7 +259,7 @@ func TestSimDC(t *testing.T) {
 		for _, k := range dcFaultKinds {
 			kinds = append(kinds, "reached:"+k)
 		}
-		requireEvents(t, seen, append(kinds, "fail:closed", "fail:local", "fail:open", "static_share", "clocks_apart", "memory_dc", "dcs>=5"))
+		requireEvents(t, seen, append(kinds, "fail:closed", "fail:local", "fail:open", "static_share", "recalled", "clocks_apart", "memory_dc", "dcs>=5"))
 	}
 }
 

@@ -141,6 +141,7 @@ type dcWorld struct {
 	grants [][]dcGrant   // per data centre: the grants its nodes were given
 	modes  [][]dcMode    // per data centre: its nodes going to their static share and back
 	static []int
+	glog   *dcGrantLog // what the ledger calls said of each grant's use
 	wg     sync.WaitGroup
 	closed []*limiter.Limiter
 }
@@ -184,6 +185,7 @@ func (e *dcEnv) newDCWorld(c *dcCase) *dcWorld {
 	w := &dcWorld{t: e.t, c: c, name: fmt.Sprintf("dcsim%d", e.n), ledger: e.ledger, seen: map[string]int{},
 		errsAt: make([][]time.Time, len(c.Stacks)), grants: make([][]dcGrant, len(c.Stacks)), modes: make([][]dcMode, len(c.Stacks)),
 		static: make([]int, len(c.Stacks))}
+	w.glog = newDCGrantLog(func() time.Time { return w.start })
 	w.limit.Store(c.Limit)
 	addr := e.ledger.Addr()
 	if hasFault(c, "failover") {
@@ -208,6 +210,7 @@ func (e *dcEnv) newDCWorld(c *dcCase) *dcWorld {
 		lc := redis.NewClient(&redis.Options{Addr: s.proxy.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, Protocol: 2, DisableIdentity: true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 		e.t.Cleanup(func() { lc.Close() })
+		lc.AddHook(dcGrantHook{g: w.glog, dc: s.name})
 		s.lg = limiter.NewLedger(lc)
 		for range c.Nodes[i] {
 			n := &dcNode{}
