@@ -12,6 +12,7 @@ import (
 // dcFoci are the focused histories, seeds len(dcFixed)+1 on.
 var dcFoci = []func(rng *rand.Rand, c *dcCase){
 	focusStatic,
+	focusFailover,
 }
 
 // focusStatic: fail local, two data centres; dc0 asks three times the
@@ -39,6 +40,29 @@ func focusStatic(rng *rand.Rand, c *dcCase) {
 		{DC: 1, From: at, To: end + 1500, Rate: rate, ID: "a"},
 		{DC: 1, From: end + 1500, To: c.Run, Rate: 2, ID: "a"},
 	}
+}
+
+// focusFailover: fail closed, two or three data centres each asking more
+// than the ceiling's rate, the ledger failed over (writes lost) onto a
+// replica whose clock is apart from the old primary's by up to skew. The
+// new primary counts the old one's grants on its own clock.
+func focusFailover(rng *rand.Rand, c *dcCase) {
+	c.Fail = "closed"
+	c.Limit = []int64{30, 80}[rng.IntN(2)]
+	n := 2 + rng.IntN(2)
+	c.Stacks, c.Nodes, c.Delay, c.Offset = nil, nil, nil, nil
+	for range n {
+		c.Stacks, c.Nodes = append(c.Stacks, "redis"), append(c.Nodes, 1)
+		c.Delay, c.Offset = append(c.Delay, int64(5+rng.IntN(60))), append(c.Offset, 0)
+	}
+	f := dcFault{Kind: "failover", At: dcCalm(c), For: int64(300 + rng.IntN(500))}
+	c.Faults = []dcFault{f}
+	c.Run = f.At + f.For + (&dcWorld{c: c}).wait(f).Milliseconds() + 3000
+	rate := int(c.Limit*1000/c.Win) * 3 / n
+	for dc := range n {
+		c.Phases = append(c.Phases, dcPhase{DC: dc, From: 0, To: c.Run, Rate: rate, ID: "a"})
+	}
+	c.LedgerOff = []int64{-c.Skew, c.Skew}[rng.IntN(2)]
 }
 
 // dcFocusOn reports whether make test's budget runs the focused histories.

@@ -16,13 +16,22 @@ package limiter_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
 // dcGrantLog is what a history's ledger calls said of each grant, keyed by
@@ -36,11 +45,17 @@ type dcGrantLog struct {
 	// recalls: the shares the ledger recalled from a data centre, as its
 	// nodes took them (an event: "recalled")
 	recalls int
-	bad     []string
+	// checks: per data centre on Redis, when each script call on its store
+	// that may have counted a request's demand was sent and answered
+	// (every call but dcshare.lua's); rates: the demand each grant call
+	// reported, and when it went
+	checks map[string][]dcSpan
+	rates  []dcRate
+	bad    []string
 }
 
 func newDCGrantLog(start func() time.Time) *dcGrantLog {
-	return &dcGrantLog{start: start, glen: map[string]int64{}, dup: map[string]bool{}, back: map[string]int64{}}
+	return &dcGrantLog{start: start, glen: map[string]int64{}, dup: map[string]bool{}, back: map[string]int64{}, checks: map[string][]dcSpan{}}
 }
 
 // violation is the first misuse of a grant the calls showed ("" none).
@@ -89,6 +104,9 @@ func (g *dcGrantLog) call(dc string, cmd redis.Cmder, after bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	at := time.Since(g.start()).Round(time.Millisecond)
+	if !after {
+		g.rates = append(g.rates, dcRate{dc: dc, at: time.Now(), rate: argInt(argv[14])})
+	}
 	if after {
 		c, ok := cmd.(*redis.Cmd)
 		if !ok || c.Err() != nil {
@@ -166,6 +184,7 @@ func (h dcGrantHook) DialHook(next redis.DialHook) redis.DialHook {
 
 func (h dcGrantHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		dcLedgerClock(cmd)
 		h.g.call(h.dc, cmd, false)
 		err := next(ctx, cmd)
 		h.g.call(h.dc, cmd, true)
@@ -176,6 +195,7 @@ func (h dcGrantHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 func (h dcGrantHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, c := range cmds {
+			dcLedgerClock(c)
 			h.g.call(h.dc, c, false)
 		}
 		err := next(ctx, cmds)
@@ -184,4 +204,212 @@ func (h dcGrantHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 		}
 		return err
 	}
+}
+
+// The ledger's clock in the simulation: the ledger and its replica run on
+// one machine, one clock, so a failover never moves the ledger's clock. The
+// hook sends the ledger a variant of lua/ledger.lua that reads TIME plus an
+// offset kept in the server's own key "simclock" (µs; none: 0, the script
+// as it is), and a failover sets the promoted replica's offset (its clock
+// apart from the old primary's, within skew). Only that line differs.
+var (
+	dcLedgerSrc     = lua.Ledger
+	dcLedgerVariant = strings.Replace(lua.Ledger, "local t = tonumber(t0[1]) * 1000000 + tonumber(t0[2])\n",
+		"local t = tonumber(t0[1]) * 1000000 + tonumber(t0[2]) + (tonumber(redis.call(\"GET\", \"simclock\")) or 0)\n", 1)
+	dcLedgerSHA, dcVariantSHA = scriptSHA(dcLedgerSrc), scriptSHA(dcLedgerVariant)
+)
+
+func scriptSHA(src string) string {
+	h := sha1.Sum([]byte(src))
+	return hex.EncodeToString(h[:])
+}
+
+// dcLedgerClock rewrites a call of the ledger's script into one of its
+// variant.
+func dcLedgerClock(cmd redis.Cmder) {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return
+	}
+	switch fmt.Sprint(args[0]) {
+	case "evalsha":
+		if args[1] == dcLedgerSHA {
+			args[1] = dcVariantSHA
+		}
+	case "eval":
+		if args[1] == dcLedgerSrc {
+			args[1] = dcLedgerVariant
+		}
+	}
+}
+
+// TestSimDCLedgerClock: the simulation's variant of the ledger's script
+// is the script with its clock read moved by the server's "simclock" (so a
+// change to that line of lua/ledger.lua shows here, not as failovers that
+// silently keep one clock), and the hook sends it.
+func TestSimDCLedgerClock(t *testing.T) {
+	if dcLedgerVariant == dcLedgerSrc {
+		t.Fatal(`lua/ledger.lua's clock line changed: simdc_grants_test.go's variant (the ledger's clock apart after a failover) no longer applies`)
+	}
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), Protocol: 2, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	t.Cleanup(func() { c.Close() })
+	c.AddHook(dcGrantHook{g: newDCGrantLog(time.Now), dc: "dc0"})
+	lg := limiter.NewLedger(c)
+	ctx := context.Background()
+	req := &limiter.LedgerRequest{Namespace: "clock:", DC: "dc0", QWait: 1, Skew: 1, Beat: 1_000_000, WMax: 1_000_000}
+	before, err := lg.Do(ctx, "beat", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := srv.Proc().RunCLI("SET", "simclock", "30000000"); err != nil {
+		t.Fatal(err)
+	}
+	req.Deadline = time.Time{}
+	after, err := lg.Do(ctx, "beat", req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Duration(after.Now-before.Now) * time.Microsecond; d < 30*time.Second || d > 40*time.Second {
+		t.Fatalf("the ledger's clock moved %v with simclock 30 s", d)
+	}
+}
+
+type dcSpan struct{ sent, back time.Time }
+
+type dcRate struct {
+	dc   string
+	at   time.Time
+	rate int64
+}
+
+// dcshareOps are dcshare.lua's operations: they count no demand.
+var dcshareOps = map[string]bool{"begin": true, "deposit": true, "send": true, "static": true, "normal": true, "poll": true}
+
+// dcCheckHook records the script calls on a data centre's store (its
+// Redis) that may count a request's demand.
+type dcCheckHook struct {
+	g  *dcGrantLog
+	dc string
+}
+
+func (h dcCheckHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) { return next(ctx, network, addr) }
+}
+
+// counts is how many checks a call on the store runs that may count a
+// request's demand: decide.lua's calls carry their number of checks first
+// (a batch decides several); dcshare.lua's count none.
+func (h dcCheckHook) counts(cmd redis.Cmder) int {
+	args := cmd.Args()
+	if len(args) < 3 {
+		return 0
+	}
+	switch fmt.Sprint(args[0]) {
+	case "evalsha", "eval", "fcall", "fcall_ro":
+	default:
+		return 0
+	}
+	nk := int(argInt(args[2]))
+	if len(args) <= 3+nk {
+		return 1
+	}
+	if v := fmt.Sprint(args[3+nk]); dcshareOps[v] {
+		return 0
+	}
+	return max(int(argInt(args[3+nk])), 1)
+}
+
+func (h dcCheckHook) record(sent time.Time, n int) {
+	back := time.Now()
+	h.g.mu.Lock()
+	for range n {
+		h.g.checks[h.dc] = append(h.g.checks[h.dc], dcSpan{sent, back})
+	}
+	h.g.mu.Unlock()
+}
+
+func (h dcCheckHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		n := h.counts(cmd)
+		if n == 0 {
+			return next(ctx, cmd)
+		}
+		sent := time.Now()
+		err := next(ctx, cmd)
+		h.record(sent, n)
+		return err
+	}
+}
+
+func (h dcCheckHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		n := 0
+		for _, c := range cmds {
+			n += h.counts(c)
+		}
+		sent := time.Now()
+		err := next(ctx, cmds)
+		if n > 0 {
+			h.record(sent, n)
+		}
+		return err
+	}
+}
+
+// dcDemandWindow: how long before its ledger call a renewal may have read
+// the share's demand (its calls' timeouts, 1.5 s, with as much again for a
+// machine under load), and the demand's two seconds.
+const dcDemandWindow = 6*dcTimeout + 2*time.Second
+
+// demandOver is the first demand a data centre on Redis reported above
+// what its store was asked: the share's demand is the most of two
+// consecutive seconds' requests (this one's so far and the last), counted
+// in the store's script calls, so it never exceeds the calls that may have
+// run in some second before the renewal read it (a call runs between its
+// sending and its answer; every call counts, whatever its identity).
+func (g *dcGrantLog) demandOver(redisDC map[string]bool) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sent, back := map[string][]time.Time{}, map[string][]time.Time{}
+	for dc, spans := range g.checks {
+		for _, sp := range spans {
+			sent[dc], back[dc] = append(sent[dc], sp.sent), append(back[dc], sp.back)
+		}
+		slices.SortFunc(sent[dc], time.Time.Compare)
+		slices.SortFunc(back[dc], time.Time.Compare)
+	}
+	// within: the calls that may have run in [s-2ms, s+1s+12ms]: with s
+	// stepped every 10 ms, every span of a second lies within one of them
+	// (and 2 ms for the clocks read a moment apart).
+	within := func(dc string, s time.Time) int {
+		hi, _ := slices.BinarySearchFunc(sent[dc], s.Add(time.Second+12*time.Millisecond), func(a, b time.Time) int {
+			if a.After(b) {
+				return 1
+			}
+			return -1
+		})
+		lo, _ := slices.BinarySearchFunc(back[dc], s.Add(-2*time.Millisecond), func(a, b time.Time) int {
+			if a.Before(b) {
+				return -1
+			}
+			return 1
+		})
+		return hi - lo
+	}
+	for _, r := range g.rates {
+		if !redisDC[r.dc] || r.rate == 0 {
+			continue
+		}
+		most := 0
+		for s := r.at.Add(-dcDemandWindow - 20*time.Millisecond); !s.After(r.at.Add(20 * time.Millisecond)); s = s.Add(10 * time.Millisecond) {
+			most = max(most, within(r.dc, s))
+		}
+		if r.rate > int64(most) {
+			return fmt.Sprintf("%s reported a demand of %d a second at %v after the start, when its store was asked at most %d times in any second of the %v before",
+				r.dc, r.rate, r.at.Sub(g.start()).Round(time.Millisecond), most, dcDemandWindow)
+		}
+	}
+	return ""
 }

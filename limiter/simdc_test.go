@@ -52,8 +52,12 @@ type dcCase struct {
 	Nodes  []int
 	Delay  []int64 // one-way delay to the ledger (ms)
 	Offset []int64 // the nodes' clock against the store's (ms, clock app)
-	Phases []dcPhase
-	Faults []dcFault
+	// LedgerOff: a failover's promoted replica's clock against the old
+	// primary's (ms, within skew; simdc_grants_test.go's variant of the
+	// ledger's script)
+	LedgerOff int64
+	Phases    []dcPhase
+	Faults    []dcFault
 }
 
 // dcPhase is one data centre's demand from From to To: Rate requests a
@@ -82,6 +86,7 @@ type dcRec struct {
 	id    string
 	at    time.Time // the store's time (the node's clock less its offset)
 	done  time.Time // when the decision came back (the wall clock)
+	took  time.Duration
 	pass  bool
 	open  bool // passed by fail open (not under the ceiling: counted apart)
 	out   limiter.Outcome
@@ -238,6 +243,7 @@ func (w *dcWorld) node(s *dcSite, n *dcNode) *limiter.Limiter {
 	if s.srv != nil {
 		c := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), MaxRetries: -1})
 		w.t.Cleanup(func() { c.Close() })
+		c.AddHook(dcCheckHook{g: w.glog, dc: s.name})
 		b = productionStack(w.t, c)
 	} else {
 		ms := limiter.NewMemoryStore()
@@ -354,6 +360,7 @@ func (w *dcWorld) decide(ctx context.Context, s *dcSite, ni int, id string) {
 	// another request waits for.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	sent := time.Now()
 	d, err := s.nodes[ni].l.Load().Decide(dctx, in)
 	if err != nil {
 		if dctx.Err() == nil {
@@ -370,6 +377,7 @@ func (w *dcWorld) decide(ctx context.Context, s *dcSite, ni int, id string) {
 	}
 	r := dcRec{dc: s.i, id: id, at: at.Add(-s.off), pass: d.Pass, open: d.Pass && d.Source == limiter.SourceFailOpen,
 		out: d.Outcome, src: d.Source, retry: d.RetryAfter, limit: max(limit, w.limit.Load()), err: d.Err != nil, done: time.Now()}
+	r.took = r.done.Sub(sent)
 	w.mu.Lock()
 	w.recs = append(w.recs, r)
 	w.mu.Unlock()
@@ -439,6 +447,11 @@ func (w *dcWorld) failover(f dcFault, wait func(int64) bool) {
 	}
 	if _, err := w.replica.Proc().RunCLI("REPLICAOF", "NO", "ONE"); err != nil {
 		w.t.Error(err)
+	}
+	if w.c.LedgerOff != 0 {
+		if _, err := w.replica.Proc().RunCLI("SET", "simclock", fmt.Sprint(w.c.LedgerOff*1000)); err != nil {
+			w.t.Error(err)
+		}
 	}
 	if err := w.vip.SetTarget(w.replica.Addr()); err != nil {
 		w.t.Error(err)
