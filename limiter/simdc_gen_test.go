@@ -233,7 +233,7 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 		res.err = fmt.Errorf("%d over the ceiling (%d per %dms) in the window ending %v after the start, at dc%d (%s, limit %d)",
 			over, r.limit, c.Win, r.at.Sub(w.start).Round(time.Millisecond), r.dc, r.id, r.limit)
 	} else if v := w.glog.violation(); v != "" {
-		res.err = fmt.Errorf("a grant misused: %s", v)
+		res.err = fmt.Errorf("misused (a grant or a claim): %s", v)
 	} else if v := w.glog.demandOver(w.redisDCs()); v != "" {
 		res.err = fmt.Errorf("a demand inflated: %s", v)
 	} else if r, what, ok := w.uncovered(); ok {

@@ -19,6 +19,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"strconv"
@@ -51,11 +52,15 @@ type dcGrantLog struct {
 	// reported, and when it went
 	checks map[string][]dcSpan
 	rates  []dcRate
-	bad    []string
+	// deposited: per data centre and share key, the latest sending of a
+	// renewal's deposit that has answered (it released the claim by then)
+	deposited map[string]map[string]time.Time
+	bad       []string
 }
 
 func newDCGrantLog(start func() time.Time) *dcGrantLog {
-	return &dcGrantLog{start: start, glen: map[string]int64{}, dup: map[string]bool{}, back: map[string]int64{}, checks: map[string][]dcSpan{}}
+	return &dcGrantLog{start: start, glen: map[string]int64{}, dup: map[string]bool{}, back: map[string]int64{}, checks: map[string][]dcSpan{},
+		deposited: map[string]map[string]time.Time{}}
 }
 
 // violation is the first misuse of a grant the calls showed ("" none).
@@ -332,6 +337,23 @@ func (h dcCheckHook) record(sent time.Time, n int) {
 
 func (h dcCheckHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
+		if key := h.deposit(cmd); key != "" {
+			sent := time.Now()
+			err := next(ctx, cmd)
+			if err == nil {
+				h.g.mu.Lock()
+				m := h.g.deposited[h.dc]
+				if m == nil {
+					m = map[string]time.Time{}
+					h.g.deposited[h.dc] = m
+				}
+				if sent.After(m[key]) {
+					m[key] = sent
+				}
+				h.g.mu.Unlock()
+			}
+			return err
+		}
 		n := h.counts(cmd)
 		if n == 0 {
 			return next(ctx, cmd)
@@ -412,4 +434,62 @@ func (g *dcGrantLog) demandOver(redisDC map[string]bool) string {
 		}
 	}
 	return ""
+}
+
+// deposit is the share key of a renewal's deposit (dcshare.lua's
+// "deposit", which releases the claim), or "".
+func (h dcCheckHook) deposit(cmd redis.Cmder) string {
+	args := cmd.Args()
+	if len(args) < 5 || fmt.Sprint(args[0]) != "evalsha" && fmt.Sprint(args[0]) != "eval" || argInt(args[2]) != 1 {
+		return ""
+	}
+	if fmt.Sprint(args[4]) != "deposit" {
+		return ""
+	}
+	return fmt.Sprint(args[3])
+}
+
+// dcClaim is the claim to renew a share, as the nodes take it (2 x timeout
+// + 200ms): the share's "c" is the time of the check that took it plus
+// this.
+const dcClaim = 2*dcTimeout + 200*time.Millisecond
+
+// watchClaims reads, every 50 ms until ctx ends, the claim ("c") of every
+// share of site s a deposit has been made to: a deposit releases the
+// claim, so a claim there was taken after the last deposit that answered
+// before the read was sent (its check's time, the claim less dcClaim, is
+// no earlier than that deposit's sending). One taken before it is a claim
+// a deposit never released.
+func (w *dcWorld) watchClaims(ctx context.Context, s *dcSite) {
+	c := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	defer c.Close()
+	g := w.glog
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		g.mu.Lock()
+		dep := maps.Clone(g.deposited[s.name])
+		g.mu.Unlock()
+		for key, sent := range dep {
+			rctx, cancel := context.WithTimeout(ctx, dcTimeout)
+			v, err := c.HGet(rctx, key, "c").Int64()
+			cancel()
+			if err != nil || v == 0 {
+				continue // no claim, the key gone (its Redis restarted), or no answer
+			}
+			if took := time.UnixMicro(v).Add(-dcClaim); took.Before(sent.Add(-2 * time.Millisecond)) {
+				g.mu.Lock()
+				g.bad = append(g.bad, fmt.Sprintf("%s's share %s: a claim taken %v before a deposit that answered (%v after the start) still held %v after it",
+					s.name, key, sent.Sub(took).Round(time.Millisecond), sent.Sub(w.start).Round(time.Millisecond), time.Since(sent).Round(time.Millisecond)))
+				g.mu.Unlock()
+				return
+			}
+		}
+	}
 }

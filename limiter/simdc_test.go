@@ -301,6 +301,15 @@ func (w *dcWorld) run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	w.start = time.Now()
 	var fw sync.WaitGroup
+	for _, s := range w.sites {
+		if s.srv != nil {
+			fw.Add(1)
+			go func() {
+				defer fw.Done()
+				w.watchClaims(ctx, s)
+			}()
+		}
+	}
 	for _, f := range w.c.Faults {
 		fw.Add(1)
 		go func() {
@@ -595,24 +604,36 @@ func (w *dcWorld) uncovered() (dcRec, string, bool) {
 // (one machine's clock, read a moment apart).
 const dcSlack = 2 * time.Millisecond
 
-// staticAt reports whether a node of dc was on its static share when r
-// was decided (fail local: admitted by the static share, not a grant).
+// staticAt reports whether a node of dc may have been on its static share
+// when r was decided (fail local: admitted by the static share, not a
+// grant): from the data centre's first node going to it (half a second
+// sooner: another node may find its standing static on its own, before the
+// first one's event is told) to its last node coming back. Not a node's
+// own events alone: a node whose renewal finds the standing static goes to
+// the static share without an event (global.go's renew), and back with
+// one.
 func (w *dcWorld) staticAt(dc int, r dcRec) bool {
 	if w.c.Fail != "local" {
 		return false
 	}
-	on := 0
+	var first, last time.Time
+	open, on, off := false, 0, 0
 	for _, m := range w.modes[dc] {
-		if m.at.After(r.done) {
-			break
-		}
 		if m.static {
-			on++
-		} else {
-			on = max(on-1, 0)
+			if first.IsZero() {
+				first = m.at
+			}
+			open, on = true, on+1
+		} else if !first.IsZero() {
+			last, open, off = m.at, false, off+1
 		}
 	}
-	return on > 0
+	if first.IsZero() || r.done.Before(first.Add(-500*time.Millisecond)) {
+		return false
+	}
+	// Still open: the last event a node going to it, or more nodes went
+	// than came back (each comes back with an event).
+	return open || on > off || !r.at.After(last)
 }
 
 func (f dcFault) String() string {
