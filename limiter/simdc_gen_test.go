@@ -59,6 +59,11 @@ func genDC(seed uint64) dcCase {
 	}
 	c := dcCase{Name: fmt.Sprintf("dc seed %d", seed), Fail: fail, Win: win,
 		Skew: int64(100 + rng.IntN(201))}
+	if i := int(seed) - len(dcFixed) - 1; seed > uint64(len(dcFixed)) && i < len(dcFoci) {
+		c.Name, c.Win = fmt.Sprintf("dc seed %d (focus)", seed), 1000
+		dcFoci[i](rng, &c)
+		return c
+	}
 	// Ceilings a viral data centre can over-demand within the machine's
 	// budget of requests (250 a second at most).
 	c.Limit = []int64{10, 30, 80}[rng.IntN(3)] * c.Win / 1000
@@ -80,6 +85,11 @@ func genDC(seed uint64) dcCase {
 	genDCFaults(rng, &c, must)
 	genDCPhases(rng, &c)
 	busyFaulted(&c)
+	if hasFault(&c, "failover") {
+		// The promoted replica's clock, within skew of the old primary's
+		// (drawn last: the rest of a fixed seed's history stays as it was).
+		c.LedgerOff = int64(rng.IntN(int(2*c.Skew+1))) - c.Skew
+	}
 	return c
 }
 
@@ -206,7 +216,8 @@ type dcResult struct {
 	err      error
 	findings []string
 	figures  []string
-	room     []float64 // fractions of the ceiling used, per sampled window
+	room     []float64       // fractions of the ceiling used, per sampled window
+	took     []time.Duration // every decision's time, outside faults and their recovery
 	seen     map[string]int
 }
 
@@ -221,6 +232,10 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	if over, r := w.overAdmission(); over > 0 {
 		res.err = fmt.Errorf("%d over the ceiling (%d per %dms) in the window ending %v after the start, at dc%d (%s, limit %d)",
 			over, r.limit, c.Win, r.at.Sub(w.start).Round(time.Millisecond), r.dc, r.id, r.limit)
+	} else if v := w.glog.violation(); v != "" {
+		res.err = fmt.Errorf("misused (a grant or a claim): %s", v)
+	} else if v := w.glog.demandOver(w.redisDCs()); v != "" {
+		res.err = fmt.Errorf("a demand inflated: %s", v)
 	} else if r, what, ok := w.uncovered(); ok {
 		if os.Getenv("SIM_DEBUG") != "" {
 			w.dumpDC(r.dc)
@@ -231,7 +246,29 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	w.statuses(&res)
 	w.recovery(&res)
 	w.roomUsed(&res)
+	w.latency(&res)
 	return res
+}
+
+// latency measures the decisions' time outside faults and their recovery
+// (a figure: a request that waits for the ledger takes a round trip or
+// more; no decision should wait on a renewal that was not asked).
+func (w *dcWorld) latency(res *dcResult) {
+	for _, r := range w.recs {
+		if !w.inFault(r.dc, r.done, time.Second+2*w.rtt(r.dc)) {
+			res.took = append(res.took, r.took)
+		}
+	}
+	if len(res.took) > 0 {
+		p50, p99 := dcQuantile(res.took, 0.5), dcQuantile(res.took, 0.99)
+		res.figures = append(res.figures, fmt.Sprintf("decision time outside faults (%d): p50 %v, p99 %v", len(res.took), p50.Round(time.Millisecond/10), p99.Round(time.Millisecond)))
+	}
+}
+
+func dcQuantile(v []time.Duration, q float64) time.Duration {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[min(int(q*float64(len(s))), len(s)-1)]
 }
 
 // dumpDC logs a data centre's grants and admissions (SIM_DEBUG).
@@ -275,6 +312,11 @@ func (w *dcWorld) reached(res *dcResult) {
 			w.seen["fail:"+c.Fail]++
 		}
 	}
+	w.glog.mu.Lock()
+	if w.glog.recalls > 0 {
+		w.seen["recalled"] += w.glog.recalls
+	}
+	w.glog.mu.Unlock()
 	if slices.ContainsFunc(c.Offset, func(o int64) bool { return o != 0 }) {
 		w.seen["clocks_apart"]++
 	}
@@ -490,4 +532,15 @@ func (w *dcWorld) recovery(res *dcResult) {
 		}
 		res.figures = append(res.figures, fmt.Sprintf("recovery after %v: %s", f, strings.Join(parts, ", ")))
 	}
+}
+
+// redisDCs names the data centres on Redis (their store's calls are seen).
+func (w *dcWorld) redisDCs() map[string]bool {
+	m := map[string]bool{}
+	for _, s := range w.sites {
+		if s.srv != nil {
+			m[s.name] = true
+		}
+	}
+	return m
 }

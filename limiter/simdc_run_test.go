@@ -142,6 +142,11 @@ func dcBudget() (seeds []uint64, until time.Time) {
 	for i := range dcFixed {
 		seeds = append(seeds, uint64(i+1))
 	}
+	for i := range dcFoci {
+		if dcFocusOn() {
+			seeds = append(seeds, uint64(len(dcFixed)+i+1))
+		}
+	}
 	for i := range simFresh("dc") {
 		seeds = append(seeds, base+uint64(i))
 	}
@@ -189,6 +194,7 @@ func simulateDC(t *testing.T) map[string]int {
 	var mu sync.Mutex
 	seen := map[string]int{}
 	var room []float64
+	var took []time.Duration
 	one := func(t *testing.T, seed uint64) {
 		e := &dcEnv{t: t, ledger: redistest.Start(t)}
 		c := genDC(seed)
@@ -199,6 +205,7 @@ func simulateDC(t *testing.T) map[string]int {
 			seen[k] += v
 		}
 		room = append(room, res.room...)
+		took = append(took, res.took...)
 	}
 	if !until.IsZero() {
 		for seed := seeds[0]; time.Now().Before(until); seed++ {
@@ -217,6 +224,9 @@ func simulateDC(t *testing.T) map[string]int {
 	}
 	if len(room) > 0 {
 		t.Logf("room used over every history: median %.1f%%, worst %.1f%% of %d windows; events %v", 100*median(room), 100*slices.Min(room), len(room), seen)
+	}
+	if len(took) > 0 {
+		t.Logf("decision time over every history, outside faults: p50 %v, p99 %v of %d", dcQuantile(took, 0.5).Round(time.Millisecond/10), dcQuantile(took, 0.99).Round(time.Millisecond), len(took))
 	}
 	return seen
 }
@@ -254,7 +264,7 @@ func TestSimDC(t *testing.T) {
 		for _, k := range dcFaultKinds {
 			kinds = append(kinds, "reached:"+k)
 		}
-		requireEvents(t, seen, append(kinds, "fail:closed", "fail:local", "fail:open", "static_share", "clocks_apart", "memory_dc", "dcs>=5"))
+		requireEvents(t, seen, append(kinds, "fail:closed", "fail:local", "fail:open", "static_share", "recalled", "clocks_apart", "memory_dc", "dcs>=5"))
 	}
 }
 

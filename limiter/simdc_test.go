@@ -52,8 +52,12 @@ type dcCase struct {
 	Nodes  []int
 	Delay  []int64 // one-way delay to the ledger (ms)
 	Offset []int64 // the nodes' clock against the store's (ms, clock app)
-	Phases []dcPhase
-	Faults []dcFault
+	// LedgerOff: a failover's promoted replica's clock against the old
+	// primary's (ms, within skew; simdc_grants_test.go's variant of the
+	// ledger's script)
+	LedgerOff int64
+	Phases    []dcPhase
+	Faults    []dcFault
 }
 
 // dcPhase is one data centre's demand from From to To: Rate requests a
@@ -82,6 +86,7 @@ type dcRec struct {
 	id    string
 	at    time.Time // the store's time (the node's clock less its offset)
 	done  time.Time // when the decision came back (the wall clock)
+	took  time.Duration
 	pass  bool
 	open  bool // passed by fail open (not under the ceiling: counted apart)
 	out   limiter.Outcome
@@ -141,6 +146,7 @@ type dcWorld struct {
 	grants [][]dcGrant   // per data centre: the grants its nodes were given
 	modes  [][]dcMode    // per data centre: its nodes going to their static share and back
 	static []int
+	glog   *dcGrantLog // what the ledger calls said of each grant's use
 	wg     sync.WaitGroup
 	closed []*limiter.Limiter
 }
@@ -184,6 +190,7 @@ func (e *dcEnv) newDCWorld(c *dcCase) *dcWorld {
 	w := &dcWorld{t: e.t, c: c, name: fmt.Sprintf("dcsim%d", e.n), ledger: e.ledger, seen: map[string]int{},
 		errsAt: make([][]time.Time, len(c.Stacks)), grants: make([][]dcGrant, len(c.Stacks)), modes: make([][]dcMode, len(c.Stacks)),
 		static: make([]int, len(c.Stacks))}
+	w.glog = newDCGrantLog(func() time.Time { return w.start })
 	w.limit.Store(c.Limit)
 	addr := e.ledger.Addr()
 	if hasFault(c, "failover") {
@@ -208,6 +215,7 @@ func (e *dcEnv) newDCWorld(c *dcCase) *dcWorld {
 		lc := redis.NewClient(&redis.Options{Addr: s.proxy.Addr(), MaxRetries: -1, ContextTimeoutEnabled: true, Protocol: 2, DisableIdentity: true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 		e.t.Cleanup(func() { lc.Close() })
+		lc.AddHook(dcGrantHook{g: w.glog, dc: s.name})
 		s.lg = limiter.NewLedger(lc)
 		for range c.Nodes[i] {
 			n := &dcNode{}
@@ -235,6 +243,7 @@ func (w *dcWorld) node(s *dcSite, n *dcNode) *limiter.Limiter {
 	if s.srv != nil {
 		c := redis.NewClient(&redis.Options{Addr: s.srv.Addr(), MaxRetries: -1})
 		w.t.Cleanup(func() { c.Close() })
+		c.AddHook(dcCheckHook{g: w.glog, dc: s.name})
 		b = productionStack(w.t, c)
 	} else {
 		ms := limiter.NewMemoryStore()
@@ -292,6 +301,15 @@ func (w *dcWorld) run() {
 	ctx, cancel := context.WithCancel(context.Background())
 	w.start = time.Now()
 	var fw sync.WaitGroup
+	for _, s := range w.sites {
+		if s.srv != nil {
+			fw.Add(1)
+			go func() {
+				defer fw.Done()
+				w.watchClaims(ctx, s)
+			}()
+		}
+	}
 	for _, f := range w.c.Faults {
 		fw.Add(1)
 		go func() {
@@ -351,6 +369,7 @@ func (w *dcWorld) decide(ctx context.Context, s *dcSite, ni int, id string) {
 	// another request waits for.
 	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	sent := time.Now()
 	d, err := s.nodes[ni].l.Load().Decide(dctx, in)
 	if err != nil {
 		if dctx.Err() == nil {
@@ -367,6 +386,7 @@ func (w *dcWorld) decide(ctx context.Context, s *dcSite, ni int, id string) {
 	}
 	r := dcRec{dc: s.i, id: id, at: at.Add(-s.off), pass: d.Pass, open: d.Pass && d.Source == limiter.SourceFailOpen,
 		out: d.Outcome, src: d.Source, retry: d.RetryAfter, limit: max(limit, w.limit.Load()), err: d.Err != nil, done: time.Now()}
+	r.took = r.done.Sub(sent)
 	w.mu.Lock()
 	w.recs = append(w.recs, r)
 	w.mu.Unlock()
@@ -436,6 +456,11 @@ func (w *dcWorld) failover(f dcFault, wait func(int64) bool) {
 	}
 	if _, err := w.replica.Proc().RunCLI("REPLICAOF", "NO", "ONE"); err != nil {
 		w.t.Error(err)
+	}
+	if w.c.LedgerOff != 0 {
+		if _, err := w.replica.Proc().RunCLI("SET", "simclock", fmt.Sprint(w.c.LedgerOff*1000)); err != nil {
+			w.t.Error(err)
+		}
 	}
 	if err := w.vip.SetTarget(w.replica.Addr()); err != nil {
 		w.t.Error(err)
@@ -579,24 +604,36 @@ func (w *dcWorld) uncovered() (dcRec, string, bool) {
 // (one machine's clock, read a moment apart).
 const dcSlack = 2 * time.Millisecond
 
-// staticAt reports whether a node of dc was on its static share when r
-// was decided (fail local: admitted by the static share, not a grant).
+// staticAt reports whether a node of dc may have been on its static share
+// when r was decided (fail local: admitted by the static share, not a
+// grant): from the data centre's first node going to it (half a second
+// sooner: another node may find its standing static on its own, before the
+// first one's event is told) to its last node coming back. Not a node's
+// own events alone: a node whose renewal finds the standing static goes to
+// the static share without an event (global.go's renew), and back with
+// one.
 func (w *dcWorld) staticAt(dc int, r dcRec) bool {
 	if w.c.Fail != "local" {
 		return false
 	}
-	on := 0
+	var first, last time.Time
+	open, on, off := false, 0, 0
 	for _, m := range w.modes[dc] {
-		if m.at.After(r.done) {
-			break
-		}
 		if m.static {
-			on++
-		} else {
-			on = max(on-1, 0)
+			if first.IsZero() {
+				first = m.at
+			}
+			open, on = true, on+1
+		} else if !first.IsZero() {
+			last, open, off = m.at, false, off+1
 		}
 	}
-	return on > 0
+	if first.IsZero() || r.done.Before(first.Add(-500*time.Millisecond)) {
+		return false
+	}
+	// Still open: the last event a node going to it, or more nodes went
+	// than came back (each comes back with an event).
+	return open || on > off || !r.at.After(last)
 }
 
 func (f dcFault) String() string {
