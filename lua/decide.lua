@@ -30,13 +30,21 @@
 --
 -- One check, in ARGV (from its first value) and KEYS (one per part, then the
 -- ban key, then the lease key, then the override key):
---   nargs nkeys mode now deadline cost nparts hasban haslease hasov scope
+--   nargs nkeys shape now deadline, then what changes from request to
+--   request, in this order: scope (when hasov is 1), per share part (kind 6)
+--   lead claim sig, per calendar window b0 b1 b2 b3, the lease's id (when
+--   haslease is 1).
+-- shape is the rest, one string of values separated by single spaces:
+--   mode cost nparts hasban haslease hasov
 --   per part:  kind nwin global, then per window
 --                duration kinds: len limit burst   (len, in µs, also names
 --                                                   the window's fields)
---                calendar:       period limit b0 b1 b2 b3
+--                calendar:       period limit
 --   ban:       after within for wait              (when hasban is 1)
---   lease:     max timeout id                     (when haslease is 1)
+--   lease:     max timeout                        (when haslease is 1)
+-- A shape repeats from check to check (a limiter's shape, a request's mode
+-- and cost): it is parsed once per chunk (SHAPE below), so a check hands
+-- Redis five arguments and its changing values, not one per number.
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
 --        not recorded); 3 record (count_only after the response: the units
@@ -45,9 +53,9 @@
 --        releases before the state format version, see sliding_log.lua),
 --        2 sliding_counter, 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
---        centre's share of the global ceiling (share.lua): its part header
---        goes on with lead and claim (µs) and the limits' signature, and its
---        windows are the global ceiling's, each as name limit 0.
+--        centre's share of the global ceiling (share.lua): its lead and
+--        claim (µs) and the limits' signature come with the changing values,
+--        and its windows are the global ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
 --        stalled network) is never charged; 0 for none, -1 for none but
@@ -136,19 +144,23 @@ local function num(x)
   return x
 end
 
--- NUM holds the numbers of the arguments that repeat from check to check
--- (a check's shape, its cost, a window's length, limit and burst), by their
--- string: a table lookup where s + 0 runs strtod (several hundred
--- instructions). It lives as long as the chunk (one FUNCTION LOAD) and
--- starts again past 4096 strings.
-local NUM, NUMN = {}, 0
-local function numof(s)
-  local v = s + 0
-  if NUMN >= 4096 then
-    NUM, NUMN = {}, 0
+-- SHAPE holds the shapes of checks (see the header) parsed, by their
+-- string: {tokens, numbers}, the i-th value as its string and as a number
+-- (false for a name that is none). It lives as long as the chunk (one
+-- FUNCTION LOAD) and starts again past 4096 shapes.
+local SHAPE, SHAPEN = {}, 0
+local function shape_of(s)
+  local t, v, n = {}, {}, 0
+  for tok in string.gmatch(s, "[^ ]+") do
+    n = n + 1
+    t[n], v[n] = tok, tonumber(tok) or false
   end
-  NUM[s], NUMN = v, NUMN + 1
-  return v
+  if SHAPEN >= 4096 then
+    SHAPE, SHAPEN = {}, 0
+  end
+  local sh = {t, v}
+  SHAPE[s], SHAPEN = sh, SHAPEN + 1
+  return sh
 end
 
 -- The windows of the check being decided, numbered across its parts:
@@ -360,15 +372,19 @@ local function with_limits(reply, nw)
 end
 
 local function decide(a, k)
+  local sh = SHAPE[ARGV[a + 2]] or shape_of(ARGV[a + 2])
+  local T, V = sh[1], sh[2]
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
-  local mode = NUM[ARGV[a + 2]] or numof(ARGV[a + 2])
   local now = ARGV[a + 3] + 0
   local deadline = ARGV[a + 4] + 0
-  local cost = NUM[ARGV[a + 5]] or numof(ARGV[a + 5])
-  local nparts = NUM[ARGV[a + 6]] or numof(ARGV[a + 6])
-  local hasban, haslease = ARGV[a + 7] == "1", ARGV[a + 8] == "1"
-  local hasov, scope = ARGV[a + 9] == "1", ARGV[a + 10]
+  local mode, cost, nparts = V[1], V[2], V[3]
+  local hasban, haslease, hasov = T[4] == "1", T[5] == "1", T[6] == "1"
+  local x = a + 5 -- the next changing value in ARGV
+  local scope = ""
+  if hasov then
+    scope, x = ARGV[x], x + 1
+  end
   if deadline ~= 0 then
     local t = clock()
     if deadline > 0 and t > deadline then
@@ -378,15 +394,15 @@ local function decide(a, k)
   if now == 0 then
     now = clock()
   end
-  a = a + 11
+  local i = 7
   local nw = 0
   for p = 1, nparts do
-    local kind, n = NUM[ARGV[a]] or numof(ARGV[a]), NUM[ARGV[a + 1]] or numof(ARGV[a + 1])
-    pglobal[p] = ARGV[a + 2] == "1"
-    a = a + 3
+    local kind, n = V[i], V[i + 1]
+    pglobal[p] = T[i + 2] == "1"
+    i = i + 3
     if kind == 6 then
-      sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
-      a = a + 3
+      sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), ARGV[x + 2]
+      x = x + 3
     end
     if kind == 7 then
       kind, pwant[p] = 1, 1 -- sliding_log in format 1 (sliding_log.lua)
@@ -397,25 +413,25 @@ local function decide(a, k)
     k = k + 1
     for _ = 1, n do
       nw = nw + 1
-      wname[nw], wlim[nw], wkind[nw] = ARGV[a], NUM[ARGV[a + 1]] or numof(ARGV[a + 1]), kind
+      wname[nw], wlim[nw], wkind[nw] = T[i], V[i + 1], kind
       if kind == 5 then
-        cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-        a = a + 6
+        cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), tonumber(ARGV[x + 3])
+        i, x = i + 2, x + 4
       else
-        wlen[nw], wburst[nw] = NUM[ARGV[a]] or numof(ARGV[a]), NUM[ARGV[a + 2]] or numof(ARGV[a + 2])
-        a = a + 3
+        wlen[nw], wburst[nw] = V[i], V[i + 2]
+        i = i + 3
       end
     end
     pj1[p] = nw
   end
   local bkey, after, within, bfor, wait
   if hasban then
-    bkey, after, within, bfor, wait = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    k, a = k + 1, a + 4
+    bkey, after, within, bfor, wait = KEYS[k], V[i], V[i + 1], V[i + 2], V[i + 3]
+    k, i = k + 1, i + 4
   end
   local lkey, lmax, ltimeout, lid
   if haslease then
-    lkey, lmax, ltimeout, lid = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+    lkey, lmax, ltimeout, lid = KEYS[k], V[i], V[i + 1], ARGV[x]
     k = k + 1
   end
   if mode == 4 then
@@ -623,7 +639,7 @@ local function run()
       else
         out[c] = {err = tostring(r)}
       end
-      a, k = a + (NUM[ARGV[a]] or numof(ARGV[a])), k + (NUM[ARGV[a + 1]] or numof(ARGV[a + 1]))
+      a, k = a + ARGV[a], k + ARGV[a + 1]
     end
   end
   return out
