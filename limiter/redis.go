@@ -240,6 +240,12 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 		return r, nil
 	}
 	nw := op.windows()
+	if len(n) == 3+3*nw {
+		// The short form (decide.lua's header): no ban, no lease, no flag.
+		// (3+3*nw is never 7+3*nw nor 7+5*nw.)
+		r.InFlight = -1
+		return s.usage(r, n[3:], op, nw)
+	}
 	switch len(n) {
 	case 7 + 3*nw:
 	case 7 + 5*nw:
@@ -254,15 +260,21 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 	default:
 		return Reply{}, fmt.Errorf("%w: %d values for %d windows", ErrBadReply, len(n), nw)
 	}
+	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
+	r.Share = ShareFlags(n[6] &^ 1)
+	return s.usage(r, n[7:], op, nw)
+}
+
+// usage reads the windows' count, retry and reset (n, from the first
+// window's count) into r and checks r whole.
+func (s *RedisStore) usage(r Reply, n []int64, op *Op, nw int) (Reply, error) {
 	if r.Status == StatusTooLarge && r.Limits == nil {
 		return Reply{}, fmt.Errorf("%w: too large with no override", ErrBadReply)
 	}
-	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
-	r.Share = ShareFlags(n[6] &^ 1)
 	r.Usage = op.usageFor(nw)[:nw]
 	denied := false
 	for j := range r.Usage {
-		u := Usage{Count: n[7+3*j], Retry: n[8+3*j], Reset: n[9+3*j]}
+		u := Usage{Count: n[3*j], Retry: n[1+3*j], Reset: n[2+3*j]}
 		if u.Count < 0 || u.Retry < 0 || u.Reset < 0 {
 			return Reply{}, fmt.Errorf("%w: negative usage %+v", ErrBadReply, u)
 		}

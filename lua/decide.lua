@@ -81,7 +81,9 @@
 --        changed a limit ends (the limits change again then).
 --
 -- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
--- flags, then count, retry, reset per window, in order}.
+-- flags, then count, retry, reset per window, in order}; or, when ban_left,
+-- ban_started and flags are 0, in_flight -1 and no override changed a limit,
+-- the short form {status, now, time, then count, retry, reset per window}.
 --   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
 --                written), 4 too large under an override (nothing written)
 --   time         Redis TIME when it was read (clock redis, or a deadline), 0
@@ -603,8 +605,20 @@ local function decide(a, k)
   end
 
   local reply
+  if banleft == 0 and inflight == -1 and leasedenied + shflags == 0 and not overridden then
+    -- The short form: no ban, no lease, no flag (4 values fewer for Redis
+    -- to turn into RESP). (One constructor sizes the table once; appending
+    -- grows it.)
+    if nw == 1 then
+      return {status, now, now_redis or 0, cnt[1], rty[1], rst[1]}
+    end
+    reply = {status, now, now_redis or 0}
+    for j = 1, nw do
+      reply[3 * j + 1], reply[3 * j + 2], reply[3 * j + 3] = cnt[j], rty[j], rst[j]
+    end
+    return reply
+  end
   if nw == 1 then
-    -- (One constructor sizes the table once; appending grows it.)
     reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
   else
     reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
