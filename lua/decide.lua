@@ -147,15 +147,36 @@ local function num(x)
 end
 
 -- SHAPE holds the shapes of checks (see the header) parsed, by their
--- string: {tokens, numbers}, the i-th value as its string and as a number
--- (false for a name that is none). It lives as long as the chunk (one
--- FUNCTION LOAD) and starts again past 4096 shapes.
+-- string: {tokens, numbers}, the i-th value as its string and, where the
+-- check reads a number, as that number (one conversion: s + 0, where
+-- tonumber makes two). It lives as long as the chunk (one FUNCTION LOAD;
+-- one call under EVALSHA) and starts again past 4096 shapes.
 local SHAPE, SHAPEN = {}, 0
 local function shape_of(s)
-  local t, v, n = {}, {}, 0
+  local t = {false, false, false, false, false, false, false, false, false, false, false, false}
+  local n = 0
   for tok in string.gmatch(s, "[^ ]+") do
     n = n + 1
-    t[n], v[n] = tok, tonumber(tok) or false
+    t[n] = tok
+  end
+  local v = {t[1] + 0, t[2] + 0, t[3] + 0, false, false, false}
+  local i = 7
+  for _ = 1, v[3] do
+    local kind, nw = t[i] + 0, t[i + 1] + 0
+    v[i], v[i + 1] = kind, nw
+    i = i + 3
+    for _ = 1, nw do
+      v[i + 1] = t[i + 1] + 0
+      if kind == 5 then
+        i = i + 2
+      else
+        v[i], v[i + 2] = t[i] + 0, t[i + 2] + 0
+        i = i + 3
+      end
+    end
+  end
+  for j = i, n do -- the ban's and the lease's numbers
+    v[j] = t[j] + 0
   end
   if SHAPEN >= 4096 then
     SHAPE, SHAPEN = {}, 0
