@@ -274,13 +274,16 @@ local function hash_read(key, kind, j0, j1)
 end
 
 -- hash_write writes the queued fields with the TTL in ms, dropping the
--- fields of removed windows.
-local function hash_write(key, ttl, stale)
+-- fields of removed windows; keep: the key's TTL is already that one (the
+-- algorithm says so), and stays unless the key is dropped.
+local function hash_write(key, ttl, stale, keep)
   if stale then
     redis.call("DEL", key)
   end
   redis.call("HSET", key, unpack(hf, 1, hn))
-  redis.call("PEXPIRE", key, num(ttl))
+  if stale or not keep then
+    redis.call("PEXPIRE", key, num(ttl))
+  end
   hn = 0
 end
 
@@ -569,17 +572,17 @@ local function decide(a, k)
           s1r[j] = rst[j]
         end
       end
-      local ttl
+      local ttl, keep
       if kind == 2 then
         ttl = ctr_record(j0, j1, c)
       elseif kind == 3 then
-        ttl = fix_record(j0, j1, now, c)
+        ttl, keep = fix_record(j0, j1, now, c)
       elseif kind == 4 then
         ttl = tb_record(j0, j1, now, c)
       else
         ttl = cal_record(j0, j1, now, c)
       end
-      hash_write(key, ttl, pstale[p])
+      hash_write(key, ttl, pstale[p], keep)
       if not recording then
         for j = j0, j1 do
           rst[j] = s1r[j]
