@@ -349,7 +349,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		}
 	}
 
-	b := c.sb[:0]
+	b := append(c.sb[:0], '[')
 	b = strconv.AppendInt(b, int64(op.Mode), 10)
 	b = appendValue(b, op.Cost)
 	b = appendValue(b, int64(len(op.Parts)))
@@ -367,7 +367,12 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		b = appendValue(b, boolValue(p.Global))
 		for j := range p.Windows {
 			w := &p.Windows[j]
-			b = append(append(b, ' '), w.Name...)
+			// A name is a length's digits or a calendar period's name: no
+			// character JSON escapes.
+			b = append(append(append(b, ',', '"'), w.Name...), '"')
+			if p.Kind != KindCalendar {
+				b = appendValue(b, w.Len)
+			}
 			b = appendValue(b, w.Limit)
 			if p.Kind != KindCalendar {
 				b = appendValue(b, w.Burst)
@@ -384,6 +389,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		b = appendValue(b, l.Max)
 		b = appendValue(b, l.Timeout)
 	}
+	b = append(b, ']')
 	if string(b) != c.shape {
 		c.shape = string(b)
 	}
@@ -419,9 +425,9 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 	c.args[0], c.args[1] = c.int(int64(len(c.args))), len(c.keys)
 }
 
-// appendValue appends a space and v's digits to a shape.
+// appendValue appends a comma and v's digits to a shape.
 func appendValue(b []byte, v int64) []byte {
-	return strconv.AppendInt(append(b, ' '), v, 10)
+	return strconv.AppendInt(append(b, ','), v, 10)
 }
 
 func boolValue(v bool) int64 {

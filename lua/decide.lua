@@ -34,17 +34,21 @@
 --   request, in this order: scope (when hasov is 1), per share part (kind 6)
 --   lead claim sig, per calendar window b0 b1 b2 b3, the lease's id (when
 --   haslease is 1).
--- shape is the rest, one string of values separated by single spaces:
---   mode cost nparts hasban haslease hasov
+-- shape is the rest, one JSON array (cjson, in every Redis's Lua):
+--   mode cost nparts hasban haslease hasov         (numbers; flags 0 or 1)
 --   per part:  kind nwin global, then per window
---                duration kinds: len limit burst   (len, in µs, also names
---                                                   the window's fields)
---                calendar:       period limit
+--                duration kinds: "len" len limit burst   (len, in µs, as the
+--                                                   string that names the
+--                                                   window's fields, then
+--                                                   as a number)
+--                calendar:       "period" limit
 --   ban:       after within for wait              (when hasban is 1)
 --   lease:     max timeout                        (when haslease is 1)
 -- A shape repeats from check to check (a limiter's shape, a request's mode
--- and cost): it is parsed once per chunk (SHAPE below), so a check hands
--- Redis five arguments and its changing values, not one per number.
+-- and cost): it is decoded once per chunk (SHAPE below), so a check hands
+-- Redis five arguments and its changing values, not one per number, and
+-- under EVALSHA, where every call decodes its shapes again, one C call
+-- reads them all.
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
 --        not recorded); 3 record (count_only after the response: the units
@@ -146,44 +150,17 @@ local function num(x)
   return x
 end
 
--- SHAPE holds the shapes of checks (see the header) parsed, by their
--- string: {tokens, numbers}, the i-th value as its string and, where the
--- check reads a number, as that number (one conversion: s + 0, where
--- tonumber makes two). It lives as long as the chunk (one FUNCTION LOAD;
--- one call under EVALSHA) and starts again past 4096 shapes.
+-- SHAPE holds the shapes of checks (see the header) decoded, by their
+-- string. It lives as long as the chunk (one FUNCTION LOAD; one call under
+-- EVALSHA) and starts again past 4096 shapes.
 local SHAPE, SHAPEN = {}, 0
 local function shape_of(s)
-  local t = {false, false, false, false, false, false, false, false, false, false, false, false}
-  local n = 0
-  for tok in string.gmatch(s, "[^ ]+") do
-    n = n + 1
-    t[n] = tok
-  end
-  local v = {t[1] + 0, t[2] + 0, t[3] + 0, false, false, false}
-  local i = 7
-  for _ = 1, v[3] do
-    local kind, nw = t[i] + 0, t[i + 1] + 0
-    v[i], v[i + 1] = kind, nw
-    i = i + 3
-    for _ = 1, nw do
-      v[i + 1] = t[i + 1] + 0
-      if kind == 5 then
-        i = i + 2
-      else
-        v[i], v[i + 2] = t[i] + 0, t[i + 2] + 0
-        i = i + 3
-      end
-    end
-  end
-  for j = i, n do -- the ban's and the lease's numbers
-    v[j] = t[j] + 0
-  end
+  local v = cjson.decode(s)
   if SHAPEN >= 4096 then
     SHAPE, SHAPEN = {}, 0
   end
-  local sh = {t, v}
-  SHAPE[s], SHAPEN = sh, SHAPEN + 1
-  return sh
+  SHAPE[s], SHAPEN = v, SHAPEN + 1
+  return v
 end
 
 -- The windows of the check being decided, numbered across its parts:
@@ -398,14 +375,13 @@ local function with_limits(reply, nw)
 end
 
 local function decide(a, k)
-  local sh = SHAPE[ARGV[a + 2]] or shape_of(ARGV[a + 2])
-  local T, V = sh[1], sh[2]
+  local V = SHAPE[ARGV[a + 2]] or shape_of(ARGV[a + 2])
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
   local now = ARGV[a + 3] + 0
   local deadline = ARGV[a + 4] + 0
   local mode, cost, nparts = V[1], V[2], V[3]
-  local hasban, haslease, hasov = T[4] == "1", T[5] == "1", T[6] == "1"
+  local hasban, haslease, hasov = V[4] == 1, V[5] == 1, V[6] == 1
   local x = a + 5 -- the next changing value in ARGV
   local scope = ""
   if hasov then
@@ -424,7 +400,7 @@ local function decide(a, k)
   local nw = 0
   for p = 1, nparts do
     local kind, n = V[i], V[i + 1]
-    pglobal[p] = T[i + 2] == "1"
+    pglobal[p] = V[i + 2] == 1
     i = i + 3
     if kind == 6 then
       sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), ARGV[x + 2]
@@ -439,13 +415,13 @@ local function decide(a, k)
     k = k + 1
     for _ = 1, n do
       nw = nw + 1
-      wname[nw], wlim[nw], wkind[nw] = T[i], V[i + 1], kind
+      wname[nw], wlim[nw], wkind[nw] = V[i], V[i + 1], kind
       if kind == 5 then
         cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), tonumber(ARGV[x + 3])
         i, x = i + 2, x + 4
       else
-        wlen[nw], wburst[nw] = V[i], V[i + 2]
-        i = i + 3
+        wlim[nw], wlen[nw], wburst[nw] = V[i + 2], V[i + 1], V[i + 3]
+        i = i + 4
       end
     end
     pj1[p] = nw

@@ -99,7 +99,7 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 		return err
 	}
 	// mode 0, cost 1, one part of kind, one window of a minute, limit 10,000
-	shape := "0 1 1 0 0 0 " + strconv.Itoa(kind) + " 1 0 60000000 10000 0"
+	shape := "[0,1,1,0,0,0," + strconv.Itoa(kind) + ",1,0,\"60000000\",60000000,10000,0]"
 	step := 60e6 / float64(per*keys) // µs between two checks
 	now := float64(time.Now().UnixMicro())
 	rng := rand.New(rand.NewPCG(1, 2))
