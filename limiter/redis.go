@@ -349,6 +349,9 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		}
 	}
 
+	if cap(c.sb) == 0 {
+		c.sb = make([]byte, 0, 32+24*len(op.Parts)+48*op.windows()) // room for most shapes: one allocation
+	}
 	b := append(c.sb[:0], '[')
 	b = strconv.AppendInt(b, int64(op.Mode), 10)
 	b = appendValue(b, op.Cost)
