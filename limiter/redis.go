@@ -241,6 +241,12 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 		return r, nil
 	}
 	nw := op.windows()
+	if len(n) == 3+3*nw {
+		// The short form (decide.lua's header): no ban, no lease, no flag.
+		// (3+3*nw is never 7+3*nw nor 7+5*nw.)
+		r.InFlight = -1
+		return s.usage(r, n[3:], op, nw)
+	}
 	switch len(n) {
 	case 7 + 3*nw:
 	case 7 + 5*nw:
@@ -255,15 +261,21 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 	default:
 		return Reply{}, fmt.Errorf("%w: %d values for %d windows", ErrBadReply, len(n), nw)
 	}
+	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
+	r.Share = ShareFlags(n[6] &^ 1)
+	return s.usage(r, n[7:], op, nw)
+}
+
+// usage reads the windows' count, retry and reset (n, from the first
+// window's count) into r and checks r whole.
+func (s *RedisStore) usage(r Reply, n []int64, op *Op, nw int) (Reply, error) {
 	if r.Status == StatusTooLarge && r.Limits == nil {
 		return Reply{}, fmt.Errorf("%w: too large with no override", ErrBadReply)
 	}
-	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
-	r.Share = ShareFlags(n[6] &^ 1)
 	r.Usage = op.usageFor(nw)[:nw]
 	denied := false
 	for j := range r.Usage {
-		u := Usage{Count: n[7+3*j], Retry: n[8+3*j], Reset: n[9+3*j]}
+		u := Usage{Count: n[3*j], Retry: n[1+3*j], Reset: n[2+3*j]}
 		if u.Count < 0 || u.Retry < 0 || u.Reset < 0 {
 			return Reply{}, fmt.Errorf("%w: negative usage %+v", ErrBadReply, u)
 		}
@@ -294,29 +306,43 @@ type check struct {
 	args []any
 	ints []int64
 	strs []string
-	peek bool // the Op only peeks: it writes nothing
-	log  bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
+	// sb is the shape being built (decide.lua's header), shape the string
+	// of the last one built, kept while the next is the same (the same
+	// limiter, mode and cost: no allocation).
+	sb    []byte
+	shape string
+	peek  bool // the Op only peeks: it writes nothing
+	log   bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
 }
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
 // and sliding_counter parts to be written in format (LogFormat1: kinds 7
-// and 8; else kinds 1 and 2, format 2).
+// and 8; else kinds 1 and 2, format 2): the values a limiter repeats in one
+// string, its shape (decide.lua's header), and the ones that change as
+// arguments of their own.
 func (c *check) encode(op *Op, deadline int64, format int) {
-	nw := op.windows()
-	nk, nargs := len(op.Parts), 11+5*len(op.Parts)+6*nw
+	nk, nargs := len(op.Parts), 5
+	for i := range op.Parts {
+		switch op.Parts[i].Kind {
+		case KindShare:
+			nargs += 3
+		case KindCalendar:
+			nargs += 4 * len(op.Parts[i].Windows)
+		}
+	}
 	if op.Ban != nil {
-		nk, nargs = nk+1, nargs+4
+		nk++
 	}
 	if op.Lease != nil {
-		nk, nargs = nk+1, nargs+3
+		nk, nargs = nk+1, nargs+1
 	}
 	if op.Override != nil {
-		nk++
+		nk, nargs = nk+1, nargs+1
 	}
 	c.keys = resize(c.keys, nk)
 	c.args = resize(c.args, nargs)
 	c.ints = resize(c.ints, nargs)
-	c.strs = resize(c.strs, nw+2)
+	c.strs = resize(c.strs, len(op.Parts)+3)
 	c.peek = op.Mode == ModePeek
 	c.log = op.Ban == nil
 	for i := range op.Parts {
@@ -325,57 +351,97 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		}
 	}
 
-	ban, lease, ov, scope := 0, 0, 0, ""
-	if op.Ban != nil {
-		ban = 1
+	if cap(c.sb) == 0 {
+		c.sb = make([]byte, 0, 32+24*len(op.Parts)+48*op.windows()) // room for most shapes: one allocation
 	}
-	if op.Lease != nil {
-		lease = 1
-	}
-	if op.Override != nil {
-		ov, scope = 1, op.Override.Scope
-	}
-	c.args = append(c.args, 0, 0, int(op.Mode), c.int(op.Now), c.int(deadline), c.int(op.Cost), len(op.Parts),
-		ban, lease, ov, c.str(scope))
+	b := append(c.sb[:0], '[')
+	b = strconv.AppendInt(b, int64(op.Mode), 10)
+	b = appendValue(b, op.Cost)
+	b = appendValue(b, int64(len(op.Parts)))
+	b = appendValue(b, boolValue(op.Ban != nil))
+	b = appendValue(b, boolValue(op.Lease != nil))
+	b = appendValue(b, boolValue(op.Override != nil))
 	for i := range op.Parts {
 		p := &op.Parts[i]
-		c.keys = append(c.keys, p.Key)
-		global := 0
-		if p.Global {
-			global = 1
-		}
-		kind := int(p.Kind)
-		if format == LogFormat1 && p.Kind == KindLog {
+		kind := int64(p.Kind)
+		if p.Kind == KindLog && format == LogFormat1 {
 			kind = 7
 		} else if format == LogFormat1 && p.Kind == KindCounter {
 			kind = 8
 		}
-		c.args = append(c.args, kind, len(p.Windows), global)
-		if p.Kind == KindShare {
-			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim), c.str(p.Sig))
-		}
+		b = appendValue(b, kind)
+		b = appendValue(b, int64(len(p.Windows)))
+		b = appendValue(b, boolValue(p.Global))
 		for j := range p.Windows {
 			w := &p.Windows[j]
-			if p.Kind == KindCalendar {
-				c.args = append(c.args, c.str(w.Name), c.int(w.Limit), c.int(w.Bounds[0]), c.int(w.Bounds[1]),
-					c.int(w.Bounds[2]), c.int(w.Bounds[3]))
-			} else {
-				c.args = append(c.args, c.str(w.Name), c.int(w.Limit), c.int(w.Burst))
+			// A name is a length's digits or a calendar period's name: no
+			// character JSON escapes.
+			b = append(append(append(b, ',', '"'), w.Name...), '"')
+			if p.Kind != KindCalendar {
+				b = appendValue(b, w.Len)
+			}
+			b = appendValue(b, w.Limit)
+			if p.Kind != KindCalendar {
+				b = appendValue(b, w.Burst)
 			}
 		}
 	}
-	if b := op.Ban; b != nil {
-		c.keys = append(c.keys, b.Key)
-		c.args = append(c.args, c.int(b.After), c.int(b.Within), c.int(b.For), c.int(b.Wait))
+	if bo := op.Ban; bo != nil {
+		b = appendValue(b, bo.After)
+		b = appendValue(b, bo.Within)
+		b = appendValue(b, bo.For)
+		b = appendValue(b, bo.Wait)
+	}
+	if l := op.Lease; l != nil {
+		b = appendValue(b, l.Max)
+		b = appendValue(b, l.Timeout)
+	}
+	b = append(b, ']')
+	if string(b) != c.shape {
+		c.shape = string(b)
+	}
+	c.sb = b
+
+	c.args = append(c.args, 0, 0, c.str(c.shape), c.int(op.Now), c.int(deadline))
+	if o := op.Override; o != nil {
+		c.args = append(c.args, c.str(o.Scope))
+	}
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		c.keys = append(c.keys, p.Key)
+		switch p.Kind {
+		case KindShare:
+			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim), c.str(p.Sig))
+		case KindCalendar:
+			for j := range p.Windows {
+				w := &p.Windows[j]
+				c.args = append(c.args, c.int(w.Bounds[0]), c.int(w.Bounds[1]), c.int(w.Bounds[2]), c.int(w.Bounds[3]))
+			}
+		}
+	}
+	if bo := op.Ban; bo != nil {
+		c.keys = append(c.keys, bo.Key)
 	}
 	if l := op.Lease; l != nil {
 		c.keys = append(c.keys, l.Key)
-		c.args = append(c.args, c.int(l.Max), c.int(l.Timeout), c.str(l.ID))
+		c.args = append(c.args, c.str(l.ID))
 	}
 	if o := op.Override; o != nil {
 		c.keys = append(c.keys, o.Key)
 	}
 	c.args[0], c.args[1] = c.int(int64(len(c.args))), len(c.keys)
+}
+
+// appendValue appends a comma and v's digits to a shape.
+func appendValue(b []byte, v int64) []byte {
+	return strconv.AppendInt(append(b, ','), v, 10)
+}
+
+func boolValue(v bool) int64 {
+	if v {
+		return 1
+	}
+	return 0
 }
 
 // int is v for args: itself below 256, else a pointer to its copy.

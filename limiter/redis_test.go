@@ -399,3 +399,49 @@ func TestCluster(t *testing.T) {
 		}
 	})
 }
+
+// TestRedisFixedWindowTTL: a fixed window's key expires a second after its
+// window ends, whichever of the window's admissions wrote it last: the
+// first write in a window sets the TTL and the later ones of that window
+// leave it (the same end), so a key admitted again near its window's end
+// still lives until then, and one admitted in a new window gets that
+// window's TTL.
+func TestRedisFixedWindowTTL(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	start := time.UnixMicro(t0.UnixMicro() - t0.UnixMicro()%time.Minute.Microseconds()) // a window's start
+	clock := &testClock{t: start.Add(10 * time.Second)}
+	l, err := limiter.New(limiter.Policy{Name: "default", Algorithm: limiter.FixedWindow, Windows: []limiter.Window{{Duration: time.Minute}},
+		AppClock: true, Now: clock.Now}, limiter.Backend{Store: limiter.NewRedisStore(client), Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := &limiter.Input{Identity: "203.0.113.9", Limits: []int64{10}}
+	key := l.Keys().Key("fixed", in.Identity, false, "")
+	decide := func(at time.Duration, count int64) time.Duration {
+		t.Helper()
+		clock.Set(start.Add(at))
+		d, err := l.Decide(ctx, in)
+		if err != nil || !d.Pass || d.Windows[0].Count != count {
+			t.Fatalf("at %s: %+v, %v; want admitted, count %d", at, d, err, count)
+		}
+		return client.PTTL(ctx, key).Val()
+	}
+	// The window ends 50 s after the first admission: 51 s of TTL.
+	first := decide(10*time.Second, 1)
+	if first < 50*time.Second || first > 51*time.Second+10*time.Millisecond {
+		t.Fatalf("after the first admission PTTL %s, want about 51 s (the window's end and a second)", first)
+	}
+	// 45 s later on the caller's clock, the same window: the TTL set by the
+	// first stays (real time barely moved, so it is about 51 s still, and
+	// never less than the 6 s the window has left).
+	if ttl := decide(55*time.Second, 2); ttl > first || ttl < first-5*time.Second {
+		t.Errorf("after a second admission in the window PTTL %s, want the first's %s, left as it was", ttl, first)
+	}
+	// The next window: its own TTL, 1 s past its end.
+	if ttl := decide(70*time.Second, 1); ttl < 50*time.Second || ttl > 51*time.Second+10*time.Millisecond {
+		t.Errorf("after an admission in the next window PTTL %s, want about 51 s", ttl)
+	}
+}

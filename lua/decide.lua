@@ -30,13 +30,25 @@
 --
 -- One check, in ARGV (from its first value) and KEYS (one per part, then the
 -- ban key, then the lease key, then the override key):
---   nargs nkeys mode now deadline cost nparts hasban haslease hasov scope
+--   nargs nkeys shape now deadline, then what changes from request to
+--   request, in this order: scope (when hasov is 1), per share part (kind 6)
+--   lead claim sig, per calendar window b0 b1 b2 b3, the lease's id (when
+--   haslease is 1).
+-- shape is the rest, one JSON array (cjson, in every Redis's Lua):
+--   mode cost nparts hasban haslease hasov         (numbers; flags 0 or 1)
 --   per part:  kind nwin global, then per window
---                duration kinds: len limit burst   (len, in µs, also names
---                                                   the window's fields)
---                calendar:       period limit b0 b1 b2 b3
+--                duration kinds: "len" len limit burst   (len, in µs, as the
+--                                                   string that names the
+--                                                   window's fields, then
+--                                                   as a number)
+--                calendar:       "period" limit
 --   ban:       after within for wait              (when hasban is 1)
---   lease:     max timeout id                     (when haslease is 1)
+--   lease:     max timeout                        (when haslease is 1)
+-- A shape repeats from check to check (a limiter's shape, a request's mode
+-- and cost): it is decoded once per chunk (SHAPE below), so a check hands
+-- Redis five arguments and its changing values, not one per number, and
+-- under EVALSHA, where every call decodes its shapes again, one C call
+-- reads them all.
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
 --        not recorded); 3 record (count_only after the response: the units
@@ -46,9 +58,9 @@
 --        2 sliding_counter (format 2; 8: in format 1, see
 --        sliding_counter.lua), 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
---        centre's share of the global ceiling (share.lua): its part header
---        goes on with lead and claim (µs) and the limits' signature, and its
---        windows are the global ceiling's, each as name limit 0.
+--        centre's share of the global ceiling (share.lua): its lead and
+--        claim (µs) and the limits' signature come with the changing values,
+--        and its windows are the global ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
 --        stalled network) is never charged; 0 for none, -1 for none but
@@ -74,7 +86,9 @@
 --        changed a limit ends (the limits change again then).
 --
 -- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
--- flags, then count, retry, reset per window, in order}.
+-- flags, then count, retry, reset per window, in order}; or, when ban_left,
+-- ban_started and flags are 0, in_flight -1 and no override changed a limit,
+-- the short form {status, now, time, then count, retry, reset per window}.
 --   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
 --                written), 4 too large under an override (nothing written)
 --   time         Redis TIME when it was read (clock redis, or a deadline), 0
@@ -137,18 +151,16 @@ local function num(x)
   return x
 end
 
--- NUM holds the numbers of the arguments that repeat from check to check
--- (a check's shape, its cost, a window's length, limit and burst), by their
--- string: a table lookup where s + 0 runs strtod (several hundred
--- instructions). It lives as long as the chunk (one FUNCTION LOAD) and
--- starts again past 4096 strings.
-local NUM, NUMN = {}, 0
-local function numof(s)
-  local v = s + 0
-  if NUMN >= 4096 then
-    NUM, NUMN = {}, 0
+-- SHAPE holds the shapes of checks (see the header) decoded, by their
+-- string. It lives as long as the chunk (one FUNCTION LOAD; one call under
+-- EVALSHA) and starts again past 4096 shapes.
+local SHAPE, SHAPEN = {}, 0
+local function shape_of(s)
+  local v = cjson.decode(s)
+  if SHAPEN >= 4096 then
+    SHAPE, SHAPEN = {}, 0
   end
-  NUM[s], NUMN = v, NUMN + 1
+  SHAPE[s], SHAPEN = v, SHAPEN + 1
   return v
 end
 
@@ -240,13 +252,15 @@ local function hash_read(key, kind, j0, j1)
 end
 
 -- hash_write writes the queued fields with the TTL in ms (0: the TTL is
--- left as it is), dropping the fields of removed windows.
-local function hash_write(key, ttl, stale)
+-- left as it is), dropping the fields of removed windows; keep: the key's
+-- TTL is already that one (the algorithm says so), and stays unless the key
+-- is dropped.
+local function hash_write(key, ttl, stale, keep)
   if stale then
     redis.call("DEL", key)
   end
   redis.call("HSET", key, unpack(hf, 1, hn))
-  if ttl > 0 then
+  if ttl > 0 and (stale or not keep) then
     redis.call("PEXPIRE", key, num(ttl))
   end
   hn = 0
@@ -363,15 +377,18 @@ local function with_limits(reply, nw)
 end
 
 local function decide(a, k)
+  local V = SHAPE[ARGV[a + 2]] or shape_of(ARGV[a + 2])
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
-  local mode = NUM[ARGV[a + 2]] or numof(ARGV[a + 2])
   local now = ARGV[a + 3] + 0
   local deadline = ARGV[a + 4] + 0
-  local cost = NUM[ARGV[a + 5]] or numof(ARGV[a + 5])
-  local nparts = NUM[ARGV[a + 6]] or numof(ARGV[a + 6])
-  local hasban, haslease = ARGV[a + 7] == "1", ARGV[a + 8] == "1"
-  local hasov, scope = ARGV[a + 9] == "1", ARGV[a + 10]
+  local mode, cost, nparts = V[1], V[2], V[3]
+  local hasban, haslease, hasov = V[4] == 1, V[5] == 1, V[6] == 1
+  local x = a + 5 -- the next changing value in ARGV
+  local scope = ""
+  if hasov then
+    scope, x = ARGV[x], x + 1
+  end
   if deadline ~= 0 then
     local t = clock()
     if deadline > 0 and t > deadline then
@@ -381,15 +398,15 @@ local function decide(a, k)
   if now == 0 then
     now = clock()
   end
-  a = a + 11
+  local i = 7
   local nw = 0
   for p = 1, nparts do
-    local kind, n = NUM[ARGV[a]] or numof(ARGV[a]), NUM[ARGV[a + 1]] or numof(ARGV[a + 1])
-    pglobal[p] = ARGV[a + 2] == "1"
-    a = a + 3
+    local kind, n = V[i], V[i + 1]
+    pglobal[p] = V[i + 2] == 1
+    i = i + 3
     if kind == 6 then
-      sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
-      a = a + 3
+      sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), ARGV[x + 2]
+      x = x + 3
     end
     if kind == 7 then
       kind, pwant[p] = 1, 1 -- sliding_log in format 1 (sliding_log.lua)
@@ -402,25 +419,25 @@ local function decide(a, k)
     k = k + 1
     for _ = 1, n do
       nw = nw + 1
-      wname[nw], wlim[nw], wkind[nw] = ARGV[a], NUM[ARGV[a + 1]] or numof(ARGV[a + 1]), kind
+      wname[nw], wlim[nw], wkind[nw] = V[i], V[i + 1], kind
       if kind == 5 then
-        cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4]), tonumber(ARGV[a + 5])
-        a = a + 6
+        cb0[nw], cb1[nw], cb2[nw], cb3[nw] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), tonumber(ARGV[x + 2]), tonumber(ARGV[x + 3])
+        i, x = i + 2, x + 4
       else
-        wlen[nw], wburst[nw] = NUM[ARGV[a]] or numof(ARGV[a]), NUM[ARGV[a + 2]] or numof(ARGV[a + 2])
-        a = a + 3
+        wlim[nw], wlen[nw], wburst[nw] = V[i + 2], V[i + 1], V[i + 3]
+        i = i + 4
       end
     end
     pj1[p] = nw
   end
   local bkey, after, within, bfor, wait
   if hasban then
-    bkey, after, within, bfor, wait = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
-    k, a = k + 1, a + 4
+    bkey, after, within, bfor, wait = KEYS[k], V[i], V[i + 1], V[i + 2], V[i + 3]
+    k, i = k + 1, i + 4
   end
   local lkey, lmax, ltimeout, lid
   if haslease then
-    lkey, lmax, ltimeout, lid = KEYS[k], tonumber(ARGV[a]), tonumber(ARGV[a + 1]), ARGV[a + 2]
+    lkey, lmax, ltimeout, lid = KEYS[k], V[i], V[i + 1], ARGV[x]
     k = k + 1
   end
   if mode == 4 then
@@ -535,17 +552,17 @@ local function decide(a, k)
           s1r[j] = rst[j]
         end
       end
-      local ttl
+      local ttl, keep
       if kind == 2 then
         ttl = ctr_record(j0, j1, c, pstale[p])
       elseif kind == 3 then
-        ttl = fix_record(j0, j1, now, c)
+        ttl, keep = fix_record(j0, j1, now, c)
       elseif kind == 4 then
         ttl = tb_record(j0, j1, now, c)
       else
         ttl = cal_record(j0, j1, now, c)
       end
-      hash_write(key, ttl, pstale[p])
+      hash_write(key, ttl, pstale[p], keep)
       if not recording then
         for j = j0, j1 do
           rst[j] = s1r[j]
@@ -592,8 +609,20 @@ local function decide(a, k)
   end
 
   local reply
+  if banleft == 0 and inflight == -1 and leasedenied + shflags == 0 and not overridden then
+    -- The short form: no ban, no lease, no flag (4 values fewer for Redis
+    -- to turn into RESP). (One constructor sizes the table once; appending
+    -- grows it.)
+    if nw == 1 then
+      return {status, now, now_redis or 0, cnt[1], rty[1], rst[1]}
+    end
+    reply = {status, now, now_redis or 0}
+    for j = 1, nw do
+      reply[3 * j + 1], reply[3 * j + 2], reply[3 * j + 3] = cnt[j], rty[j], rst[j]
+    end
+    return reply
+  end
   if nw == 1 then
-    -- (One constructor sizes the table once; appending grows it.)
     reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
   else
     reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
@@ -628,7 +657,7 @@ local function run()
       else
         out[c] = {err = tostring(r)}
       end
-      a, k = a + (NUM[ARGV[a]] or numof(ARGV[a])), k + (NUM[ARGV[a + 1]] or numof(ARGV[a + 1]))
+      a, k = a + ARGV[a], k + ARGV[a + 1]
     end
   end
   return out

@@ -8,7 +8,8 @@
 -- name: hour, day, week, month): "<P>s" and "<P>e" = the period's start and
 -- end, "<P>n" = units admitted in it. A state carries its own window, so a
 -- stale one reads as empty whatever its TTL (until the window ends + 1 s,
--- refreshed on write).
+-- set by the first write in each window: the later ones of that window
+-- would set the same).
 --
 -- A request fits when n + cost <= limit; by design a fixed window lets up to
 -- 2 * limit through around a boundary (limit at its end, limit again at the
@@ -61,7 +62,7 @@ end
 
 -- fix_check fills duration windows j0..j1 from their fields v (w, n in a
 -- row per window; f, the whole hash, when a window has none); record needs
--- s1 (the window index) and s2 (its end).
+-- s1 (the window index), s2 (its end) and s3 (whether the key held it).
 local function fix_check(v, f, j0, j1, now, cost)
   local fits = true
   local carried = false
@@ -86,7 +87,7 @@ local function fix_check(v, f, j0, j1, now, cost)
     if not span_eval(j, count, cost, idx * w, (idx + 1) * w, now) then
       fits = false
     end
-    s1[j] = idx
+    s1[j], s3[j] = idx, sw == idx
   end
   return fits
 end
@@ -99,16 +100,22 @@ local function span_add(j, now, cost)
   return math.ceil((s2[j] - now) / 1000) + 1000
 end
 
--- fix_record adds cost to windows j0..j1 and queues their fields.
+-- fix_record adds cost to windows j0..j1 and queues their fields. It
+-- returns the TTL, and whether the key's may be kept: every window was
+-- the key's already, so the write that began the newest of them set the
+-- TTL to the same end (the windows' ends do not move within a window).
 local function fix_record(j0, j1, now, cost)
-  local ttl = 0
+  local ttl, keep = 0, true
   for j = j0, j1 do
     local fs = fieldnames[3][wname[j]]
     ttl = math.max(ttl, span_add(j, now, cost))
     hset(fs[1], s1[j])
     hset(fs[2], cnt[j])
+    if not s3[j] then
+      keep = false
+    end
   end
-  return ttl
+  return ttl, keep
 end
 
 -- cal_check fills calendar windows j0..j1 from their fields v (s, e, n in

@@ -98,6 +98,8 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 	if err != nil {
 		return err
 	}
+	// mode 0, cost 1, one part of kind, one window of a minute, limit 10,000
+	shape := "[0,1,1,0,0,0," + strconv.Itoa(kind) + ",1,0,\"60000000\",60000000,10000,0]"
 	step := 60e6 / float64(per*keys) // µs between two checks
 	now := float64(time.Now().UnixMicro())
 	rng := rand.New(rand.NewPCG(1, 2))
@@ -112,8 +114,7 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 				now += step
 				ks = append(ks, key())
 				// One check as the store encodes it (see decide.lua's header).
-				av = append(av, 17, 1, 0, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991", 1, 1, 0, 0, 0, "",
-					kind, 1, 0, "60000000", 10000, 0)
+				av = append(av, 5, 1, shape, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991")
 			}
 			args := append(append(append(append([]any{}, call...), len(ks)), ks...), av...)
 			if err := c.Do(ctx, args...).Err(); err != nil {
