@@ -724,11 +724,13 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 
 // shared acts on what the store said of the request's share of the global
 // ceiling: the first request of the identity here (the ledger never
-// answered for it), or one the share alone refused while the ledger had
-// not said it was full, asks the ledger now, once (the caller asks the
-// store again); a claim to renew is renewed in the background; a share
-// that ran out while the ledger does not answer follows the fail mode. It
-// returns the Op to ask next.
+// answered for it) asks the ledger now, once (the caller asks the store
+// again); a claim to renew is renewed in the background; a share that ran
+// out while the ledger does not answer follows the fail mode. A request the
+// share alone refused while the ledger had not said it was full (its renewal,
+// asked ahead of need, is late) waits for that renewal until it is due,
+// and follows the fail mode past that: the ledger does not answer in time.
+// It returns the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
 		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
@@ -746,11 +748,16 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		return op, asked, ErrLedgerUnreachable
 	}
 	if short && r.Share&ShareFull == 0 {
-		// The share ran out while the ledger had not said it was full:
-		// the request waits for a renewal (the one in flight here, or its
-		// own, holding the claim when it has it), once, so that a ledger
-		// that does not answer is the fail mode, not a refusal.
-		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
+		// The share ran out while the ledger had not said it was full (nor
+		// capped it at its fair rate: that says so): a renewal asked ahead
+		// of need has not landed (demand outran its lead), or the ledger
+		// stalls. The request waits for that renewal (the one in flight
+		// here, or its own) until it is due, a lead after it began: back
+		// in time, the store is asked again; late, the ledger does not
+		// answer, and the fail mode applies (a stalled ledger is the fail
+		// mode, not a refusal), at once for the next requests while that
+		// renewal is out.
+		if err := l.g.await(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
 			return op, true, err
 		}
 		r.Share |= ShareAsk // the caller asks the store again

@@ -69,6 +69,11 @@ const (
 	EventNormal
 	// EventBeat: the membership was renewed (Took).
 	EventBeat
+	// EventWait: a request whose share the ledger had already answered
+	// for waited on the request path for a renewal (Took; Err when it was
+	// late: the fail mode followed). An identity's first request in a data
+	// centre, which waits for its first grant, is not one.
+	EventWait
 )
 
 // global is a Limiter's side of a Global.
@@ -81,6 +86,7 @@ type global struct {
 	wmax, glenMax               int64
 
 	rtt    atomic.Int64 // µs, the ledger's round trip (an average)
+	took   atomic.Int64 // µs, a renewal from its start to its deposit (an average)
 	static atomic.Bool
 	// down: the last call of the ledger failed (a short share then follows
 	// the fail mode, not a refusal).
@@ -105,9 +111,13 @@ type global struct {
 }
 
 type shareCall struct {
-	done chan struct{}
-	err  error
+	done  chan struct{}
+	err   error
+	start time.Time // when it began: it is due a lead after
 }
+
+// errLedgerLate: a renewal the request waited for was not back when due.
+var errLedgerLate = fmt.Errorf("%w (a renewal was not back within two round trips)", ErrLedgerUnreachable)
 
 type renewal struct {
 	tag, key, sig string
@@ -211,9 +221,12 @@ func (g *global) event(ev GlobalEvent) {
 	}
 }
 
-// lead is how far ahead of need a share is renewed: two round trips to the
-// ledger and a margin.
-func (g *global) lead() int64 { return 2*g.rtt.Load() + 20_000 }
+// lead is how far ahead of need a share is renewed: two renewals, each as
+// long as the ledger's round trip or, when longer, as a renewal took here
+// from its start to its deposit (the data centre's Redis and the ledger,
+// when they queue), and a margin. The share holds what its demand spends
+// in that time.
+func (g *global) lead() int64 { return 2*max(g.rtt.Load(), g.took.Load()) + 20_000 }
 
 // claim is how long a renewal's claim lasts: every call it makes, within
 // their timeouts.
@@ -315,7 +328,7 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 			return ctx.Err()
 		}
 	}
-	c := &shareCall{done: make(chan struct{})}
+	c := &shareCall{done: make(chan struct{}), start: time.Now()}
 	g.flight[tag] = c
 	g.mu.Unlock()
 	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost, false)
@@ -326,10 +339,59 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 	return c.err
 }
 
+// await waits for the renewal of in's share in flight on this node (or one
+// it starts now, in the background) until it is done or due (a lead after
+// it began: asked ahead of need, it should be back by then). Late, it
+// returns errLedgerLate (the fail mode; the renewal goes on).
+func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
+	tag := Tag(in.Identity)
+	g.mu.Lock()
+	c := g.flight[tag]
+	if c == nil {
+		// None here (the claim is another node's, or its renewal waits
+		// for a worker): this request's own, as the first request's.
+		c = &shareCall{done: make(chan struct{}), start: time.Now()}
+		g.flight[tag] = c
+		sig, wins := shareSig(in), g.windows(in, r)
+		go func() {
+			c.err = g.renew(context.Background(), tag, key, sig, wins, max(cost, 1), false)
+			g.mu.Lock()
+			delete(g.flight, tag)
+			g.mu.Unlock()
+			close(c.done)
+		}()
+	} else if r.Share&ShareRenew != 0 {
+		// A claim taken while a renewal is in flight (its deposit let this
+		// one claim): renewed after it, in the background.
+		g.later(in, r)
+	}
+	g.mu.Unlock()
+	sent := time.Now()
+	due := time.Until(c.start.Add(time.Duration(g.lead()) * time.Microsecond))
+	var err error
+	if due <= 0 {
+		err = errLedgerLate
+	} else {
+		t := time.NewTimer(due)
+		select {
+		case <-c.done:
+			err = c.err
+		case <-t.C:
+			err = errLedgerLate
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		t.Stop()
+	}
+	g.event(GlobalEvent{Kind: EventWait, Took: time.Since(sent), Err: err})
+	return err
+}
+
 // renew is one renewal: read the share (recall: ending its live grants
 // first), ask the ledger (returning the grants that ended), keep what it
 // grants.
 func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64, recall bool) error {
+	began := time.Now()
 	if g.suspect.Load() {
 		g.down.Store(true)
 		return ErrLedgerUnreachable
@@ -365,6 +427,7 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 	if err != nil {
 		return err
 	}
+	g.renewed(time.Since(began))
 	if dep.Units > 0 && g.l.cache != nil {
 		g.l.cache.Forget(tag)
 	}
@@ -459,6 +522,14 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 	if durable && rep.Units > 0 {
 		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
 	}
+	if dep.Retry > 1000 {
+		// The ledger has room again after Retry; the share has it once a
+		// renewal asked then lands (the share asks a lead before "f"):
+		// until then its short requests are refused at once, saying so.
+		// (1 ms, the least, is a grant capped short of its want: not
+		// full, the share asks again when it runs low.)
+		dep.Retry += g.lead()
+	}
 	if rep.Waiting {
 		dep.Retry = max(rep.Retry, 1000)
 	}
@@ -503,6 +574,12 @@ func (g *global) renewer() {
 			close(c.done)
 		}
 	}
+}
+
+// renewed keeps a renewal's time, from its start to its deposit (an
+// average, for the lead; a call's timeout at most).
+func (g *global) renewed(d time.Duration) {
+	g.took.Store((3*g.took.Load() + min(d.Microseconds(), g.timeout)) / 4)
 }
 
 // ticket is the renewal of a share as the ledger keeps it for a recall.
@@ -557,7 +634,7 @@ func (g *global) take(tag string) *shareCall {
 		g.mu.Lock()
 		busy := g.flight[tag]
 		if busy == nil {
-			c := &shareCall{done: make(chan struct{})}
+			c := &shareCall{done: make(chan struct{}), start: time.Now()}
 			g.flight[tag] = c
 			g.mu.Unlock()
 			return c

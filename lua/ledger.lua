@@ -80,7 +80,9 @@
 --
 -- Reply (grant): {status, now, units, len, retry, n, replicas, epoch, id,
 -- then per window the units counted in it after the grant}. status 1 granted
--- (units may be 0: no room, retry µs until there may be), 0 waiting (a
+-- (units may be 0: no room, retry µs until there may be; fewer than want:
+-- retry µs until more may be granted, for want of room, or of the fair
+-- rate's bucket of a data centre asking more than that rate), 0 waiting (a
 -- new epoch or a failover: retry until it ends), 3 late (nothing ran).
 -- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
 -- Reply (recalls): {4, now, ticket...}: the identities this data centre is
@@ -494,6 +496,8 @@ end
 
 local ttl = math.ceil((2 * wmax + glen) / 1000) + 60000
 local units, retry, status, gid = 0, 0, 1, ""
+-- bcap: the grant was capped by the bucket (its fair rate).
+local bcap = false
 if now < q then
   status, retry = 0, q - now
 elseif want > 0 then
@@ -512,7 +516,10 @@ elseif want > 0 then
       -- At most its max-min fair rate (the bucket, "v<dc>"): its grants
       -- spread over the window at that rate, its units leave the window as
       -- steadily, and each window holds the ceiling.
-      bound = math.min(bound, math.max(math.floor((now + tol - math.max(tat, now)) * fr / 1000000), 0))
+      local b = math.max(math.floor((now + tol - math.max(tat, now)) * fr / 1000000), 0)
+      if b < bound then
+        bound, bcap = b, true
+      end
     end
   end
   units = math.max(math.min(want, roomall, bound), 0)
@@ -550,6 +557,19 @@ elseif want > 0 then
         end
         retry = math.max(retry, r)
       end
+    end
+    if retry == 0 and bcap and rate > fair then
+      -- Short by its fair rate, with room, asking more than that rate (a
+      -- viral one): until the bucket holds a grant's worth again (the
+      -- share says so: its short requests are refused at once with this
+      -- Retry-After, not made to wait for a renewal that could not bring
+      -- more). One asking less (a flat one, capped by its part or a
+      -- bucket a burst emptied) asks again when it runs low.
+      -- A grant's length at that rate, a request at least: a renewal
+      -- then brings what the next length spends, not one unit a round
+      -- trip.
+      local need = math.max(least, 1, math.floor(fr * len / 1000000))
+      retry = math.ceil(math.max(tat, now) + units * 1000000 / fr - tol + need * 1000000 / fr - now)
     end
     retry = math.max(retry, 1000)
   end

@@ -67,11 +67,16 @@ func main() {
 	flag.IntVar(&c.Inflight, "inflight", c.Inflight, "requests in flight per data centre at most (one more is dropped, counted)")
 	flag.StringVar(&c.Plot, "plot", "", "write the plot of admitted requests here (.png or .svg)")
 	sweep := flag.Bool("sweep", false, "sweep data centres x ceiling x delay (make multidc) instead of one run of the viral trace")
+	only := flag.String("cells", "", "with -sweep: only the cells whose data centres, ceiling or round trip is one of these (comma-separated, e.g. 8,1000,250ms; empty: every cell)")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *sweep {
-		if err := runSweep(ctx, defaultSweep(), c.Plot, os.Stdout); err != nil {
+		s, err := defaultSweep().only(*only)
+		if err == nil {
+			err = runSweep(ctx, s, c.Plot, os.Stdout)
+		}
+		if err != nil {
 			fmt.Fprintln(os.Stderr, "multidc:", err)
 			stop()
 			os.Exit(1)

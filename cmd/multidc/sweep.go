@@ -7,6 +7,8 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -42,6 +44,46 @@ func defaultSweep() sweep {
 		Window: 6 * time.Second, Requests: 300, Flat: 0.5, Over: 4,
 		Warm: time.Second, Ramp: time.Second, Hold: 16 * time.Second, FaultAt: 13 * time.Second, FaultFor: time.Second,
 		Baseline: 5 * time.Second, Median: 0.97, Worst: 0.93, Fair: 0.95}
+}
+
+// only keeps, of each dimension, the values named in list (comma-separated:
+// data centres, ceilings and round trips, told apart by their form); a
+// dimension none is named of stays whole.
+func (s sweep) only(list string) (sweep, error) {
+	if list == "" {
+		return s, nil
+	}
+	var dcs []int
+	var ceil []int64
+	var rtt []time.Duration
+	for _, f := range strings.Split(list, ",") {
+		f = strings.TrimSpace(f)
+		if d, err := time.ParseDuration(f); err == nil {
+			rtt = append(rtt, d)
+			continue
+		}
+		n, err := strconv.ParseInt(f, 10, 64)
+		switch {
+		case err != nil || n <= 0:
+			return s, fmt.Errorf("-cells: %q is neither a count nor a round trip", f)
+		case slices.Contains(s.DCs, int(n)):
+			dcs = append(dcs, int(n))
+		case slices.Contains(s.Ceiling, n):
+			ceil = append(ceil, n)
+		default:
+			return s, fmt.Errorf("-cells: %d is neither a sweep's data centres %v nor its ceiling %v", n, s.DCs, s.Ceiling)
+		}
+	}
+	if dcs != nil {
+		s.DCs = dcs
+	}
+	if ceil != nil {
+		s.Ceiling = ceil
+	}
+	if rtt != nil {
+		s.RTT = rtt
+	}
+	return s, nil
 }
 
 // cell is one cell's figures.
