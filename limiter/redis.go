@@ -351,6 +351,42 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		}
 	}
 
+	c.encodeShape(op, format)
+
+	c.args = append(c.args, 0, 0, c.str(c.shape), c.int(op.Now), c.int(deadline))
+	if o := op.Override; o != nil {
+		c.args = append(c.args, c.str(o.Scope))
+	}
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		c.keys = append(c.keys, p.Key)
+		switch p.Kind {
+		case KindShare:
+			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim), c.str(p.Sig))
+		case KindCalendar:
+			for j := range p.Windows {
+				w := &p.Windows[j]
+				c.args = append(c.args, c.int(w.Bounds[0]), c.int(w.Bounds[1]), c.int(w.Bounds[2]), c.int(w.Bounds[3]))
+			}
+		}
+	}
+	if bo := op.Ban; bo != nil {
+		c.keys = append(c.keys, bo.Key)
+	}
+	if l := op.Lease; l != nil {
+		c.keys = append(c.keys, l.Key)
+		c.args = append(c.args, c.str(l.ID))
+	}
+	if o := op.Override; o != nil {
+		c.keys = append(c.keys, o.Key)
+	}
+	c.args[0], c.args[1] = c.int(int64(len(c.args))), len(c.keys)
+}
+
+// encodeShape sets c.shape to op's shape, the values a limiter repeats
+// from check to check (decide.lua's header), as a JSON array; the string is
+// kept while it repeats (no allocation).
+func (c *check) encodeShape(op *Op, format int) {
 	if cap(c.sb) == 0 {
 		c.sb = make([]byte, 0, 32+24*len(op.Parts)+48*op.windows()) // room for most shapes: one allocation
 	}
@@ -401,35 +437,6 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 		c.shape = string(b)
 	}
 	c.sb = b
-
-	c.args = append(c.args, 0, 0, c.str(c.shape), c.int(op.Now), c.int(deadline))
-	if o := op.Override; o != nil {
-		c.args = append(c.args, c.str(o.Scope))
-	}
-	for i := range op.Parts {
-		p := &op.Parts[i]
-		c.keys = append(c.keys, p.Key)
-		switch p.Kind {
-		case KindShare:
-			c.args = append(c.args, c.int(p.Lead), c.int(p.Claim), c.str(p.Sig))
-		case KindCalendar:
-			for j := range p.Windows {
-				w := &p.Windows[j]
-				c.args = append(c.args, c.int(w.Bounds[0]), c.int(w.Bounds[1]), c.int(w.Bounds[2]), c.int(w.Bounds[3]))
-			}
-		}
-	}
-	if bo := op.Ban; bo != nil {
-		c.keys = append(c.keys, bo.Key)
-	}
-	if l := op.Lease; l != nil {
-		c.keys = append(c.keys, l.Key)
-		c.args = append(c.args, c.str(l.ID))
-	}
-	if o := op.Override; o != nil {
-		c.keys = append(c.keys, o.Key)
-	}
-	c.args[0], c.args[1] = c.int(int64(len(c.args))), len(c.keys)
 }
 
 // appendValue appends a comma and v's digits to a shape.
