@@ -3,13 +3,13 @@ package slidingratelimit
 import (
 	"errors"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/reply"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
@@ -113,14 +113,7 @@ func (h *Handler) resolve(repl *caddy.Replacer, hdr http.Header, in *limiter.Inp
 // prepared, whose header map every handler's request shares.
 func (h *Handler) key(repl *caddy.Replacer, hdr http.Header) string {
 	if hdr != nil && h.rt.keyHeader != "" {
-		switch vals := hdr[h.rt.keyHeader]; len(vals) {
-		case 0:
-			return ""
-		case 1:
-			return vals[0]
-		default:
-			return strings.Join(vals, ",")
-		}
+		return reply.HeaderKey(hdr, h.rt.keyHeader)
 	}
 	return h.rt.keyTmpl.expand(repl)
 }

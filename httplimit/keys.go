@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/reply"
 )
 
 // KeyFunc gives the identity whose budget a request spends. Any value is
@@ -112,14 +114,5 @@ func remoteAddr(ra string) (netip.Addr, bool) {
 // such request shares one budget, counted in empty_keys_total).
 func Header(name string) KeyFunc {
 	name = http.CanonicalHeaderKey(name)
-	return func(r *http.Request) string {
-		switch vals := r.Header[name]; len(vals) {
-		case 0:
-			return ""
-		case 1:
-			return vals[0]
-		default:
-			return strings.Join(vals, ",")
-		}
-	}
+	return func(r *http.Request) string { return reply.HeaderKey(r.Header, name) }
 }

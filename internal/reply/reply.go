@@ -413,3 +413,17 @@ func HasPeriod(ws []limiter.Window) bool {
 	}
 	return false
 }
+
+// HeaderKey is a request header's value as Caddy's
+// {http.request.header.*} placeholder gives it: the field's values joined
+// by ",", "" when absent. name is canonical.
+func HeaderKey(hdr http.Header, name string) string {
+	switch vals := hdr[name]; len(vals) {
+	case 0:
+		return ""
+	case 1:
+		return vals[0]
+	default:
+		return strings.Join(vals, ",")
+	}
+}
