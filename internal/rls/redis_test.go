@@ -1,0 +1,124 @@
+package rls_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+)
+
+// TestTwoInstancesOneRedisExact: two service instances on one
+// redis-server, one clock (clock: app, moved by the test), every
+// algorithm-exact rule: at each step, both instances together admit
+// exactly what the sliding window has room for — no over-admission, no
+// under-admission — counted by the test's own ledger of admissions.
+func TestTwoInstancesOneRedisExact(t *testing.T) {
+	t.Parallel()
+	redis := redistest.Start(t)
+	const limit, window = 10, time.Minute
+	config := fmt.Sprintf(`
+domain: exact
+clock: app
+redis: {addresses: [%s], timeout: 5s}
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: %d}
+`, redis.Addr(), limit)
+	clk := newClock()
+	start := clk.Now()
+	a, b := serve(t, config, clk), serve(t, config, clk)
+	var admitted []time.Time // the ledger: the clock of every admission
+	step := 3 * window / 10  // never a multiple of the window: no step sits on another's boundary
+	for s := range 12 {
+		now := clk.Now()
+		inWindow := 0
+		for _, at := range admitted {
+			if now.Sub(at) < window {
+				inWindow++
+			}
+		}
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		got := 0
+		for i := range 2 * limit {
+			c := a
+			if i%2 == 1 {
+				c = b
+			}
+			wg.Go(func() {
+				code, _ := one(t, c, "exact", desc("user", "u"))
+				if code == ok {
+					mu.Lock()
+					got++
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if want := limit - inWindow; got != want {
+			t.Fatalf("step %d (t+%v): %d admitted across two instances, want %d (the limit %d less %d in the window)",
+				s, now.Sub(start), got, want, limit, inWindow)
+		}
+		for range got {
+			admitted = append(admitted, now)
+		}
+		clk.Add(step)
+	}
+	// Every sliding window of the ledger holds at most the limit.
+	for i, at := range admitted {
+		n := 0
+		for _, o := range admitted[:i+1] {
+			if at.Sub(o) < window {
+				n++
+			}
+		}
+		if n > limit {
+			t.Fatalf("over-admission: %d admissions in the window ending %v, limit %d", n, at.Sub(start), limit)
+		}
+	}
+}
+
+// TestFailModesWithRedisStopped: with redis-server killed, fail open
+// answers OK without a limit, fail closed OVER_LIMIT, fail local decides
+// in this process (its limit holds).
+func TestFailModesWithRedisStopped(t *testing.T) {
+	t.Parallel()
+	redis := redistest.Start(t)
+	clients := map[string]pb.RateLimitServiceClient{}
+	for _, fail := range []string{"open", "closed", "local"} {
+		clients[fail] = serve(t, fmt.Sprintf(`
+domain: f
+fail: %s
+redis: {addresses: [%s], timeout: 200ms}
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`, fail, redis.Addr()), nil)
+	}
+	for fail, c := range clients {
+		if code, st := one(t, c, "f", desc("user", fail)); code != ok || st.LimitRemaining != 1 {
+			t.Fatalf("fail %s, Redis up: %v %v", fail, code, st)
+		}
+	}
+	redis.Kill()
+	if code, st := one(t, clients["open"], "f", desc("user", "open")); code != ok || st.CurrentLimit != nil {
+		t.Errorf("fail open, Redis down: %v %v, want OK without a limit", code, st)
+	}
+	resp := check(t, clients["closed"], &pb.RateLimitRequest{Domain: "f", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "closed")}})
+	if resp.OverallCode != over || header(resp, "retry-after") != "1" {
+		t.Errorf("fail closed, Redis down: %v, want OVER_LIMIT, Retry-After 1", resp)
+	}
+	var codes []pb.RateLimitResponse_Code
+	for range 3 {
+		code, _ := one(t, clients["local"], "f", desc("user", "local"))
+		codes = append(codes, code)
+	}
+	if codes[0] != ok || codes[1] != ok || codes[2] != over {
+		t.Errorf("fail local, Redis down: %v, want the in-process store's OK, OK, OVER_LIMIT", codes)
+	}
+}
