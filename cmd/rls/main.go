@@ -1,0 +1,112 @@
+// Command rls is Envoy's rate limit service on this engine: it serves
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit over gRPC,
+// from a YAML configuration in envoyproxy/ratelimit's shape (see
+// examples/rls.yaml and docs/migrating.md), and the metrics on HTTP
+// /metrics.
+//
+//	rls -config examples/rls.yaml -grpc :8081 -http :8080
+//	rls -config examples/rls.yaml -check
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/rls"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Stderr, nil); err != nil {
+		fmt.Fprintln(os.Stderr, "rls:", err)
+		os.Exit(1)
+	}
+}
+
+// run is the command: it serves until ctx ends or a SIGINT or SIGTERM
+// comes. ready, when set, is told the listeners' addresses.
+func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAddr, httpAddr string)) error {
+	fs := flag.NewFlagSet("rls", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "the YAML configuration file (required)")
+	grpcAddr := fs.String("grpc", ":8081", "the gRPC listen address")
+	httpAddr := fs.String("http", ":8080", "the HTTP listen address of /metrics and /healthcheck (\"\" for none)")
+	check := fs.Bool("check", false, "check the configuration and exit")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *config == "" {
+		return errors.New("-config is required (a YAML file: domain, descriptors, ...)")
+	}
+	data, err := os.ReadFile(*config)
+	if err != nil {
+		return err
+	}
+	f, err := rls.Parse(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w", *config, err)
+	}
+	svc, err := rls.New(f, rls.Options{})
+	if err != nil {
+		return fmt.Errorf("%s: %w", *config, err)
+	}
+	defer svc.Close()
+	if *check {
+		fmt.Fprintf(stderr, "%s: valid configuration of domain %s\n", *config, f.Domain)
+		return nil
+	}
+	gl, err := net.Listen("tcp", *grpcAddr)
+	if err != nil {
+		return err
+	}
+	gs := grpc.NewServer()
+	pb.RegisterRateLimitServiceServer(gs, svc)
+	errc := make(chan error, 2)
+	go func() { errc <- gs.Serve(gl) }()
+	defer gs.Stop()
+	var hs *http.Server
+	hAddr := ""
+	if *httpAddr != "" {
+		hl, err := net.Listen("tcp", *httpAddr)
+		if err != nil {
+			return err
+		}
+		reg := prometheus.NewRegistry()
+		for _, c := range svc.Collectors() {
+			reg.MustRegister(c)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "OK\n") })
+		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go func() { errc <- hs.Serve(hl) }()
+		defer hs.Close()
+		hAddr = hl.Addr().String()
+	}
+	fmt.Fprintf(stderr, "rls: domain %s, gRPC on %s, HTTP on %s\n", f.Domain, gl.Addr(), hAddr)
+	if ready != nil {
+		ready(gl.Addr().String(), hAddr)
+	}
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-ctx.Done():
+		gs.GracefulStop()
+		return nil
+	case err := <-errc:
+		return err
+	}
+}
