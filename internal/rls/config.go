@@ -175,7 +175,8 @@ func Parse(data []byte) (*File, error) {
 
 // units are envoyproxy/ratelimit's units. The duration units are sliding
 // windows of their length (fixed ones with fixed_window); month is the
-// calendar month. year has no window in this engine.
+// calendar month (in timezone); year is 365 days, as envoyproxy/ratelimit
+// counts it.
 var units = map[string]limiter.Window{
 	"second": {Duration: time.Second},
 	"minute": {Duration: time.Minute},
@@ -183,6 +184,7 @@ var units = map[string]limiter.Window{
 	"day":    {Duration: 24 * time.Hour},
 	"week":   {Duration: 7 * 24 * time.Hour},
 	"month":  {Period: limiter.PeriodMonth},
+	"year":   {Duration: 365 * 24 * time.Hour},
 }
 
 func parseUnit(field, s string) (limiter.Window, error) {
@@ -190,12 +192,10 @@ func parseUnit(field, s string) (limiter.Window, error) {
 	switch {
 	case ok:
 		return w, nil
-	case strings.EqualFold(s, "year"):
-		return w, errAt(field, "unit year is not supported: use month, or a window such as 8760h")
 	case s == "":
-		return w, errAt(field, "a unit is required: second, minute, hour, day, week or month")
+		return w, errAt(field, "a unit is required: second, minute, hour, day, week, month or year")
 	}
-	return w, errAt(field, "invalid rate limit unit '%s': want second, minute, hour, day, week or month", s)
+	return w, errAt(field, "invalid rate limit unit '%s': want second, minute, hour, day, week, month or year", s)
 }
 
 // rule is one rate limit of the tree, ready to decide: its limiter's

@@ -25,7 +25,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{d + "  - value: x", "descriptors[0].key: descriptor has an empty key"},
 		{d + "  - key: a\n  - key: a", "descriptors[1]: duplicate descriptor 'a'"},
 		{d + "  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}", "descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'"},
-		{d + "  - key: a\n    rate_limit: {unit: year, requests_per_unit: 1}", "descriptors[0].rate_limit.unit: unit year is not supported"},
+		{d + "  - key: a\n    rate_limit: {unit: Fortnight}", "descriptors[0].rate_limit.unit: invalid rate limit unit 'Fortnight'"},
 		{d + "  - key: a\n    rate_limit: {unit: second}", "descriptors[0].rate_limit.requests_per_unit: must be a positive integer"},
 		{d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: -3}", "descriptors[0].rate_limit.requests_per_unit"},
 		{d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: ten}", "cannot unmarshal !!str `ten`"},

@@ -316,7 +316,7 @@ func (s *Service) override(o *rlv3.RateLimitDescriptor_RateLimitOverride) (*rule
 		w, ok = units[strings.ToLower(name)]
 	}
 	if !ok {
-		return nil, fmt.Errorf("limit.unit %v has no window here: want SECOND, MINUTE, HOUR, DAY or MONTH", o.Unit)
+		return nil, fmt.Errorf("limit.unit %v has no window here: want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", o.Unit)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

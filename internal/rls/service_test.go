@@ -270,3 +270,30 @@ func TestBadRequestsAnswerErrors(t *testing.T) {
 		t.Errorf("a 4 KiB value of NULs: %v %v", code, st)
 	}
 }
+
+// TestUnits: every unit of the API loads and comes back as the status's
+// unit, with its window as the reset of a first request (sliding_log: the
+// request leaves the window that long after); month is the calendar
+// month (the reset: the month's end).
+func TestUnits(t *testing.T) {
+	t.Parallel()
+	for _, u := range []struct {
+		unit  string
+		want  pb.RateLimitResponse_RateLimit_Unit
+		reset time.Duration
+	}{
+		{"second", pb.RateLimitResponse_RateLimit_SECOND, time.Second},
+		{"minute", pb.RateLimitResponse_RateLimit_MINUTE, time.Minute},
+		{"hour", pb.RateLimitResponse_RateLimit_HOUR, time.Hour},
+		{"DAY", pb.RateLimitResponse_RateLimit_DAY, 24 * time.Hour},
+		{"week", pb.RateLimitResponse_RateLimit_WEEK, 7 * 24 * time.Hour},
+		{"month", pb.RateLimitResponse_RateLimit_MONTH, 29*24*time.Hour + 14*time.Hour}, // from 2 March 10:00 to 1 April
+		{"year", pb.RateLimitResponse_RateLimit_YEAR, 365 * 24 * time.Hour},
+	} {
+		c := serve(t, "domain: u\ndescriptors: [{key: k, rate_limit: {unit: "+u.unit+", requests_per_unit: 3}}]", newClock())
+		_, st := one(t, c, "u", desc("k", "v"))
+		if st.CurrentLimit.GetUnit() != u.want || st.LimitRemaining != 2 || st.DurationUntilReset.AsDuration() != u.reset {
+			t.Errorf("unit %s: %v, want %v, 2 left, reset in %v", u.unit, st, u.want, u.reset)
+		}
+	}
+}
