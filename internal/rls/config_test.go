@@ -2,6 +2,8 @@ package rls_test
 
 import (
 	"context"
+	"os"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -79,4 +81,30 @@ func FuzzConfig(f *testing.F) {
 		req.Domain = "messaging"
 		_, _ = svc.ShouldRateLimit(context.Background(), req)
 	})
+}
+
+// TestMigratingExampleLoads: the envoyproxy/ratelimit config that
+// docs/migrating.md says loads as is does, and decides as it says: 5
+// marketing messages a day per number, 100 of any.
+func TestMigratingExampleLoads(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/migrating.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, found := strings.Cut(string(doc), "\n# From envoyproxy/ratelimit\n")
+	block := regexp.MustCompile("(?s)```yaml\n(.*?)```").FindStringSubmatch(rest)
+	if !found || block == nil {
+		t.Fatal("docs/migrating.md has no yaml block under # From envoyproxy/ratelimit")
+	}
+	c := serve(t, block[1], newClock())
+	for i := 1; i <= 6; i++ {
+		code, _ := one(t, c, "messaging", desc("message_type", "marketing", "to_number", "1"))
+		if (code == over) != (i == 6) {
+			t.Fatalf("marketing message %d: %v", i, code)
+		}
+	}
+	if _, st := one(t, c, "messaging", desc("to_number", "1")); st.Code != ok || st.CurrentLimit.GetRequestsPerUnit() != 100 || st.LimitRemaining != 99 {
+		t.Fatalf("any message: %v", st)
+	}
 }

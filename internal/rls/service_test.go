@@ -163,6 +163,13 @@ descriptors:
 	if st := req(0, desc("user", "u")); st.Code != over || st.DurationUntilReset.AsDuration() != time.Minute {
 		t.Fatalf("spent: %v, want OVER_LIMIT, reset in 1m", st)
 	}
+	// A cost above the limit never fits: OVER_LIMIT, on another key too.
+	if st := req(11, desc("user", "v")); st.Code != over || st.CurrentLimit.GetRequestsPerUnit() != 10 {
+		t.Fatalf("hits 11 on a limit of 10: %v, want OVER_LIMIT", st)
+	}
+	if st := req(1, desc("user", "v")); st.Code != ok || st.LimitRemaining != 9 {
+		t.Fatalf("after a cost that never fits: %v, want nothing spent", st)
+	}
 }
 
 // TestLimitOverride: a descriptor's own limit (Envoy's limit override)
