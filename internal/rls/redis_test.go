@@ -2,6 +2,7 @@ package rls_test
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -120,5 +121,41 @@ descriptors:
 	}
 	if codes[0] != ok || codes[1] != ok || codes[2] != over {
 		t.Errorf("fail local, Redis down: %v, want the in-process store's OK, OK, OVER_LIMIT", codes)
+	}
+}
+
+// TestRedisTLSACLCluster: the redis block of the YAML reaches
+// internal/redisconf: over TLS (the CA, a client certificate), as an ACL
+// user limited to the limiter's keys, and on a Redis Cluster of 3, the
+// limit holds (2 OK, then OVER_LIMIT), and a wrong password is Redis
+// down (fail closed: OVER_LIMIT from the first check).
+func TestRedisTLSACLCluster(t *testing.T) {
+	t.Parallel()
+	certs := redistest.NewCerts(t)
+	tlsSrv := redistest.StartTLS(t, certs, "--tls-auth-clients", "yes")
+	aclSrv := redistest.Start(t)
+	if got := aclSrv.CLI(t, "ACL", "SETUSER", "rls", "on", ">s3cret", "~ratelimit:*", "&ratelimit:*", "+@all"); got != "OK" {
+		t.Fatalf("ACL SETUSER: %s", got)
+	}
+	if got := aclSrv.CLI(t, "ACL", "SETUSER", "default", "off"); got != "OK" { // only rls can work now
+		t.Fatalf("ACL SETUSER default off: %s", got)
+	}
+	cluster := redistest.StartCluster(t, 3)
+	rule := "descriptors: [{key: user, rate_limit: {unit: minute, requests_per_unit: 2}}]\n"
+	for name, redis := range map[string]string{
+		"tls":     fmt.Sprintf("{addresses: [%s], tls: {ca: %s, cert: %s, key: %s}, timeout: 5s}", tlsSrv.Addr(), certs.CAFile, certs.ClientCertFile, certs.ClientKeyFile),
+		"acl":     fmt.Sprintf("{url: 'redis://rls:s3cret@%s', timeout: 5s}", aclSrv.Addr()),
+		"cluster": fmt.Sprintf("{addresses: [%s], timeout: 5s}", strings.Join(cluster.Addrs(), ", ")),
+	} {
+		c := serve(t, "domain: r\nfail: closed\nredis: "+redis+"\n"+rule, nil)
+		for i := 1; i <= 3; i++ {
+			if code, _ := one(t, c, "r", desc("user", name)); (code == over) != (i == 3) {
+				t.Fatalf("%s, check %d: %v", name, i, code)
+			}
+		}
+	}
+	c := serve(t, fmt.Sprintf("domain: r\nfail: closed\nredis: {url: 'redis://rls:wrong@%s', timeout: 1s}\n%s", aclSrv.Addr(), rule), nil)
+	if code, st := one(t, c, "r", desc("user", "x")); code != over || st.CurrentLimit != nil && st.LimitRemaining != 0 {
+		t.Fatalf("wrong password, fail closed: %v %v", code, st)
 	}
 }
