@@ -6,6 +6,7 @@
 //
 //	rls -config examples/rls.yaml -grpc :8081 -http :8080
 //	rls -config examples/rls.yaml -check
+//	rls -config edge.yaml -config messaging.yaml    # one file per domain
 package main
 
 import (
@@ -18,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -41,31 +43,49 @@ func main() {
 func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAddr, httpAddr string)) error {
 	fs := flag.NewFlagSet("rls", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", "", "the YAML configuration file (required)")
+	var configs []string
+	fs.Func("config", "a YAML configuration file, one domain (required; repeat it for several domains)", func(v string) error {
+		configs = append(configs, v)
+		return nil
+	})
 	grpcAddr := fs.String("grpc", ":8081", "the gRPC listen address")
 	httpAddr := fs.String("http", ":8080", "the HTTP listen address of /metrics and /healthcheck (\"\" for none)")
 	check := fs.Bool("check", false, "check the configuration and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *config == "" {
+	if len(configs) == 0 {
 		return errors.New("-config is required (a YAML file: domain, descriptors, ...)")
 	}
-	data, err := os.ReadFile(*config)
+	metrics := rls.NewMetrics("")
+	var svcs []*rls.Service
+	defer func() {
+		for _, s := range svcs {
+			_ = s.Close()
+		}
+	}()
+	var domains []string
+	for _, path := range configs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		f, err := rls.Parse(data)
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		svc, err := rls.New(f, rls.Options{Metrics: metrics})
+		if err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+		svcs, domains = append(svcs, svc), append(domains, f.Domain)
+	}
+	router, err := rls.NewDomains(svcs...)
 	if err != nil {
 		return err
 	}
-	f, err := rls.Parse(data)
-	if err != nil {
-		return fmt.Errorf("%s: %w", *config, err)
-	}
-	svc, err := rls.New(f, rls.Options{})
-	if err != nil {
-		return fmt.Errorf("%s: %w", *config, err)
-	}
-	defer svc.Close()
 	if *check {
-		fmt.Fprintf(stderr, "%s: valid configuration of domain %s\n", *config, f.Domain)
+		fmt.Fprintf(stderr, "%s: valid configuration of domain %s\n", strings.Join(configs, ", "), strings.Join(domains, ", "))
 		return nil
 	}
 	gl, err := net.Listen("tcp", *grpcAddr)
@@ -73,7 +93,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAd
 		return err
 	}
 	gs := grpc.NewServer()
-	pb.RegisterRateLimitServiceServer(gs, svc)
+	pb.RegisterRateLimitServiceServer(gs, router)
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
 	defer gs.Stop()
@@ -85,7 +105,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAd
 			return err
 		}
 		reg := prometheus.NewRegistry()
-		for _, c := range svc.Collectors() {
+		for _, c := range metrics.Collectors() {
 			reg.MustRegister(c)
 		}
 		mux := http.NewServeMux()
@@ -96,7 +116,7 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAd
 		defer hs.Close()
 		hAddr = hl.Addr().String()
 	}
-	fmt.Fprintf(stderr, "rls: domain %s, gRPC on %s, HTTP on %s\n", f.Domain, gl.Addr(), hAddr)
+	fmt.Fprintf(stderr, "rls: domain %s, gRPC on %s, HTTP on %s\n", strings.Join(domains, ", "), gl.Addr(), hAddr)
 	if ready != nil {
 		ready(gl.Addr().String(), hAddr)
 	}

@@ -17,18 +17,23 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 )
 
-// TestServesTheExample: rls serves examples/rls.yaml on gRPC and /metrics
-// on HTTP: the free plan's 10 a minute per API key hold through Envoy's
-// API (the 11th OVER_LIMIT), the health check path is unlimited, and
-// requests_total counts the decisions by rule.
+// TestServesTheExample: rls serves examples/rls.yaml and a second domain's
+// file on gRPC and /metrics on HTTP: the free plan's 10 a minute per API
+// key hold through Envoy's API (the 11th OVER_LIMIT), the health check
+// path is unlimited, the second domain has its own rules, an unknown
+// domain is OK, and requests_total counts the decisions by rule.
 func TestServesTheExample(t *testing.T) {
 	t.Parallel()
+	second := filepath.Join(t.TempDir(), "messaging.yaml")
+	if err := os.WriteFile(second, []byte("domain: messaging\ndescriptors: [{key: to_number, rate_limit: {unit: day, requests_per_unit: 1}}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(t.Context())
 	addrs := make(chan [2]string, 1)
 	done := make(chan error, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- run(ctx, []string{"-config", "../../examples/rls.yaml", "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0"}, &stderr,
+		done <- run(ctx, []string{"-config", "../../examples/rls.yaml", "-config", second, "-grpc", "127.0.0.1:0", "-http", "127.0.0.1:0"}, &stderr,
 			func(g, h string) { addrs <- [2]string{g, h} })
 	}()
 	var a [2]string
@@ -63,6 +68,18 @@ func TestServesTheExample(t *testing.T) {
 	if resp, err := c.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "edge", Descriptors: []*rlv3.RateLimitDescriptor{health}}); err != nil || resp.OverallCode != pb.RateLimitResponse_OK {
 		t.Fatalf("the unlimited health check: %v %v", resp, err)
 	}
+	// The second file's domain, and a domain no file has.
+	number := &rlv3.RateLimitDescriptor{Entries: []*rlv3.RateLimitDescriptor_Entry{{Key: "to_number", Value: "1"}}}
+	for i, want := range []pb.RateLimitResponse_Code{pb.RateLimitResponse_OK, pb.RateLimitResponse_OVER_LIMIT} {
+		resp, err := c.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "messaging", Descriptors: []*rlv3.RateLimitDescriptor{number}})
+		if err != nil || resp.OverallCode != want {
+			t.Fatalf("messaging, check %d: %v %v, want %v", i+1, resp, err, want)
+		}
+	}
+	if resp, err := c.ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "nowhere", Descriptors: []*rlv3.RateLimitDescriptor{number, free}}); err != nil ||
+		resp.OverallCode != pb.RateLimitResponse_OK || len(resp.Statuses) != 2 || resp.Statuses[1].CurrentLimit != nil {
+		t.Fatalf("an unknown domain: %v %v, want OK, two statuses without a limit", resp, err)
+	}
 	resp, err := http.Get("http://" + a[1] + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -72,6 +89,7 @@ func TestServesTheExample(t *testing.T) {
 	for _, want := range []string{
 		`sliding_ratelimit_requests_total{limiter="edge.api_key.plan_free",result="allowed"} 10`, // the rule's name is its path
 		`sliding_ratelimit_requests_total{limiter="edge.api_key.plan_free",result="denied"} 1`,
+		`sliding_ratelimit_requests_total{limiter="messaging.to_number",result="denied"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q:\n%s", want, grepLines(string(body), "requests_total"))
@@ -84,7 +102,8 @@ func TestServesTheExample(t *testing.T) {
 }
 
 // TestCheckAndBadConfig: -check validates the example; a bad config ends
-// rls with an error naming the file and the field.
+// rls with an error naming the file and the field; so does one domain in
+// two files.
 func TestCheckAndBadConfig(t *testing.T) {
 	t.Parallel()
 	var stderr bytes.Buffer
@@ -98,6 +117,10 @@ func TestCheckAndBadConfig(t *testing.T) {
 	err := run(t.Context(), []string{"-config", bad, "-check"}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "bad.yaml: rls config: descriptors[0].rate_limit.unit: invalid rate limit unit 'minutes'") {
 		t.Fatalf("bad config: %v", err)
+	}
+	if err := run(t.Context(), []string{"-config", "../../examples/rls.yaml", "-config", "../../examples/rls.yaml", "-check"}, io.Discard, nil); err == nil ||
+		!strings.Contains(err.Error(), "domain: domain 'edge' is in two files") {
+		t.Fatalf("one domain twice: %v", err)
 	}
 	if err := run(t.Context(), nil, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "-config is required") {
 		t.Fatalf("no -config: %v", err)

@@ -108,3 +108,21 @@ func TestMigratingExampleLoads(t *testing.T) {
 		t.Fatalf("any message: %v", st)
 	}
 }
+
+// TestDomainsRefuseSharedNames: two domains whose rules take one limiter
+// name would share their counts: refused, naming both.
+func TestDomainsRefuseSharedNames(t *testing.T) {
+	t.Parallel()
+	var svcs []*rls.Service
+	for _, d := range []string{"a", "b"} {
+		svc, err := rls.Load([]byte("domain: "+d+"\ndescriptors: [{key: k, rate_limit: {name: shared, unit: minute, requests_per_unit: 1}}]"), rls.Options{Metrics: rls.NewMetrics("")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer svc.Close()
+		svcs = append(svcs, svc)
+	}
+	if _, err := rls.NewDomains(svcs...); err == nil || !strings.Contains(err.Error(), "rate_limit.name: the name 'shared' is used in domain a and in domain b") {
+		t.Fatalf("shared name: %v", err)
+	}
+}

@@ -46,6 +46,43 @@ type Options struct {
 	Now func() time.Time
 	// Namespace starts the metric names ("" : sliding_ratelimit_...).
 	Namespace string
+	// Metrics, when set, counts this service's decisions beside others'
+	// (several domains in one process); otherwise the service has its own
+	// (Collectors).
+	Metrics *Metrics
+}
+
+// Metrics are the collectors of the services given them: the Caddy
+// handler's series, labelled by rule (limiter). Make one per process and
+// register its Collectors.
+type Metrics struct {
+	set  *limitmetrics.Set
+	mu   sync.Mutex
+	live map[*Service]struct{}
+}
+
+// NewMetrics makes the collectors; names start with namespace (may be "").
+func NewMetrics(namespace string) *Metrics {
+	m := &Metrics{live: map[*Service]struct{}{}}
+	m.set = limitmetrics.NewSet(namespace, m.sources)
+	return m
+}
+
+// Collectors are the collectors to register.
+func (m *Metrics) Collectors() []prometheus.Collector { return m.set.Collectors() }
+
+func (m *Metrics) sources() []limitmetrics.Source {
+	m.mu.Lock()
+	live := make([]*Service, 0, len(m.live))
+	for s := range m.live {
+		live = append(live, s)
+	}
+	m.mu.Unlock()
+	var out []limitmetrics.Source
+	for _, s := range live {
+		out = append(out, s.sources()...)
+	}
+	return out
 }
 
 // DefaultWarnAt is the share of a limit at which an admitted request
@@ -68,6 +105,7 @@ type Service struct {
 	store   string
 	headers string
 	set     *limitmetrics.Set
+	metrics *Metrics
 	closers []func() error
 
 	mu        sync.Mutex
@@ -121,7 +159,14 @@ func New(f *File, opts Options) (*Service, error) {
 		s.close()
 		return nil, err
 	}
-	s.set = limitmetrics.NewSet(opts.Namespace, s.sources)
+	s.metrics = opts.Metrics
+	if s.metrics == nil {
+		s.metrics = NewMetrics(opts.Namespace)
+	}
+	s.set = s.metrics.set
+	s.metrics.mu.Lock()
+	s.metrics.live[s] = struct{}{}
+	s.metrics.mu.Unlock()
 	for _, r := range s.rules {
 		if err := s.start(r); err != nil {
 			s.Close()
@@ -183,8 +228,21 @@ func (s *Service) start(r *rule) error {
 	return nil
 }
 
-// Collectors are the metrics' collectors, to register.
+// Collectors are the metrics' collectors, to register (those of
+// Options.Metrics when it was given: register them once).
 func (s *Service) Collectors() []prometheus.Collector { return s.set.Collectors() }
+
+// Domain is the domain the service answers.
+func (s *Service) Domain() string { return s.file.Domain }
+
+// names are the limiter names of the service's rules.
+func (s *Service) names() []string {
+	out := make([]string, 0, len(s.rules))
+	for _, r := range s.rules {
+		out = append(out, r.name)
+	}
+	return out
+}
 
 func (s *Service) sources() []limitmetrics.Source {
 	s.mu.Lock()
@@ -204,6 +262,11 @@ func (s *Service) sources() []limitmetrics.Source {
 
 // Close stops the limiters and closes the stores.
 func (s *Service) Close() error {
+	if s.metrics != nil {
+		s.metrics.mu.Lock()
+		delete(s.metrics.live, s)
+		s.metrics.mu.Unlock()
+	}
 	s.mu.Lock()
 	for _, r := range s.rules {
 		if r.lim != nil {
