@@ -257,7 +257,7 @@ func (f *File) compile(base limiter.Policy) (*node, []*rule, error) {
 			case star < 0:
 				n.next[k] = child
 			case star == len(d.Value)-1:
-				n.next[k] = child // for the duplicate check; a value never ends in '*' literally here
+				n.next[k] = child // the duplicate check; and the value "api*" itself
 				n.prefixes = append(n.prefixes, prefix{key: d.Key, prefix: d.Value[:star], node: child})
 			default:
 				return errAt(at+".value", "a wildcard value ends in '*' (a prefix, 'api*'); '%s' has one elsewhere", d.Value)

@@ -109,7 +109,15 @@ type Service struct {
 	closers []func() error
 
 	mu        sync.Mutex
-	overrides map[limiter.Window]*rule // the rules of RateLimitDescriptor.limit, by unit
+	overrides map[overrideKey]*rule // the rules of RateLimitDescriptor.limit
+	closed    bool
+}
+
+// overrideKey is a rule of RateLimitDescriptor.limit: one per unit and
+// algorithm.
+type overrideKey struct {
+	w   limiter.Window
+	alg limiter.Algorithm
 }
 
 // Load reads and checks a configuration and builds its service.
@@ -130,7 +138,7 @@ func New(f *File, opts Options) (*Service, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Service{file: f, headers: cmpOr(f.Headers, "ietf"), store: "memory", overrides: map[limiter.Window]*rule{}}
+	s := &Service{file: f, headers: cmpOr(f.Headers, "ietf"), store: "memory", overrides: map[overrideKey]*rule{}}
 	fail, _ := limiter.ParseFailMode(cmpOr(f.Fail, "open"))
 	s.base = limiter.Policy{Fail: fail, AppClock: f.Clock == "app", Now: opts.Now}
 	var rc, lc *redisconf.Config
@@ -268,6 +276,7 @@ func (s *Service) Close() error {
 		s.metrics.mu.Unlock()
 	}
 	s.mu.Lock()
+	s.closed = true
 	for _, r := range s.rules {
 		if r.lim != nil {
 			r.lim.Close()
@@ -381,33 +390,35 @@ func (s *Service) override(o *rlv3.RateLimitDescriptor_RateLimitOverride) (*rule
 	if !ok {
 		return nil, fmt.Errorf("limit.unit %v has no window here: want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", o.Unit)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if r := s.overrides[w]; r != nil {
-		return r, nil
-	}
-	if s.set == nil {
-		return nil, errors.New("the service is closed")
-	}
 	p := s.base
 	if s.file.Algorithm != "" {
 		p.Algorithm, _ = limiter.ParseAlgorithm(s.file.Algorithm)
 	}
 	if p.Algorithm == limiter.SlidingLog && w.Period == limiter.PeriodNone && int64(o.RequestsPerUnit) > limiter.MaxLogEntries {
+		// A log keeps at most MaxLogEntries per key: above, the counter.
 		p.Algorithm = limiter.SlidingCounter
+	}
+	key := overrideKey{w, p.Algorithm}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.overrides[key]; r != nil {
+		return r, nil
+	}
+	if s.closed {
+		return nil, errors.New("the service is closed")
 	}
 	p.Windows = []limiter.Window{w}
 	if w.Period != limiter.PeriodNone {
 		p.Location = time.UTC
 	}
-	r := &rule{path: s.file.Domain + ".override." + strings.ToLower(name)}
+	r := &rule{path: s.file.Domain + ".override." + strings.ToLower(name) + "." + p.Algorithm.String()}
 	r.name = hashedName(r.path)
 	p.Name = r.name
 	r.policy = p
 	if err := s.start(r); err != nil {
 		return nil, err
 	}
-	s.overrides[w] = r
+	s.overrides[key] = r
 	return r, nil
 }
 
