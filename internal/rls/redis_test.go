@@ -159,3 +159,42 @@ func TestRedisTLSACLCluster(t *testing.T) {
 		t.Fatalf("wrong password, fail closed: %v %v", code, st)
 	}
 }
+
+// TestGlobalCeilingAcrossDatacenters: two services, each on its own
+// data centre's redis-server, one ledger (global_redis): the global
+// ceiling of 6 a minute per tenant holds across them, however the 30
+// checks split (each region's own limit is 100), and some are admitted.
+func TestGlobalCeilingAcrossDatacenters(t *testing.T) {
+	t.Parallel()
+	ledger := redistest.Start(t)
+	var clients []pb.RateLimitServiceClient
+	for _, dc := range []string{"eu", "us"} {
+		own := redistest.Start(t)
+		clients = append(clients, serve(t, fmt.Sprintf(`
+domain: g
+redis: {addresses: [%s], timeout: 2s}
+global_redis: {addresses: [%s], timeout: 2s}
+datacenter: %s
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: dc
+        rate_limit:
+          region_key: dc
+          unit: minute
+          requests_per_unit: 100
+          global: [{requests_per_unit: 6, unit: minute}]
+`, own.Addr(), ledger.Addr(), dc), nil))
+	}
+	admitted := 0
+	for i := range 30 {
+		dc := []string{"eu", "us"}[i%2]
+		if code, _ := one(t, clients[i%2], "g", desc("tenant", "t", "dc", dc)); code == ok {
+			admitted++
+		}
+	}
+	if admitted > 6 || admitted == 0 {
+		t.Fatalf("%d of 30 admitted across two data centres under a ceiling of 6", admitted)
+	}
+	t.Logf("%d of 30 admitted under a ceiling of 6", admitted)
+}
