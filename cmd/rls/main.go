@@ -31,6 +31,47 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/rls"
 )
 
+// metricsServer is the HTTP server of /metrics and /healthcheck, and its
+// listener on addr.
+func metricsServer(addr string, metrics *rls.Metrics) (*http.Server, net.Listener, error) {
+	hl, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	reg := prometheus.NewRegistry()
+	for _, c := range metrics.Collectors() {
+		reg.MustRegister(c)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "OK\n") })
+	return &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, hl, nil
+}
+
+// load reads the configuration files, one service each, and routes to
+// them by domain.
+func load(configs []string, metrics *rls.Metrics) (*rls.Domains, []*rls.Service, []string, error) {
+	var svcs []*rls.Service
+	var domains []string
+	for _, path := range configs {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, svcs, nil, err
+		}
+		f, err := rls.Parse(data)
+		if err != nil {
+			return nil, svcs, nil, fmt.Errorf("%s: %w", path, err)
+		}
+		svc, err := rls.New(f, rls.Options{Metrics: metrics})
+		if err != nil {
+			return nil, svcs, nil, fmt.Errorf("%s: %w", path, err)
+		}
+		svcs, domains = append(svcs, svc), append(domains, f.Domain)
+	}
+	router, err := rls.NewDomains(svcs...)
+	return router, svcs, domains, err
+}
+
 func main() {
 	if err := run(context.Background(), os.Args[1:], os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "rls:", err)
@@ -58,29 +99,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAd
 		return errors.New("-config is required (a YAML file: domain, descriptors, ...)")
 	}
 	metrics := rls.NewMetrics("")
-	var svcs []*rls.Service
+	router, svcs, domains, err := load(configs, metrics)
 	defer func() {
 		for _, s := range svcs {
 			_ = s.Close()
 		}
 	}()
-	var domains []string
-	for _, path := range configs {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return err
-		}
-		f, err := rls.Parse(data)
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		svc, err := rls.New(f, rls.Options{Metrics: metrics})
-		if err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-		svcs, domains = append(svcs, svc), append(domains, f.Domain)
-	}
-	router, err := rls.NewDomains(svcs...)
 	if err != nil {
 		return err
 	}
@@ -97,21 +121,12 @@ func run(ctx context.Context, args []string, stderr io.Writer, ready func(grpcAd
 	errc := make(chan error, 2)
 	go func() { errc <- gs.Serve(gl) }()
 	defer gs.Stop()
-	var hs *http.Server
 	hAddr := ""
 	if *httpAddr != "" {
-		hl, err := net.Listen("tcp", *httpAddr)
+		hs, hl, err := metricsServer(*httpAddr, metrics)
 		if err != nil {
 			return err
 		}
-		reg := prometheus.NewRegistry()
-		for _, c := range metrics.Collectors() {
-			reg.MustRegister(c)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-		mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "OK\n") })
-		hs = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- hs.Serve(hl) }()
 		defer hs.Close()
 		hAddr = hl.Addr().String()

@@ -56,12 +56,15 @@ type File struct {
 // value (none: every value, each counted apart), the rate limit of a
 // request descriptor that ends here, and the levels under it.
 type Descriptor struct {
-	Key            string       `yaml:"key"`
-	Value          string       `yaml:"value"`
-	RateLimit      *RateLimit   `yaml:"rate_limit"`
-	Descriptors    []Descriptor `yaml:"descriptors"`
-	ShadowMode     bool         `yaml:"shadow_mode"`
-	DetailedMetric bool         `yaml:"detailed_metric"`
+	Key         string       `yaml:"key"`
+	Value       string       `yaml:"value"`
+	RateLimit   *RateLimit   `yaml:"rate_limit"`
+	Descriptors []Descriptor `yaml:"descriptors"`
+	ShadowMode  bool         `yaml:"shadow_mode"`
+	// DetailedMetric is accepted: every rule has its own series already
+	// (its name is the limiter label), and no client value becomes a
+	// label.
+	DetailedMetric bool `yaml:"detailed_metric"`
 }
 
 // RateLimit is a descriptor's limit: requests_per_unit per unit
@@ -201,14 +204,13 @@ func parseUnit(field, s string) (limiter.Window, error) {
 // rule is one rate limit of the tree, ready to decide: its limiter's
 // policy and static limits.
 type rule struct {
-	path     string // the descriptor path, for logs and names
-	name     string
-	policy   limiter.Policy
-	limits   []int64
-	globals  []int64
-	region   string // the entry key that is the region
-	shadow   bool
-	detailed bool
+	path    string // the descriptor path, for logs and names
+	name    string
+	policy  limiter.Policy
+	limits  []int64
+	globals []int64
+	region  string // the entry key that is the region
+	shadow  bool
 	// unlimited: matched, never limited.
 	unlimited bool
 	lim       *limiter.Limiter
@@ -302,7 +304,7 @@ func (f *File) compile(base limiter.Policy) (*node, []*rule, error) {
 func (f *File) rule(base limiter.Policy, d Descriptor, at, path string) (*rule, error) {
 	rl := d.RateLimit
 	at += ".rate_limit"
-	r := &rule{path: path, shadow: d.ShadowMode, detailed: d.DetailedMetric, region: rl.RegionKey}
+	r := &rule{path: path, shadow: d.ShadowMode, region: rl.RegionKey}
 	if rl.Unlimited {
 		if rl.Unit != "" || rl.RequestsPerUnit != 0 || len(rl.Windows) > 0 {
 			return nil, errAt(at+".unlimited", "an unlimited rate_limit has no unit, requests_per_unit nor windows")
@@ -346,23 +348,11 @@ func (f *File) rule(base limiter.Policy, d Descriptor, at, path string) (*rule, 
 		return nil, err
 	}
 	p.Regions = rl.RegionKey != ""
-	if reply.HasPeriod(p.Windows) || reply.HasPeriod(p.GlobalWindows) {
-		p.Location = time.UTC
-		if f.Timezone != "" {
-			if p.Location, err = time.LoadLocation(f.Timezone); err != nil {
-				return nil, errAt("timezone", "unknown time zone '%s': %v", f.Timezone, err)
-			}
-		}
+	if p.Location, err = f.location(p.Windows, p.GlobalWindows); err != nil {
+		return nil, err
 	}
-	if rl.Ban != nil {
-		b := &limiter.Ban{After: rl.Ban.After}
-		if b.Within, err = duration(at+".ban.within", rl.Ban.Within); err != nil {
-			return nil, err
-		}
-		if b.For, err = duration(at+".ban.for", rl.Ban.For); err != nil {
-			return nil, err
-		}
-		p.Ban = b
+	if p.Ban, err = ban(at+".ban", rl.Ban); err != nil {
+		return nil, err
 	}
 	for i, l := range r.limits {
 		if p.Algorithm == limiter.SlidingLog && p.Windows[i].Period == limiter.PeriodNone && l > limiter.MaxLogEntries {
@@ -381,6 +371,38 @@ func (f *File) rule(base limiter.Policy, d Descriptor, at, path string) (*rule, 
 	}
 	r.policy = p
 	return r, nil
+}
+
+// location is the time zone of calendar periods (timezone, default
+// UTC), nil when the windows have none.
+func (f *File) location(ws, globals []limiter.Window) (*time.Location, error) {
+	if !reply.HasPeriod(ws) && !reply.HasPeriod(globals) {
+		return nil, nil
+	}
+	if f.Timezone == "" {
+		return time.UTC, nil
+	}
+	loc, err := time.LoadLocation(f.Timezone)
+	if err != nil {
+		return nil, errAt("timezone", "unknown time zone '%s': %v", f.Timezone, err)
+	}
+	return loc, nil
+}
+
+// ban is the engine's penalty box of b (nil: none).
+func ban(at string, b *BanSpec) (*limiter.Ban, error) {
+	if b == nil {
+		return nil, nil
+	}
+	out := &limiter.Ban{After: b.After}
+	var err error
+	if out.Within, err = duration(at+".within", b.Within); err != nil {
+		return nil, err
+	}
+	if out.For, err = duration(at+".for", b.For); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // policyErr names the field of an engine policy error.

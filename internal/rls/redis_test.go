@@ -46,21 +46,27 @@ descriptors:
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		got := 0
+		var errs []error
 		for i := range 2 * limit {
 			c := a
 			if i%2 == 1 {
 				c = b
 			}
-			wg.Go(func() {
-				code, _ := one(t, c, "exact", desc("user", "u"))
-				if code == ok {
-					mu.Lock()
+			wg.Go(func() { // no t.Fatal here: off the test's goroutine
+				resp, err := c.ShouldRateLimit(t.Context(), &pb.RateLimitRequest{Domain: "exact", Descriptors: []*rlv3.RateLimitDescriptor{desc("user", "u")}})
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				} else if resp.OverallCode == ok {
 					got++
-					mu.Unlock()
 				}
 			})
 		}
 		wg.Wait()
+		if len(errs) > 0 {
+			t.Fatalf("step %d: %d checks failed: %v", s, len(errs), errs[0])
+		}
 		if want := limit - inWindow; got != want {
 			t.Fatalf("step %d (t+%v): %d admitted across two instances, want %d (the limit %d less %d in the window)",
 				s, now.Sub(start), got, want, limit, inWindow)
