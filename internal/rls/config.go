@@ -165,7 +165,7 @@ func Parse(data []byte) (*File, error) {
 		if errors.Is(err, io.EOF) {
 			return nil, errAt("", "the file is empty: it needs a domain and descriptors")
 		}
-		return nil, errAt("", "%s", strings.TrimPrefix(err.Error(), "yaml: "))
+		return nil, yamlErr(data, err)
 	}
 	if f.Domain == "" {
 		return nil, errAt("domain", "a domain is required (the domain Envoy's rate_limits send)")
@@ -174,6 +174,78 @@ func Parse(data []byte) (*File, error) {
 		return nil, errAt("descriptors", "at least one descriptor is required")
 	}
 	return &f, nil
+}
+
+// yamlErr names the field of a YAML decoding error: yaml.v3 says the
+// line, and the value (a type error) or the key (an unknown field); the
+// field is the path of that node in the document.
+func yamlErr(data []byte, err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) || len(te.Errors) == 0 {
+		return errAt("", "%s", strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil {
+		return errAt("", "%s", strings.Join(te.Errors, "; "))
+	}
+	msg := te.Errors[0]
+	var line int
+	if _, e := fmt.Sscanf(msg, "line %d:", &line); e != nil {
+		return errAt("", "%s", msg)
+	}
+	what := strings.TrimSpace(msg[strings.IndexByte(msg, ':')+1:])
+	key, value := "", ""
+	if f, ok := strings.CutPrefix(what, "field "); ok {
+		key, _, _ = strings.Cut(f, " not found")
+		what = "unknown field (see docs/migrating.md for the fields)"
+	} else if _, rest, ok := strings.Cut(what, "`"); ok {
+		value, _, _ = strings.Cut(rest, "`")
+	}
+	field := nodePath(&doc, line, key, value, "")
+	if field == "" {
+		return errAt("", "%s", msg)
+	}
+	return errAt(field, "%s (line %d)", what, line)
+}
+
+// nodePath is the path ("descriptors[0].rate_limit.unit") of the key named
+// key, or of the value value, on line (neither: of a key on line whose
+// value is a list or a map); "" when none is there.
+func nodePath(n *yaml.Node, line int, key, value, path string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if p := nodePath(c, line, key, value, path); p != "" {
+				return p
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if p := nodePath(c, line, key, value, fmt.Sprintf("%s[%d]", path, i)); p != "" {
+				return p
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			switch {
+			case key != "" && k.Line == line && k.Value == key:
+				return p
+			case value != "" && v.Kind == yaml.ScalarNode && v.Line == line && v.Value == value:
+				return p
+			case key == "" && value == "" && v.Kind != yaml.ScalarNode && k.Line == line:
+				return p // a list or a map of the wrong type
+			}
+			if p := nodePath(v, line, key, value, p); p != "" {
+				return p
+			}
+		}
+	}
+	return ""
 }
 
 // units are envoyproxy/ratelimit's units. The duration units are sliding
