@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -124,6 +125,24 @@ func TestCheckAndBadConfig(t *testing.T) {
 	}
 	if err := run(t.Context(), nil, io.Discard, nil); err == nil || !strings.Contains(err.Error(), "-config is required") {
 		t.Fatalf("no -config: %v", err)
+	}
+}
+
+// TestNoCaddyInTheDependencies: the service pulls in no Caddy package.
+func TestNoCaddyInTheDependencies(t *testing.T) {
+	t.Parallel()
+	out, err := exec.Command("go", "list", "-deps", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "github.com/sliding-ratelimit/sliding_ratelimit/limiter\n") ||
+		!strings.Contains(string(out), "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3\n") {
+		t.Fatalf("go list -deps lists neither the engine nor Envoy's API: the check is broken\n%s", out)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if strings.Contains(d, "caddyserver") {
+			t.Errorf("cmd/rls depends on %s", d)
+		}
 	}
 }
 

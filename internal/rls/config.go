@@ -125,6 +125,8 @@ type Redis struct {
 	PoolSize         int      `yaml:"pool_size"`
 	Pipeline         int      `yaml:"pipeline"`
 	KeyPrefix        string   `yaml:"key_prefix"`
+	Scripts          string   `yaml:"scripts"`
+	StateFormat      int      `yaml:"state_format"`
 }
 
 // TLS is TLS to Redis: a CA file, a client certificate and key, the
@@ -565,7 +567,7 @@ func hashedName(path string) string {
 func (r *Redis) storeConfig(field string) (*redisconf.Config, error) {
 	c := &redisconf.Config{URL: r.URL, Addresses: r.Addresses, Cluster: r.Cluster, Sentinel: r.Sentinel,
 		SentinelPassword: r.SentinelPassword, Username: r.Username, Password: r.Password, DB: r.DB,
-		PoolSize: r.PoolSize, Pipeline: r.Pipeline, KeyPrefix: r.KeyPrefix}
+		PoolSize: r.PoolSize, Pipeline: r.Pipeline, KeyPrefix: r.KeyPrefix, Scripts: r.Scripts, StateFormat: r.StateFormat}
 	if r.TLS != nil {
 		c.TLS = &redisconf.TLS{CA: r.TLS.CA, Cert: r.TLS.Cert, Key: r.TLS.Key, ServerName: r.TLS.ServerName, InsecureSkipVerify: r.TLS.InsecureSkipVerify}
 	}

@@ -3,6 +3,7 @@ package rls_test
 import (
 	"context"
 	"os"
+	"reflect"
 	"regexp"
 	"strings"
 	"testing"
@@ -128,5 +129,25 @@ func TestDomainsRefuseSharedNames(t *testing.T) {
 	}
 	if _, err := rls.NewDomains(svcs...); err == nil || !strings.Contains(err.Error(), "rate_limit.name: the name 'shared' is used in domain a and in domain b") {
 		t.Fatalf("shared name: %v", err)
+	}
+}
+
+// TestReferenceNamesEveryField: docs/reference.md's section on the service
+// names every YAML field the configuration has.
+func TestReferenceNamesEveryField(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../../docs/reference.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sec, _ := strings.Cut(string(doc), "\n## Envoy's rate limit service\n")
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	for _, typ := range []reflect.Type{reflect.TypeFor[rls.File](), reflect.TypeFor[rls.Descriptor](), reflect.TypeFor[rls.RateLimit](),
+		reflect.TypeFor[rls.WindowSpec](), reflect.TypeFor[rls.BanSpec](), reflect.TypeFor[rls.Redis](), reflect.TypeFor[rls.TLS]()} {
+		for f := range typ.Fields() {
+			if name := f.Tag.Get("yaml"); !strings.Contains(sec, "`"+name+"`") && !strings.Contains(sec, "."+name+"`") {
+				t.Errorf("docs/reference.md's Envoy's rate limit service section does not name %s's field `%s`", typ.Name(), name)
+			}
+		}
 	}
 }
