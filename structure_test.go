@@ -85,7 +85,7 @@ func recvName(e ast.Expr) string {
 }
 
 func TestNoFunctionOver80Lines(t *testing.T) {
-	for _, dir := range []string{".", "limiter", "internal/reply", "internal/redisconf", "internal/limitmetrics", "httplimit"} {
+	for _, dir := range []string{".", "limiter", "internal/reply", "internal/redisconf", "internal/limitmetrics", "httplimit", "internal/rls", "cmd/rls"} {
 		fset, files := parseSources(t, dir)
 		for _, l := range longFuncs(fset, files, maxFuncLines) {
 			t.Errorf("%s: over %d lines; split it into named steps", l, maxFuncLines)
@@ -171,7 +171,7 @@ func typeName(e ast.Expr) string {
 // files, or a method of internal/redistest, that may call it).
 func TestNoFatalOffTheTestGoroutine(t *testing.T) {
 	_, helpers := parseSources(t, "internal/redistest")
-	for _, dir := range []string{".", "limiter", "internal/redistest"} {
+	for _, dir := range []string{".", "limiter", "internal/redistest", "internal/rls", "cmd/rls"} {
 		fset := token.NewFileSet()
 		tests := func(fi fs.FileInfo) bool { return strings.HasSuffix(fi.Name(), "_test.go") }
 		pkgs, err := parser.ParseDir(fset, dir, tests, 0)
