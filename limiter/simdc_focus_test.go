@@ -13,6 +13,7 @@ import (
 var dcFoci = []func(rng *rand.Rand, c *dcCase){
 	focusStatic,
 	focusFailover,
+	focusLostWrites,
 }
 
 // focusStatic: fail local, two data centres; dc0 asks three times the
@@ -65,6 +66,32 @@ func focusFailover(rng *rand.Rand, c *dcCase) {
 		c.Phases = append(c.Phases, dcPhase{DC: dc, From: 0, To: c.Run, Rate: rate, ID: "a"})
 	}
 	c.LedgerOff = []int64{-c.Skew, c.Skew}[rng.IntN(2)]
+}
+
+// focusLostWrites: fail closed, two data centres, a small ceiling (20 per
+// 2 s: a window long enough to hold both primaries' grants under load), the
+// ledger failed over onto a replica cut off from it for a fraction of a
+// window, and a new identity whose demand (three times the ceiling's rate
+// from each) starts as the replication cut does. Every grant of it the old
+// primary made is one the new primary lost, and the new one (its clock the
+// old one's) starts that identity's buckets full again skew later, while
+// the units the old one granted are still in the window: a grant used
+// before a replica holds it (no WAIT) puts up to a second ceiling on top.
+func focusLostWrites(rng *rand.Rand, c *dcCase) {
+	c.Fail = "closed"
+	c.Win, c.Limit, c.Skew = 2000, 20, 100
+	c.Stacks, c.Nodes = []string{"redis", "redis"}, []int{1, 1}
+	c.Delay = []int64{int64(5 + rng.IntN(30)), int64(5 + rng.IntN(30))}
+	c.Offset = []int64{0, 0}
+	f := dcFault{Kind: "failover", At: 2000, For: int64(200 + rng.IntN(100))}
+	c.Faults = []dcFault{f}
+	c.Run = f.At + f.For + (&dcWorld{c: c}).wait(f).Milliseconds() + 2500
+	rate := int(c.Limit * 1000 / c.Win)
+	for dc := range 2 {
+		c.Phases = append(c.Phases,
+			dcPhase{DC: dc, From: 0, To: f.At, Rate: 2, ID: "a"},
+			dcPhase{DC: dc, From: f.At, To: c.Run, Rate: 3 * rate, ID: "b"})
+	}
 }
 
 // dcFocusOn reports whether make test's budget runs the focused histories.
