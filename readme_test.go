@@ -3,6 +3,7 @@ package slidingratelimit
 import (
 	"cmp"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -83,6 +84,15 @@ func TestReadmeRunCommand(t *testing.T) {
 			t.Fatal(err)
 		}
 		cmd.Args = slices.Replace(slices.Clone(cmd.Args), slices.Index(cmd.Args, "examples/Caddyfile"), slices.Index(cmd.Args, "examples/Caddyfile")+1, moved)
+	}
+	// Another process on either port would answer in this Caddy's place
+	// (seen: another checkout's test on 8080, every answer a 429): say so.
+	for _, p := range []string{admin, port} {
+		ln, err := net.Listen("tcp", "localhost:"+p)
+		if err != nil {
+			t.Fatalf("port %s is taken by another process (%v): the README's run command serves there; stop it, or move the test with RUN_ADMIN_PORT and RUN_PORT", p, err)
+		}
+		ln.Close()
 	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var out strings.Builder
