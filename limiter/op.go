@@ -32,7 +32,7 @@ type Kind uint8
 // The kinds; their values are the script's.
 const (
 	KindLog      Kind = 1 // sliding_log: a sorted set
-	KindCounter  Kind = 2 // sliding_counter: a hash, two counters per window
+	KindCounter  Kind = 2 // sliding_counter: a hash, ten buckets per window
 	KindFixed    Kind = 3 // fixed_window: a hash, one counter per window
 	KindToken    Kind = 4 // token_bucket: a hash, one arrival time per window
 	KindCalendar Kind = 5 // calendar periods: a hash, one counter per period
@@ -284,7 +284,7 @@ func (op *Op) validate() error {
 		}
 		for j := range p.Windows {
 			w := &p.Windows[j]
-			if w.Limit <= 0 || w.Limit > MaxValue || w.Burst < 0 || w.Burst > MaxValue || w.Name == "" {
+			if w.Limit <= 0 || w.Limit > MaxValue || w.Burst < 0 || w.Burst > MaxValue || !plainName(w.Name) {
 				return fmt.Errorf("%w: window %q: limit %d, burst %d", ErrInvalidOp, w.Name, w.Limit, w.Burst)
 			}
 			if p.Kind == KindShare {
@@ -366,4 +366,21 @@ func (s *Scratch) take() *opBuf {
 	}
 	s.used = true
 	return &s.b
+}
+
+// plainName reports whether a window's name is 1 to 64 printable ASCII
+// bytes without a quote or a backslash: it goes into the script's JSON shape as it is
+// (lua/decide.lua) and names hash fields, so a name that escapes would
+// shift the values the script reads. The engine's own names (a length's
+// digits, hour, day, week, month, period(n)) all are.
+func plainName(n string) bool {
+	if n == "" || len(n) > 64 {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		if c := n[i]; c <= ' ' || c > '~' || c == '"' || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
