@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/defaults"
 	"net/textproto"
 	"slices"
 	"strconv"
@@ -35,11 +36,11 @@ func init() {
 
 // Defaults.
 const (
-	DefaultName        = "default"
+	DefaultName        = defaults.Name
 	DefaultKey         = "{http.vars.client_ip}"
 	DefaultTimeout     = redisconf.DefaultTimeout
 	DefaultDialTimeout = redisconf.DefaultDialTimeout
-	DefaultWarnAt      = 0.85
+	DefaultWarnAt      = defaults.WarnAt
 )
 
 // Handler rate limits requests: it builds a key from placeholders, asks the
@@ -331,13 +332,13 @@ func (h *Handler) setDefaults() {
 		h.Key = DefaultKey
 	}
 	if h.Fail == "" {
-		h.Fail = "open"
+		h.Fail = defaults.Fail
 	}
 	if h.Clock == "" {
-		h.Clock = "redis"
+		h.Clock = defaults.Clock
 	}
 	if h.Headers == "" {
-		h.Headers = "both"
+		h.Headers = defaults.Headers
 	}
 	if h.OnLimit == "" {
 		h.OnLimit = "respond"
@@ -415,8 +416,8 @@ func (h *Handler) release() error {
 
 // The values of the enumerated subdirectives.
 var (
-	failModes   = []string{"open", "closed", "local"}
-	clocks      = []string{"redis", "app"}
+	failModes   = defaults.FailModes
+	clocks      = defaults.Clocks
 	headerModes = reply.HeaderModes
 	onLimits    = []string{"respond", "error"}
 )

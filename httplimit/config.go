@@ -3,6 +3,7 @@ package httplimit
 import (
 	"errors"
 	"fmt"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/defaults"
 	"net/http"
 	"slices"
 	"strings"
@@ -137,7 +138,7 @@ type RedisConfig = redisconf.Config
 type RedisTLS = redisconf.TLS
 
 // DefaultWarnAt is WarnAt's default.
-const DefaultWarnAt = 0.85
+const DefaultWarnAt = defaults.WarnAt
 
 // configErr is a configuration error naming its field.
 func configErr(field, format string, args ...any) error {
@@ -147,22 +148,22 @@ func configErr(field, format string, args ...any) error {
 // defaults fills in the defaults of the fields left unset.
 func (c *Config) defaults() {
 	if c.Name == "" {
-		c.Name = "default"
+		c.Name = defaults.Name
 	}
 	if c.Fail == "" {
-		c.Fail = "open"
+		c.Fail = defaults.Fail
 	}
 	if c.Clock == "" {
-		c.Clock = "redis"
+		c.Clock = defaults.Clock
 	}
 	if c.Headers == "" {
-		c.Headers = "both"
+		c.Headers = defaults.Headers
 	}
 	if c.WarnAt == 0 {
-		c.WarnAt = DefaultWarnAt
+		c.WarnAt = defaults.WarnAt
 	}
 	if c.Cost == 0 {
-		c.Cost = 1
+		c.Cost = defaults.Cost
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -176,7 +177,7 @@ func (c *Config) policy() (limiter.Policy, []int64, []int64, error) {
 	for _, e := range []struct {
 		field, v string
 		allowed  []string
-	}{{"Fail", c.Fail, []string{"open", "closed", "local"}}, {"Clock", c.Clock, []string{"redis", "app"}}, {"Headers", c.Headers, reply.HeaderModes}} {
+	}{{"Fail", c.Fail, defaults.FailModes}, {"Clock", c.Clock, defaults.Clocks}, {"Headers", c.Headers, reply.HeaderModes}} {
 		if !slices.Contains(e.allowed, e.v) {
 			return p, nil, nil, configErr(e.field, "must be %s, got '%s'", strings.Join(e.allowed, ", "), e.v)
 		}

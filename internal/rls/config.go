@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/defaults"
 	"io"
 	"slices"
 	"strings"
@@ -604,8 +605,8 @@ func (f *File) check() error {
 	for _, e := range []struct {
 		field, v string
 		allowed  []string
-	}{{"fail", f.Fail, []string{"open", "closed", "local"}}, {"clock", f.Clock, []string{"redis", "app"}},
-		{"headers", f.Headers, []string{"ietf", "legacy", "both", "off"}}} {
+	}{{"fail", f.Fail, defaults.FailModes}, {"clock", f.Clock, defaults.Clocks},
+		{"headers", f.Headers, reply.HeaderModes}} {
 		if e.v != "" && !slices.Contains(e.allowed, e.v) {
 			return errAt(e.field, "must be %s, got '%s'", strings.Join(e.allowed, ", "), e.v)
 		}

@@ -48,7 +48,7 @@ func TestBadConfigNamesTheField(t *testing.T) {
 		{d + "  - key: a\n    shadow_mode: true", "descriptors[0].shadow_mode: shadow_mode applies to a rate_limit"},
 		{"fail: shut\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "fail: must be open, closed, local"},
 		{"fail: closed\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "fail: fail closed applies to a Redis store"},
-		{"headers: all\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "headers: must be ietf, legacy, both, off"},
+		{"headers: all\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "headers: must be both, ietf, legacy, off"},
 		{"redis: {url: 'http://x:1'}\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "redis.url: bad URL"},
 		{"redis: {addresses: [nohost]}\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "redis.address: bad address 'nohost'"},
 		{"redis: {addresses: ['127.0.0.1:1'], timeout: fast}\n" + d + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}", "redis.timeout: want a duration"},

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/defaults"
 	"math"
 	"net/http"
 	"slices"
@@ -87,7 +88,7 @@ func (m *Metrics) sources() []limitmetrics.Source {
 
 // DefaultWarnAt is the share of a limit at which an admitted request
 // counts in near_limit_total.
-const DefaultWarnAt = 0.85
+const DefaultWarnAt = defaults.WarnAt
 
 // Service answers ShouldRateLimit for one configuration. Close releases
 // its stores.
@@ -139,7 +140,7 @@ func New(f *File, opts Options) (*Service, error) {
 		opts.Now = time.Now
 	}
 	s := &Service{file: f, headers: cmpOr(f.Headers, "ietf"), store: "memory", overrides: map[overrideKey]*rule{}}
-	fail, _ := limiter.ParseFailMode(cmpOr(f.Fail, "open"))
+	fail, _ := limiter.ParseFailMode(cmpOr(f.Fail, defaults.Fail))
 	s.base = limiter.Policy{Fail: fail, AppClock: f.Clock == "app", Now: opts.Now}
 	var rc, lc *redisconf.Config
 	var err error
