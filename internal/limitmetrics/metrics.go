@@ -74,44 +74,30 @@ type Set struct {
 // may be ""); sources lists the live limiters at scrape time.
 func NewSet(ns string, sources func() []Source) *Set {
 	s := &Set{}
-	s.Requests = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "requests_total",
-		Help: "Requests seen by a limiter, by result: allowed, denied, cached_denial, dry_run_denial, fail_open, fail_closed, local_allowed, local_denied, too_large.",
-	}, []string{"limiter", "result"})
-	s.StoreErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "store_errors_total",
-		Help: "Store calls that failed, by kind: timeout, circuit_open, connection, auth, script, other.",
-	}, []string{"limiter", "kind"})
+	s.Requests = counterVec(ns, "requests_total", []string{"limiter", "result"},
+		"Requests seen by a limiter, by result: allowed, denied, cached_denial, dry_run_denial, fail_open, fail_closed, local_allowed, local_denied, too_large.")
+	s.StoreErrs = counterVec(ns, "store_errors_total", []string{"limiter", "kind"},
+		"Store calls that failed, by kind: timeout, circuit_open, connection, auth, script, other.")
 	s.CheckTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "store_check_duration_seconds",
 		Help:    "Time of one decision in the store stack (one Redis round trip, a cached denial, or the in-process store).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5},
 	}, []string{"limiter", "store"})
-	s.NearLimit = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "near_limit_total",
-		Help: "Admitted requests that took a key's usage of a window to or above warn_at of its limit.",
-	}, []string{"limiter"})
-	s.WindowDeny = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "window_denials_total",
-		Help: "Denials by the window that had no room (a request denied by two windows counts in both).",
-	}, []string{"limiter", "window"})
-	s.Bans = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "bans_total",
-		Help: "Keys put in the penalty box.",
-	}, []string{"limiter"})
-	s.Queued = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "queued_total",
-		Help: "Requests that waited for their turn instead of a 429, by how it ended: allowed or denied.",
-	}, []string{"limiter", "result"})
+	s.NearLimit = counterVec(ns, "near_limit_total", []string{"limiter"},
+		"Admitted requests that took a key's usage of a window to or above warn_at of its limit.")
+	s.WindowDeny = counterVec(ns, "window_denials_total", []string{"limiter", "window"},
+		"Denials by the window that had no room (a request denied by two windows counts in both).")
+	s.Bans = counterVec(ns, "bans_total", []string{"limiter"},
+		"Keys put in the penalty box.")
+	s.Queued = counterVec(ns, "queued_total", []string{"limiter", "result"},
+		"Requests that waited for their turn instead of a 429, by how it ended: allowed or denied.")
 	s.QueueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "queue_wait_seconds",
 		Help:    "Time requests waited for their turn.",
 		Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 	}, []string{"limiter"})
-	s.EmptyKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "empty_keys_total",
-		Help: "Requests whose key resolved to nothing (every placeholder empty or unknown): they share one budget of the limiter.",
-	}, []string{"limiter"})
+	s.EmptyKeys = counterVec(ns, "empty_keys_total", []string{"limiter"},
+		"Requests whose key resolved to nothing (every placeholder empty or unknown): they share one budget of the limiter.")
 	s.initGlobal(ns)
 	s.scrape = newCollector(ns, sources)
 	s.collectors = []prometheus.Collector{s.Requests, s.StoreErrs, s.CheckTime,
@@ -121,47 +107,34 @@ func NewSet(ns string, sources func() []Source) *Set {
 	return s
 }
 
+// counterVec is a counter of this package's subsystem, by labels.
+func counterVec(ns, name string, labels []string, help string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+}
+
 // initGlobal builds the collectors of the global ceiling across data
 // centres (global_redis), labelled with the limiter and this node's data
 // centre.
 func (s *Set) initGlobal(ns string) {
 	dc := []string{"limiter", "datacenter"}
-	s.Grants = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_grants_total",
-		Help: "Grants of a share of an identity's global ceiling the ledger (global_redis) gave this node's data centre.",
-	}, dc)
-	s.GrantedUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_granted_units_total",
-		Help: "Units the ledger granted this node's data centre, over every grant.",
-	}, dc)
-	s.AdmittedGlobal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_admitted_units_total",
-		Help: "Units this node admitted under the global ceiling, from its data centre's share (fail open's passes are in global_fail_open_total): summed by datacenter, what each data centre admitted; in all, what every one did.",
-	}, dc)
-	s.Returns = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_returns_total",
-		Help: "Grants this node gave back to the ledger once they ended (spent or expired).",
-	}, dc)
-	s.ReturnedUnits = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_returned_units_total",
-		Help: "Units the grants given back had used, as reported to the ledger.",
-	}, dc)
-	s.Renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_renewals_total",
-		Help: "Renewals of a share started ahead of need, in the background.",
-	}, dc)
-	s.Starved = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_starved_total",
-		Help: "Requests refused here by the data centre's share while the ledger had room for them.",
-	}, dc)
-	s.FailOpenGlobal = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "global_fail_open_total",
-		Help: "Requests passed by fail open because the ledger could not renew the share they needed.",
-	}, dc)
-	s.LedgerErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Namespace: ns, Subsystem: sub, Name: "ledger_errors_total",
-		Help: "Ledger (global_redis) calls that failed, by kind: timeout, connection, auth, script, other, not_durable (a grant its replicas did not acknowledge).",
-	}, append(dc, "kind"))
+	s.Grants = counterVec(ns, "global_grants_total", dc,
+		"Grants of a share of an identity's global ceiling the ledger (global_redis) gave this node's data centre.")
+	s.GrantedUnits = counterVec(ns, "global_granted_units_total", dc,
+		"Units the ledger granted this node's data centre, over every grant.")
+	s.AdmittedGlobal = counterVec(ns, "global_admitted_units_total", dc,
+		"Units this node admitted under the global ceiling, from its data centre's share (fail open's passes are in global_fail_open_total): summed by datacenter, what each data centre admitted; in all, what every one did.")
+	s.Returns = counterVec(ns, "global_returns_total", dc,
+		"Grants this node gave back to the ledger once they ended (spent or expired).")
+	s.ReturnedUnits = counterVec(ns, "global_returned_units_total", dc,
+		"Units the grants given back had used, as reported to the ledger.")
+	s.Renewals = counterVec(ns, "global_renewals_total", dc,
+		"Renewals of a share started ahead of need, in the background.")
+	s.Starved = counterVec(ns, "global_starved_total", dc,
+		"Requests refused here by the data centre's share while the ledger had room for them.")
+	s.FailOpenGlobal = counterVec(ns, "global_fail_open_total", dc,
+		"Requests passed by fail open because the ledger could not renew the share they needed.")
+	s.LedgerErrs = counterVec(ns, "ledger_errors_total", append(dc, "kind"),
+		"Ledger (global_redis) calls that failed, by kind: timeout, connection, auth, script, other, not_durable (a grant its replicas did not acknowledge).")
 	s.LedgerTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: ns, Subsystem: sub, Name: "ledger_round_trip_seconds",
 		Help:    "Round trip of one ledger (global_redis) call: a grant, a renewal or a membership beat, failed ones included.",
