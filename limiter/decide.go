@@ -8,6 +8,7 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1154,6 +1155,22 @@ func (l *Limiter) Reset(ctx context.Context, identity, region string) (notified 
 			drop = append(drop, keys[i])
 		}
 	}
+	// A reset forgets the budget whichever algorithm kept it: while a
+	// reload that changes the algorithm rolls across the nodes, a reset
+	// through a node still on the old one must clear the new one's state
+	// too, and a later switch back must not bring back what was reset.
+	var others []KeySpec
+	for _, k := range []Kind{KindLog, KindCounter, KindFixed, KindToken, KindCalendar} {
+		for _, global := range []bool{false, true} {
+			if spec := (KeySpec{Segment: k.String(), Global: global}); !slices.Contains(l.specs, spec) &&
+				(!global || len(l.p.GlobalWindows) > 0) {
+				others = append(others, spec)
+			}
+		}
+	}
+	ok := make([]string, len(others))
+	l.keys.Keys(ok, others, identity, l.p.Regions, region)
+	drop = append(drop, ok...)
 	if l.p.Ban != nil {
 		// A reset lifts the key's ban whichever limiter it goes through:
 		// an enforcing one's and a dry run's alike (a canary's DELETE

@@ -14,6 +14,7 @@ package limiter_test
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -146,6 +147,11 @@ func (g *oLedger) AdmittedWithin(identity string, from, to int64) int64 {
 // oStore is the shared store as the documents describe it: what Redis (or
 // the in-process store) holds. A node's fail local store is another one.
 type oStore struct {
+	// buckets: the admitted entries by state key (segKey): a bucket's
+	// duration windows are one key of the algorithm's state, its calendar
+	// periods another, so a reload that changes the algorithm starts the
+	// duration windows again and keeps the periods (docs/reference.md,
+	// "Keys name no window or limit").
 	buckets map[string][]oEntry
 	ledger  *oLedger
 	bans    map[string]*oBan
@@ -486,10 +492,10 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 		return d
 	}
 	for i, w := range rule.wins {
-		d.wins = append(d.wins, rule.evalWindow(w, false, limits[i], s.buckets[bucket], now, cost))
+		d.wins = append(d.wins, rule.evalWindow(w, false, limits[i], s.buckets[segKey(rule, w, bucket)], now, cost))
 	}
 	for i, w := range rule.gwins {
-		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], s.ledger.Log(q.id), now, cost))
+		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], s.ledger.Log(segKey(rule, w, q.id)), now, cost))
 	}
 	fits := true
 	for i := range d.wins {
@@ -581,11 +587,39 @@ func (d *oDecision) retryOf() int64 {
 	return t
 }
 
-// record adds units to the bucket's log and the ledger.
+// segment is the store's state key segment of window w under rule: the
+// algorithm's state, or the calendar periods'.
+func (r *oRule) segment(w limiter.Window) string {
+	if w.Period != limiter.PeriodNone {
+		return "calendar"
+	}
+	return r.alg.String()
+}
+
+// segKey is the state key of window w of a bucket (or, global, of the
+// identity's ceiling).
+func segKey(rule *oRule, w limiter.Window, bucket string) string {
+	return rule.segment(w) + "\x01" + bucket
+}
+
+// segKeys is every state key a rule writes for bucket.
+func segKeys(rule *oRule, wins []limiter.Window, bucket string) []string {
+	var out []string
+	for _, w := range wins {
+		if k := segKey(rule, w, bucket); !slices.Contains(out, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// record adds units to the bucket's logs and the ledger's.
 func (s *oStore) record(rule *oRule, q *oReq, bucket string, n, cost int64) {
-	s.buckets[bucket] = append(s.buckets[bucket], oEntry{n, cost})
-	if len(rule.gwins) > 0 {
-		s.ledger.Admit(q.id, n, cost)
+	for _, k := range segKeys(rule, rule.wins, bucket) {
+		s.buckets[k] = append(s.buckets[k], oEntry{n, cost})
+	}
+	for _, k := range segKeys(rule, rule.gwins, q.id) {
+		s.ledger.Admit(k, n, cost)
 	}
 }
 
@@ -594,11 +628,11 @@ func (s *oStore) record(rule *oRule, q *oReq, bucket string, n, cost int64) {
 func (s *oStore) reevaluate(rule *oRule, q *oReq, d *oDecision, limits, glimits []int64, now time.Time) {
 	bucket := q.bucket(rule)
 	for i, w := range rule.wins {
-		a := rule.evalWindow(w, false, limits[i], s.buckets[bucket], now, 0)
+		a := rule.evalWindow(w, false, limits[i], s.buckets[segKey(rule, w, bucket)], now, 0)
 		d.wins[i].count, d.wins[i].reset = a.count, a.reset
 	}
 	for i, w := range rule.gwins {
-		a := rule.evalWindow(w, true, glimits[i], s.ledger.Log(q.id), now, 0)
+		a := rule.evalWindow(w, true, glimits[i], s.ledger.Log(segKey(rule, w, q.id)), now, 0)
 		j := len(rule.wins) + i
 		d.wins[j].count, d.wins[j].reset = a.count, a.reset
 	}
@@ -617,13 +651,21 @@ func (s *oStore) Release(bucket string, reqNo int) { delete(s.leases[bucket], re
 // the admin DELETE. Leases and overrides stay.
 func (s *oStore) Reset(rule *oRule, q *oReq) {
 	b := q.bucket(rule)
-	delete(s.buckets, b)
+	for _, seg := range oSegments {
+		delete(s.buckets, seg+"\x01"+b)
+	}
 	delete(s.bans, b)
 	delete(s.drybans, b)
 	if len(rule.gwins) > 0 {
-		delete(s.ledger.logs, q.id)
+		for _, seg := range oSegments {
+			delete(s.ledger.logs, seg+"\x01"+q.id)
+		}
 	}
 }
+
+// oSegments are every state segment a bucket may have: an admin reset
+// forgets them all, whichever algorithm wrote them.
+var oSegments = []string{"sliding_log", "sliding_counter", "fixed_window", "token_bucket", "calendar"}
 
 // SetOverride sets the override of scope ("" or "r:<region>").
 func (s *oStore) SetOverride(id, scope string, o oOverride) {

@@ -65,6 +65,7 @@ type simStep struct {
 	QFault string // req: a fault (kill, stall) that starts while the request waits in the queue
 	Deaf   int    // ovset, ovdel: node Deaf-1 misses the notice, then reads the overrides' index
 	Format int    // reload (redis): the node's store writes this state format from now on (1, 2), on a new client
+	Alg    string // reload: the algorithm from now on ("": unchanged); its duration windows start again
 }
 
 // simCase is a whole history: the stack, the start, the config, the steps.
@@ -756,6 +757,15 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	if s.Format != 0 {
 		cfg.Format = s.Format
 	}
+	if s.Alg != "" {
+		// Another algorithm is another state key: the duration windows
+		// start again (or from what that algorithm left), the calendar
+		// periods, bans, leases and overrides stay.
+		cfg.Alg = s.Alg
+		if cfg.Alg != "token_bucket" {
+			cfg.Burst = 0
+		}
+	}
 	old := n.l
 	nn, err := r.env.node(r, ni, cfg, s.Client || s.Format != 0)
 	if err != nil {
@@ -778,6 +788,9 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	}
 	if s.Format != 0 {
 		r.event("reload_format")
+	}
+	if s.Alg != "" && s.Alg != n.cfg.Alg {
+		r.event("reload_algorithm")
 	}
 	return nil
 }
@@ -1007,6 +1020,12 @@ func (s simStep) String() string {
 	}
 	if s.Deaf != 0 {
 		fmt.Fprintf(&b, ", Deaf: %d", s.Deaf)
+	}
+	if s.Format != 0 {
+		fmt.Fprintf(&b, ", Format: %d", s.Format)
+	}
+	if s.Alg != "" {
+		fmt.Fprintf(&b, ", Alg: %q", s.Alg)
 	}
 	b.WriteString("}")
 	return b.String()

@@ -143,6 +143,14 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 			for range c.Cfg.Limits {
 				s.Limits = append(s.Limits, int64(2+rng.IntN(6)))
 			}
+			if c.Cfg.Alg != "token_bucket" && len(steps)%3 == 1 {
+				// Another algorithm (drawn from the step's place, as the
+				// format below): among the three whose state a limit
+				// change does not rescale; a token bucket's units in use
+				// under another limit are rescaled in doubles, which the
+				// oracle does not model (as for its overrides).
+				s.Alg = simReloadAlgs[len(steps)/3%len(simReloadAlgs)]
+			}
 			if c.Stack == "redis" && s.Client {
 				// The node's new client writes the state format 1 or 2
 				// (drawn from the step's place, not the generator, so
@@ -162,6 +170,9 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 	}
 	return steps
 }
+
+// simReloadAlgs are the algorithms a reload may switch between.
+var simReloadAlgs = []string{"sliding_log", "sliding_counter", "fixed_window"}
 
 func hasOp(steps []simStep, op string) bool {
 	for _, s := range steps {
@@ -637,7 +648,7 @@ func TestSimMemory(t *testing.T) {
 	seen := simulate(t, e, "memory")
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "ban_lift", "ban_started", "override_set", "override_delete",
-			"reload", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel", "node_death",
+			"reload", "reload_algorithm", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel", "node_death",
 			"outcome:allowed", "outcome:limited", "outcome:banned", "outcome:concurrency", "outcome:too_large"})
 	}
 }
@@ -651,7 +662,7 @@ func TestSimRedis(t *testing.T) {
 	seen := simulate(t, e, "redis")
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client", "reload_format",
-			"release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
+			"reload_algorithm", "release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
 			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable", "fault:queued", "notice_missed",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
 	}
@@ -660,6 +671,14 @@ func TestSimRedis(t *testing.T) {
 // simReplays are histories the simulation found, shrunk: each failed
 // before the fix its name gives.
 var simReplays = []simCase{
+	{Name: "a reset through a node still on the old algorithm forgets the new one's budget (TestResetForgetsEveryAlgorithmsBudget)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"10s"}, Limits: []int64{5}, GWindows: []string{"10s"}, GLimits: []int64{8}, BanAfter: 4, BanWithin: "3s", BanFor: "10s"},
+		Steps: []simStep{
+			{Op: "reload", Node: 2, Limits: []int64{5}, Client: true, Alg: "fixed_window"},
+			{Op: "req", Node: 2, Key: "c", Region: "eu", Cost: 1},
+			{Op: "reset", Node: 1, Key: "c", Region: "eu"},
+			{Op: "req", Node: 2, Key: "c", Region: "eu", Cost: 1},
+		}},
 	{Name: "a 413 under an override knows no window's usage (oracle-sim)", Stack: "memory", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
 		Cfg: simCfg{Alg: "fixed_window", Windows: []string{"5s", "week"}, Limits: []int64{5, 7}, GWindows: []string{"5s"}, GLimits: []int64{8}, Zone: "America/New_York", BanAfter: 2, BanWithin: "3s", BanFor: "10s"},
 		Steps: []simStep{

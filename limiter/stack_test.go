@@ -463,3 +463,57 @@ func TestBatchesDecideAsSingleCalls(t *testing.T) {
 		t.Errorf("%d script calls for %d checks: the batched store did not batch", calls, 2*waves*width)
 	}
 }
+
+// TestResetForgetsEveryAlgorithmsBudget: while a reload that changes the
+// algorithm rolls across the nodes, node A still runs sliding_log and node B
+// fixed_window (its budget in a key of its own). An operator resets the
+// client through node A: node B's budget is forgotten too, and so is A's own
+// when B's algorithm is rolled back, on the in-process store and on Redis.
+func TestResetForgetsEveryAlgorithmsBudget(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	stores := map[string]limiter.Store{"in-process": limiter.NewMemoryStore(), "redis": limiter.NewRedisStore(c)}
+	ctx := context.Background()
+	for name, st := range stores {
+		t.Run(name, func(t *testing.T) {
+			clock := &testClock{t: t0}
+			node := func(alg limiter.Algorithm) *limiter.Limiter {
+				p := limiter.Policy{Name: "roll", Algorithm: alg, Windows: []limiter.Window{{Duration: time.Minute}},
+					GlobalWindows: []limiter.Window{{Duration: time.Minute}}, Regions: true, AppClock: true, Now: clock.Now,
+					Timeout: 2 * time.Second}
+				l, err := limiter.New(p, limiter.Backend{Store: st, Base: st, Remote: name == "redis"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(l.Close)
+				return l
+			}
+			a, b := node(limiter.SlidingLog), node(limiter.FixedWindow)
+			in := &limiter.Input{Identity: "K", Region: "us", Limits: []int64{3}, GlobalLimits: []int64{5}}
+			spend := func(l *limiter.Limiter) {
+				for i := 0; i < 3; i++ {
+					if d, err := l.Decide(ctx, in); err != nil || !d.Pass {
+						t.Fatalf("request %d: %+v %v, want it admitted", i+1, d, err)
+					}
+				}
+			}
+			spend(a)
+			spend(b)
+			if _, err := a.Reset(ctx, "K", "us"); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := b.Decide(ctx, in); err != nil || !d.Pass || d.Windows[0].Remaining != 2 {
+				t.Fatalf("fixed_window after a reset through the sliding_log node: %+v %v, want admitted with 2 left", d, err)
+			}
+			spend(a)
+			if _, err := b.Reset(ctx, "K", "us"); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := a.Decide(ctx, in); err != nil || !d.Pass || d.Windows[0].Remaining != 2 {
+				t.Fatalf("sliding_log after a reset through the fixed_window node: %+v %v, want admitted with 2 left", d, err)
+			}
+		})
+	}
+}
