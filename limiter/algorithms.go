@@ -90,10 +90,26 @@ func (s *ctrWin) est(t float64) float64 {
 	return s.sfx[i+1] + part
 }
 
-// until is ctr_buntil: the smallest whole d >= 0 with est(base + d) <=
-// target (target >= 0).
+// estB is ctr_bestb: est times the bucket's length, in whole numbers (exact
+// in doubles below 2^53), which the searches compare in.
+func (s *ctrWin) estB(t float64) float64 {
+	m0 := math.Floor((t - s.w) / s.bw)
+	if m0 > s.k {
+		return 0
+	}
+	i := int(m0 - (s.k - ctrSlots + 1))
+	c := s.c[int(math.Mod(m0, ctrSlots))]
+	part := c * ((m0+1)*s.bw - (t - s.w))
+	if f := (c - s.b) * s.bw; f > part {
+		part = f
+	}
+	return s.sfx[i+1]*s.bw + part
+}
+
+// until is ctr_buntil: the smallest whole d >= 0 with estB(base + d) <=
+// target (target >= 0, times the bucket's length).
 func (s *ctrWin) until(target, base float64) float64 {
-	if s.est(base) <= target {
+	if s.estB(base) <= target {
 		return 0
 	}
 	m := math.Floor((base - s.w) / s.bw)
@@ -103,13 +119,13 @@ func (s *ctrWin) until(target, base float64) float64 {
 		if start < base {
 			start = base
 		}
-		if s.est(tend) <= target {
+		if s.estB(tend) <= target {
 			t := start
 			if m <= s.k {
 				c := s.c[int(math.Mod(m, ctrSlots))]
-				sf := s.sfx[int(m-(s.k-ctrSlots+1))+1]
+				sf := s.sfx[int(m-(s.k-ctrSlots+1))+1] * s.bw
 				if c > 0 {
-					t = float64((m+1)*s.bw) + s.w - math.Floor(float64((target-sf)*s.bw)/c)
+					t = float64((m+1)*s.bw) + s.w - math.Floor((target-sf)/c)
 				}
 				if t < start {
 					t = start
@@ -117,10 +133,10 @@ func (s *ctrWin) until(target, base float64) float64 {
 				if t > tend {
 					t = tend
 				}
-				for n := 0; n < 4 && t < tend && s.est(t) > target; n++ {
+				for n := 0; n < 4 && t < tend && s.estB(t) > target; n++ {
 					t = t + 1
 				}
-				for n := 0; n < 4 && t > start && s.est(t-1) <= target; n++ {
+				for n := 0; n < 4 && t > start && s.estB(t-1) <= target; n++ {
 					t = t - 1
 				}
 			}
@@ -214,8 +230,8 @@ func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 		retry := 0.0
 		if cost > limit {
 			retry = w
-		} else if est > limit-cost {
-			retry = s.until(limit-cost, base) + (base - now)
+		} else if s.estB(base) > (limit-cost)*bw {
+			retry = s.until((limit-cost)*bw, base) + (base - now)
 		}
 		if retry > 0 {
 			fits = false
@@ -262,10 +278,10 @@ func ctrReset(wins []Win, evs []winEval, now float64) {
 		bw, b := ctrBucket(w, float64(wins[j].Limit))
 		s := ctrWin{w: w, bw: bw, b: b, k: ev.s1, c: &ev.ring}
 		s.sums()
-		est := s.est(ev.s2)
+		estB := s.estB(ev.s2)
 		reset := 0.0
-		if est > 0 {
-			target := est - 1
+		if estB > 0 {
+			target := estB - bw
 			if target < 0 {
 				target = 0
 			}

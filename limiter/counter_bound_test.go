@@ -89,3 +89,41 @@ func TestCounterBoundAtBucketEdges(t *testing.T) {
 		}
 	}
 }
+
+// TestCounterResetToTheMicrosecond: the reset of a sliding counter is the
+// first µs at which its estimate has dropped by one. A minute's window
+// (buckets of 6 s), one request early in a bucket and one a minute and 3 s
+// later: the estimate drops by one exactly 60 s after the second, when the
+// window has come to start at it. The search compared the estimate with
+// the estimate less one in doubles, rounded, and stopped a µs late
+// (60.000001 s): a RateLimit reset of 61 where 60 is right. On the
+// in-process store and on redis-server (the simulation's memory seed 1,
+// shrunk).
+func TestCounterResetToTheMicrosecond(t *testing.T) {
+	t.Parallel()
+	client := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	start := time.Date(2026, 3, 8, 6, 59, 50, 0, time.UTC).UnixMicro()
+	wins := []limiter.Win{{Name: limiter.WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}
+	for _, st := range []struct {
+		name  string
+		store limiter.Store
+	}{{"memory", limiter.NewMemoryStore()}, {"redis-server", limiter.NewRedisStore(client)}} {
+		var last limiter.Reply
+		for _, at := range []int64{start + 124_827, start + 124_827 + 59_999_999 + 2_924_313} {
+			r, err := st.store.Do(ctx, &limiter.Op{Now: at, Cost: 1, Mode: limiter.ModeCheck,
+				Parts: []limiter.Part{{Key: "reset:{" + st.name + "}", Kind: limiter.KindCounter, Windows: wins}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Status != limiter.StatusAllowed {
+				t.Fatalf("%s: request at %d refused: %+v", st.name, at, r)
+			}
+			last = r
+		}
+		if got := last.Usage[0].Reset; got != time.Minute.Microseconds() {
+			t.Errorf("%s: reset %d µs after the second request, want exactly %d (a minute: the window then starts at it)",
+				st.name, got, time.Minute.Microseconds())
+		}
+	}
+}

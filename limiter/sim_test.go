@@ -332,7 +332,7 @@ func (r *simRun) request(ni int, s *simStep) error {
 	if got.BanStarted {
 		r.event("ban_started")
 	}
-	if err := compareDecision(&got, &want, n.cfg.Alg); err != nil {
+	if err := compareDecision(&got, &want); err != nil {
 		return err
 	}
 	if got.Queued != queued {
@@ -888,11 +888,8 @@ func (r *simRun) leaseInvariant() error {
 // compareDecision holds the stack's decision to the oracle's.
 // Retry-After and the reset are compared to the µs, as the stores give them
 // (the headers round them up to whole seconds, so a µs across a second
-// changes what the client sees). The sliding counter's reset is still
-// allowed one µs late: its search of the first µs the estimate drops by one
-// stops a µs past the oracle's in both stores (a reset of 60.000001 s where
-// 60 s is right, a header reset one second late; see the closing note).
-func compareDecision(got *limiter.Decision, want *oDecision, alg string) error {
+// changes what the client sees).
+func compareDecision(got *limiter.Decision, want *oDecision) error {
 	bad := func(what string, g, w any) error {
 		return fmt.Errorf("%s: got %v, the oracle says %v\n  stack:  %s\n  oracle: %s", what, g, w, describe(got), want)
 	}
@@ -937,8 +934,7 @@ func compareDecision(got *limiter.Decision, want *oDecision, alg string) error {
 			return bad(where+" denied", g.Denied, w.denied)
 		case g.Denied && g.Retry != time.Duration(w.retry)*time.Microsecond:
 			return bad(where+" retry", g.Retry, time.Duration(w.retry)*time.Microsecond)
-		case g.Known && g.Reset != time.Duration(w.reset)*time.Microsecond &&
-			!(alg == "sliding_counter" && g.Reset == time.Duration(w.reset+1)*time.Microsecond):
+		case g.Known && g.Reset != time.Duration(w.reset)*time.Microsecond:
 			return bad(where+" reset", g.Reset, time.Duration(w.reset)*time.Microsecond)
 		case g.Known && !g.Denied && got.Outcome != limiter.OutcomeBanned && g.Remaining != w.remaining:
 			return bad(where+" remaining", g.Remaining, w.remaining)

@@ -117,12 +117,32 @@ local function ctr_best(j, t)
   return (ctot[j] - cpre[j][m0 - k + CTR_R]) + part
 end
 
--- ctr_buntil is the smallest whole d >= 0 with ctr_best(j, base + d) <=
--- target (target >= 0), est being ctr_best(j, base): segment by segment
--- (m0 constant in each; at its last µs, x = 1), the closed form nudged by
--- a few µs to absorb floating-point rounding.
-local function ctr_buntil(j, target, base, est)
-  if est <= target then
+-- ctr_bestb is ctr_best times the bucket's length, in whole numbers (exact
+-- in doubles below 2^53): the searches below compare in it, so that a
+-- target one unit below an estimate is exact (est - 1, in doubles, was
+-- rounded, and the reset came a µs late: 60.000001 s where 60 s is right,
+-- a header's reset a second late).
+local function ctr_bestb(j, t)
+  local w, bw, k = wlen[j], cbw[j], s1[j]
+  local m0 = math.floor((t - w) / bw)
+  if m0 > k then
+    return 0
+  end
+  local c = cring[j][m0 % CTR_R]
+  local part = c * ((m0 + 1) * bw - (t - w))
+  local floor = (c - cb[j]) * bw
+  if floor > part then
+    part = floor
+  end
+  return (ctot[j] - cpre[j][m0 - k + CTR_R]) * bw + part
+end
+
+-- ctr_buntil is the smallest whole d >= 0 with ctr_bestb(j, base + d) <=
+-- target (target >= 0, times the bucket's length), estb being
+-- ctr_bestb(j, base): segment by segment (m0 constant in each; at its last
+-- µs, x = 1), the closed form nudged by a few µs.
+local function ctr_buntil(j, target, base, estb)
+  if estb <= target then
     return 0
   end
   local w, bw, k, b = wlen[j], cbw[j], s1[j], cb[j]
@@ -130,10 +150,10 @@ local function ctr_buntil(j, target, base, est)
   local m = math.floor((base - w) / bw)
   while m <= k do
     local c = ring[m % CTR_R]
-    local sf = tot - pre[m - k + CTR_R]
-    local part = c / bw
-    if c - b > part then
-      part = c - b
+    local sf = (tot - pre[m - k + CTR_R]) * bw
+    local part = c
+    if (c - b) * bw > part then
+      part = (c - b) * bw
     end
     if sf + part <= target then
       local tend = (m + 1) * bw + w - 1
@@ -143,7 +163,7 @@ local function ctr_buntil(j, target, base, est)
       end
       local t = start
       if c > 0 then
-        t = (m + 1) * bw + w - math.floor((target - sf) * bw / c)
+        t = (m + 1) * bw + w - math.floor((target - sf) / c)
       end
       if t < start then
         t = start
@@ -152,12 +172,12 @@ local function ctr_buntil(j, target, base, est)
         t = tend
       end
       local n = 0
-      while n < 4 and t < tend and ctr_best(j, t) > target do
+      while n < 4 and t < tend and ctr_bestb(j, t) > target do
         t = t + 1
         n = n + 1
       end
       n = 0
-      while n < 4 and t > start and ctr_best(j, t - 1) <= target do
+      while n < 4 and t > start and ctr_bestb(j, t - 1) <= target do
         t = t - 1
         n = n + 1
       end
@@ -510,8 +530,11 @@ local function ctr_check2(v, f, j0, j1, now, cost)
     local retry = 0
     if cost > limit then
       retry = w
-    elseif est > limit - cost then
-      retry = ctr_buntil(j, limit - cost, base, est) + (base - now)
+    else
+      local estb = ctr_bestb(j, base)
+      if estb > (limit - cost) * bw then
+        retry = ctr_buntil(j, (limit - cost) * bw, base, estb) + (base - now)
+      end
     end
     if retry > 0 then
       fits = false
@@ -623,14 +646,14 @@ local function ctr_reset(j0, j1, now)
   end
   for j = j0, j1 do
     local base = s2[j]
-    local est = ctr_best(j, base)
+    local estb = ctr_bestb(j, base)
     local reset = 0
-    if est > 0 then
-      local target = est - 1
+    if estb > 0 then
+      local target = estb - cbw[j]
       if target < 0 then
         target = 0
       end
-      reset = ctr_buntil(j, target, base, est) + (base - now)
+      reset = ctr_buntil(j, target, base, estb) + (base - now)
     end
     rst[j] = reset
   end
