@@ -173,9 +173,11 @@ func measure(ctx context.Context, c *client, s *service, st setting, keys int, d
 	return r, nil
 }
 
-// runSetting warms every service up at st, then runs rounds: one run of
-// each service a round, in the order of services in even rounds and the
-// reverse in odd ones, so no service is always first or last.
+// runSetting warms every service up at st, then runs rounds of pairs:
+// each pair one run of ours and one of envoyproxy/ratelimit's, back to
+// back, ours first in one round and second in the next (and the pairs of a
+// round alternating too), so a pair's two runs see the same machine and no
+// service is always first.
 func runSetting(ctx context.Context, o options, svcs []*service, st setting, rc *redis.Client) (*settingResult, error) {
 	logf("=== %s", st)
 	clients := make([]*client, len(svcs))
@@ -190,32 +192,55 @@ func runSetting(ctx context.Context, o options, svcs []*service, st setting, rc 
 			drive(ctx, c, s, st.InFlight, o.keys, o.warmup)
 		}
 	}
-	sr := &settingResult{Setting: st}
+	sr := &settingResult{Setting: st, Pairs: pairsOf(svcs)}
 	for round := range o.rounds {
-		order := make([]int, len(svcs))
-		for i := range order {
-			order[i] = i
-		}
-		if round%2 == 1 {
-			slices.Reverse(order)
-		}
-		rr := make([]runResult, len(svcs))
-		for _, i := range order {
-			r, err := measure(ctx, clients[i], svcs[i], st, o.keys, o.run, rc)
-			if err != nil {
-				return nil, err
-			}
-			rr[i] = r
-		}
+		rr := make([]pairRun, len(sr.Pairs))
 		line := fmt.Sprintf("[%s] round %d/%d:", st, round+1, o.rounds)
-		for i, s := range svcs {
-			line += fmt.Sprintf("  %s %.0f/s p99 %s", s.Name, rr[i].perSec(), fmtMs(rr[i].P99))
-			if rr[i].Errors > 0 {
-				line += fmt.Sprintf(" (%d errors: %s)", rr[i].Errors, rr[i].LastErr)
+		for k, pr := range sr.Pairs {
+			first, second := pr.A, pr.B
+			dst := [2]*runResult{&rr[k].A, &rr[k].B}
+			if (round+k)%2 == 1 {
+				first, second = second, first
+				dst[0], dst[1] = dst[1], dst[0]
 			}
+			for n, i := range []int{first, second} {
+				r, err := measure(ctx, clients[i], svcs[i], st, o.keys, o.run, rc)
+				if err != nil {
+					return nil, err
+				}
+				*dst[n] = r
+				if r.Errors > 0 {
+					logf("[%s] %s: %d errors (last: %s)", st, svcs[i].Name, r.Errors, r.LastErr)
+				}
+			}
+			line += fmt.Sprintf("  %s/%s %.0f/%.0f", svcs[pr.A].Name, svcs[pr.B].Name, rr[k].A.perSec(), rr[k].B.perSec())
 		}
 		logf("%s", line)
 		sr.Rounds = append(sr.Rounds, rr)
 	}
 	return sr, nil
+}
+
+// pairsOf pairs each of ours with each envoyproxy/ratelimit; with none of
+// the latter, ours with each other.
+func pairsOf(svcs []*service) []pairSpec {
+	var out []pairSpec
+	for i, a := range svcs {
+		for j, b := range svcs {
+			if !a.Envoy && b.Envoy {
+				out = append(out, pairSpec{i, j})
+			}
+		}
+	}
+	if len(out) == 0 {
+		for i := range svcs {
+			for j := i + 1; j < len(svcs); j++ {
+				out = append(out, pairSpec{i, j})
+			}
+		}
+	}
+	if len(out) == 0 && len(svcs) == 1 {
+		out = append(out, pairSpec{0, 0})
+	}
+	return out
 }

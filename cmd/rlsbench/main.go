@@ -84,8 +84,8 @@ func run() int {
 	var o options
 	var settings string
 	flag.StringVar(&o.envoy, "envoy", os.Getenv("ENVOY_RLS"), envoyHelp)
-	flag.IntVar(&o.rounds, "rounds", 7, "rounds per setting (one run of each service a round, the order reversed every other round)")
-	flag.DurationVar(&o.run, "run", time.Second, "measured load of each run")
+	flag.IntVar(&o.rounds, "rounds", 9, "rounds per setting (each a pair of runs, back to back, of each of ours with each envoyproxy/ratelimit)")
+	flag.DurationVar(&o.run, "run", 500*time.Millisecond, "measured load of each run")
 	flag.DurationVar(&o.warmup, "warmup", 500*time.Millisecond, "unmeasured load on each service before a setting's rounds")
 	flag.IntVar(&o.keys, "keys", 10000, "distinct descriptor values, drawn at random per check")
 	flag.IntVar(&o.limit, "limit", 1000, "requests_per_unit (a minute) of the descriptor")
@@ -173,8 +173,15 @@ type report struct {
 
 type settingResult struct {
 	Setting setting
-	Rounds  [][]runResult // per round, per service (index of Services)
+	Pairs   []pairSpec
+	Rounds  [][]pairRun // per round, per pair
 }
+
+// pairSpec is a pair of services (indexes of Services): A ours, B theirs.
+type pairSpec struct{ A, B int }
+
+// pairRun is one round's runs of a pair, back to back.
+type pairRun struct{ A, B runResult }
 
 // randKey draws one of n keys.
 func randKey(r *rand.Rand, n int) string { return "k" + strconv.Itoa(r.IntN(n)) }

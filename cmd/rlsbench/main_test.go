@@ -17,7 +17,8 @@ func TestEnvoyAbsentIsSaid(t *testing.T) {
 	}
 	rep := &report{Rounds: 1, Run: time.Second, Envoy: envoyAbsent,
 		Services: []*service{{Name: "ours fixed_window", Desc: "cmd/rls"}},
-		Settings: []settingResult{{Setting: setting{1, 8}, Rounds: [][]runResult{{{Checks: 1000, Elapsed: time.Second}}}}}}
+		Settings: []settingResult{{Setting: setting{1, 8}, Pairs: []pairSpec{{0, 0}},
+			Rounds: [][]pairRun{{{A: runResult{Checks: 1000, Elapsed: time.Second}}}}}}}
 	var b strings.Builder
 	printReport(&b, rep)
 	out := b.String()
@@ -57,18 +58,22 @@ func TestEnvoySourceRefusesWhatItCannotRun(t *testing.T) {
 	}
 }
 
-// The ratio of a round is of that round's two runs; the table gives the
-// median of the rounds with their range.
-func TestRatiosAreRoundByRound(t *testing.T) {
+// A ratio is of a pair's two runs, back to back; the table gives the
+// median of the pairs with their range (not the ratio of the medians,
+// which mixes runs minutes apart), and every run of a service in its row.
+func TestRatiosArePairByPair(t *testing.T) {
 	run := func(n uint64) runResult { return runResult{Checks: n, Elapsed: time.Second} }
-	sr := settingResult{Rounds: [][]runResult{
-		{run(200), run(100)}, // 2.0
-		{run(100), run(100)}, // 1.0 (a slow round for both)
-		{run(300), run(200)}, // 1.5
+	sr := settingResult{Pairs: []pairSpec{{0, 2}, {1, 2}}, Rounds: [][]pairRun{
+		{{run(200), run(100)}, {run(50), run(100)}}, // 2.0
+		{{run(100), run(100)}, {run(50), run(100)}}, // 1.0 (a slow round for both)
+		{{run(300), run(200)}, {run(50), run(200)}}, // 1.5
 	}}
-	got := spreadOf(ratios(sr, 0, 1, runResult.perSec)).format("%.2f")
+	got := spreadOf(ratios(sr, 0, 2, runResult.perSec)).format("%.2f")
 	if want := "1.50 (1.00–2.00)"; got != want {
 		t.Errorf("ratio = %s, want %s", got, want)
+	}
+	if got := len(column(sr, 2, runResult.perSec)); got != 6 {
+		t.Errorf("service 2 has %d runs in its row, want 6 (two pairs a round)", got)
 	}
 }
 

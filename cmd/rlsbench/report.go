@@ -31,25 +31,43 @@ func (s spread) format(f string) string {
 	return fmt.Sprintf(f+" ("+f+"–"+f+")", s.Med, s.Min, s.Max)
 }
 
-// column is one value of every round of service i.
+// column is every run of service i, in every pair and round.
 func column(sr settingResult, i int, f func(runResult) float64) []float64 {
 	var out []float64
 	for _, rr := range sr.Rounds {
-		out = append(out, f(rr[i]))
+		for k, pr := range sr.Pairs {
+			if pr.A == i {
+				out = append(out, f(rr[k].A))
+			}
+			if pr.B == i && pr.B != pr.A {
+				out = append(out, f(rr[k].B))
+			}
+		}
 	}
 	return out
 }
 
-// ratios is a/b of service i to service j, round by round (the same
-// round: the machine's drift cancels).
+// ratios is f(A)/f(B) of the pair (i, j), round by round: a pair's two
+// runs are back to back, so the machine's drift cancels.
 func ratios(sr settingResult, i, j int, f func(runResult) float64) []float64 {
 	var out []float64
 	for _, rr := range sr.Rounds {
-		if b := f(rr[j]); b > 0 {
-			out = append(out, f(rr[i])/b)
+		for k, pr := range sr.Pairs {
+			if pr.A == i && pr.B == j {
+				if b := f(rr[k].B); b > 0 {
+					out = append(out, f(rr[k].A)/b)
+				}
+			}
 		}
 	}
 	return out
+}
+
+func sum(v []float64) (s float64) {
+	for _, x := range v {
+		s += x
+	}
+	return s
 }
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
@@ -65,8 +83,9 @@ func printReport(w io.Writer, rep *report) {
 	p("Services: %s; %s; %s.", rep.Ours, rep.Envoy, rep.Redis)
 	p("Config: one descriptor `key`, every value counted apart, %d a minute (fixed window; ours also sliding_log);"+
 		" each check one descriptor of %d values at random, hits_addend 1, closed loop over gRPC on loopback.", rep.Limit, rep.Keys)
-	p("Each setting: %d rounds, each a %v run of every service, the order reversed every other round;"+
-		" a value is the median of the rounds (min–max), a ratio the median of the rounds' ratios (same round).", rep.Rounds, rep.Run)
+	p("Each setting: %d rounds, each a pair of %v runs back to back of each of ours with each envoyproxy/ratelimit,"+
+		" ours first in every other pair; a value is the median of the runs (min–max), a ratio the median of the pairs' ratios.",
+		rep.Rounds, rep.Run)
 	p("CPU per check: the service's (/proc/PID/stat, all its threads) and redis-server's (INFO cpu), over the run.")
 	envoy := -1
 	for i, s := range rep.Services {
@@ -81,15 +100,14 @@ func printReport(w io.Writer, rep *report) {
 		p("| service | checks/s | p50 | p99 | service CPU/check | Redis CPU/check | OVER_LIMIT | errors |")
 		p("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 		for i, s := range rep.Services {
-			var checks, over, errs uint64
-			for _, rr := range sr.Rounds {
-				checks, over, errs = checks+rr[i].Checks, over+rr[i].Over, errs+rr[i].Errors
-			}
+			checks := sum(column(sr, i, func(r runResult) float64 { return float64(r.Checks) }))
+			over := sum(column(sr, i, func(r runResult) float64 { return float64(r.Over) }))
+			errs := sum(column(sr, i, func(r runResult) float64 { return float64(r.Errors) }))
 			overShare := 0.0
 			if checks > 0 {
-				overShare = 100 * float64(over) / float64(checks)
+				overShare = 100 * over / checks
 			}
-			p("| %s | %s | %s ms | %s ms | %s µs | %s µs | %.1f %% | %d |", s.Name,
+			p("| %s | %s | %s ms | %s ms | %s µs | %s µs | %.1f %% | %.0f |", s.Name,
 				spreadOf(column(sr, i, runResult.perSec)).format("%.0f"),
 				spreadOf(column(sr, i, func(r runResult) float64 { return ms(r.P50) })).format("%.2f"),
 				spreadOf(column(sr, i, func(r runResult) float64 { return ms(r.P99) })).format("%.2f"),
@@ -103,20 +121,13 @@ func printReport(w io.Writer, rep *report) {
 			continue
 		}
 		p("")
-		p("| ours | to | checks/s ratio | p99 ratio (lower: ours faster) |")
-		p("| --- | --- | ---: | ---: |")
-		for i, s := range rep.Services {
-			if s.Envoy {
-				continue
-			}
-			for j, e := range rep.Services {
-				if !e.Envoy {
-					continue
-				}
-				p("| %s | %s | %s | %s |", s.Name, e.Name,
-					spreadOf(ratios(sr, i, j, runResult.perSec)).format("%.2f"),
-					spreadOf(ratios(sr, i, j, func(r runResult) float64 { return ms(r.P99) })).format("%.2f"))
-			}
+		p("| ours | to | checks/s ratio | p99 ratio (lower: ours faster) | CPU/check ratio, service + Redis (lower: ours cheaper) |")
+		p("| --- | --- | ---: | ---: | ---: |")
+		for _, pr := range sr.Pairs {
+			p("| %s | %s | %s | %s | %s |", rep.Services[pr.A].Name, rep.Services[pr.B].Name,
+				spreadOf(ratios(sr, pr.A, pr.B, runResult.perSec)).format("%.2f"),
+				spreadOf(ratios(sr, pr.A, pr.B, func(r runResult) float64 { return ms(r.P99) })).format("%.2f"),
+				spreadOf(ratios(sr, pr.A, pr.B, func(r runResult) float64 { return us(r.cpuPerCheck(r.ServiceCPU + r.RedisCPU)) })).format("%.2f"))
 		}
 	}
 	p("")
