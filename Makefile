@@ -56,9 +56,15 @@ first-hour:
 # prints req/s, p50, p99 and each site's ratio to Caddy without a limiter),
 # 10,000 keys as in issue #22's layout. PEER_SRC=<a clone of
 # mholt/caddy-ratelimit> measures the peer in the same run; docs/bench.png
-# draws the ratios.
+# draws the ratios. Then cmd/rlsbench: cmd/rls (Envoy's rate limit service)
+# beside envoyproxy/ratelimit on one redis-server of its own, the same
+# fixed-window descriptor config (ours also sliding_log), checks/s, p50 and
+# p99 per check and the ratios, at 1x8 and 4x64 gRPC connections x checks
+# in flight. ENVOY_RLS=<a clone of envoyproxy/ratelimit (built with go build)
+# or its binary> measures it; without it, ours alone, and the run says so.
 bench:
 	$(GO) run ./cmd/bench -keys 10000 -plot docs/bench.png
+	$(GO) run ./cmd/rlsbench -keys 10000
 
 # accuracy: sliding_counter against the exact sliding_log on a 1M-request trace.
 # Its output is the record docs/accuracy.txt, which docs/testing.md quotes.

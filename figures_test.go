@@ -180,6 +180,7 @@ func TestFiguresBench(t *testing.T) {
 			return fmt.Sprintf("%+.2f (%s vs %s)", ours-peer, round(ours, 2), round(peer, 2))
 		},
 		"p99 added by Redis `sliding_log` at half of its max load, pinned": func() string { return r.p99["pinned"] },
+		"Envoy RLS, 12-02: `cmd/rls` ÷ envoyproxy/ratelimit":               func() string { return rlsFigure(t) },
 	}
 	used := map[string]bool{}
 	for _, l := range strings.Split(sec, "\n") {

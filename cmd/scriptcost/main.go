@@ -8,6 +8,7 @@
 //	go run ./cmd/scriptcost                          # sliding_log, FCALL, batches of 16
 //	go run ./cmd/scriptcost -kind 3 -batch 1 -eval   # fixed_window, one check per EVALSHA
 //	go run ./cmd/scriptcost -format 1                # sliding_log written in the previous releases' format
+//	go run ./cmd/scriptcost -kind 20                 # go-redis/redis_rate's GCRA script, by the library (a peer)
 //	valgrind --tool=callgrind --toggle-collect=fcallCommand redis-server --port 46887 &
 //	go run ./cmd/scriptcost -addr 127.0.0.1:46887 -keys 500 -fill 1 -n 10000 -baseline=false
 //
@@ -52,13 +53,20 @@ func main() {
 	per := flag.Int("per", 150, "checks per key per window (about the entries of a log)")
 	n := flag.Int("n", 200000, "checks measured (in 5 rounds)")
 	batch := flag.Int("batch", 16, "checks per call")
-	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket")
+	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket; 20 go-redis/redis_rate's GCRA (its AllowN: EVALSHA, 1 a call)")
 	eval := flag.Bool("eval", false, "EVALSHA of the script (Redis 5, 6) instead of FCALL of the library")
 	fill := flag.Float64("fill", 2, "windows of checks sent before measuring")
 	base := flag.Bool("baseline", true, "measure the baseline script too, in turns with ours")
 	format := flag.Int("format", 2, "the state format sliding_log keys are written in (1: as redis { state_format 1 })")
 	flag.Parse()
 	k := *kind
+	if k == kindRedisRate {
+		if err := runRedisRate(os.Stdout, *addr, *keys, *per, *n, *fill); err != nil {
+			fmt.Fprintln(os.Stderr, "scriptcost:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if k == 1 && *format == 1 {
 		k = 7 // decide.lua's kind of the log written in format 1
 	}

@@ -1,0 +1,59 @@
+package slidingratelimit
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// rlsBenchSection is docs/bench.md's record of cmd/rlsbench (make bench's
+// Envoy part).
+const rlsBenchSection = "\n## Envoy's rate limit service beside envoyproxy/ratelimit"
+
+// rlsRatios reads, from the first run recorded in that section, the ratios
+// of ours to envoyproxy/ratelimit with its defaults, per setting: the
+// median of checks/s and of CPU per check (service + Redis).
+func rlsRatios(t *testing.T) (checks, cpu map[string]string) {
+	t.Helper()
+	_, sec, ok := strings.Cut(readFile(t, "docs/bench.md"), rlsBenchSection)
+	if !ok {
+		t.Fatalf("docs/bench.md has no %q section", strings.TrimSpace(rlsBenchSection))
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	sec, _, _ = strings.Cut(sec, "\n### A second run")
+	checks, cpu = map[string]string{}, map[string]string{}
+	setting := ""
+	for _, l := range strings.Split(sec, "\n") {
+		if s, ok := strings.CutPrefix(l, "#### "); ok {
+			setting = s
+			continue
+		}
+		if !strings.HasPrefix(l, "| ") {
+			continue
+		}
+		if c := mdCells(l); len(c) >= 5 && c[0] == "ours fixed_window" && c[1] == "envoy" && setting != "" {
+			checks[setting], cpu[setting] = strings.Fields(c[2])[0], strings.Fields(c[4])[0]
+		}
+	}
+	return checks, cpu
+}
+
+// rlsFigure is the README's cost row of cmd/rls beside envoyproxy/ratelimit,
+// worked out from the record.
+func rlsFigure(t *testing.T) string {
+	checks, cpu := rlsRatios(t)
+	const many, few = "4 conn x 64 in flight", "1 conn x 8 in flight"
+	for _, s := range []string{many, few} {
+		if checks[s] == "" || cpu[s] == "" {
+			t.Fatalf("docs/bench.md's cmd/rlsbench record has no ratio of ours fixed_window to envoy at %s", s)
+		}
+	}
+	return fmt.Sprintf("%s / %s; %s / %s", checks[many], checks[few], cpu[many], cpu[few])
+}
+
+// The record parses: the README's rule (TestFiguresBench) reads real cells.
+func TestFiguresRLSRecord(t *testing.T) {
+	if got := rlsFigure(t); strings.Count(got, "/") != 2 {
+		t.Errorf("rlsFigure = %q", got)
+	}
+}
