@@ -3,6 +3,7 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -80,8 +81,10 @@ func TestModelIsTheBuiltCounter(t *testing.T) {
 	}
 }
 
-// TestCandidatesKeepTheBound: on the trace, no candidate admits more than
-// limit + B in a window ending at one of its admissions.
+// TestCandidatesKeepTheBound: no candidate admits more than limit + B in
+// a window ending at one of its admissions, on a 100k trace and on bursts
+// timed against its bucket edges (edgeBursts), where the same models
+// without the cap c - B do break it.
 func TestCandidatesKeepTheBound(t *testing.T) {
 	t.Parallel()
 	cfg := defaultConfig()
@@ -89,7 +92,46 @@ func TestCandidatesKeepTheBound(t *testing.T) {
 	tr := buildTrace(cfg)
 	for _, md := range candidates {
 		if r := runModel(cfg, tr, md, false); r.OverB > 0 {
-			t.Errorf("%+v: a window held %d units over limit + B", md, r.OverB)
+			t.Errorf("%+v: a window of the trace held %d units over limit + B", md, r.OverB)
+		}
+		edges, ecfg := edgeBursts(cfg.Window, md.n)
+		r := runModel(ecfg, edges, md, false)
+		if r.OverB > 0 {
+			t.Errorf("%+v: a window of the edge bursts held %d units over limit + B", md, r.OverB)
+		}
+		if r.Excess < 0 {
+			t.Errorf("%+v: the edge bursts never reached the limit (%d short), so they test nothing", md, -r.Excess)
+		}
+		md.nocap = true
+		if r := runModel(ecfg, edges, md, false); r.OverB <= 0 {
+			t.Errorf("%+v: without the cap the edge bursts stay within limit + B (%d over)", md, r.OverB)
 		}
 	}
+}
+
+// edgeBursts is one key's bursts against the edges of n buckets, limit
+// 100: a request as a bucket starts and 99 in its last 99 µs (its first
+// and last arrival as far apart as they go, its units at the end), then, a
+// window later, a burst of 100 at each twentieth of the bucket as the
+// window comes to start in it.
+func edgeBursts(window time.Duration, n int) (trace, config) {
+	cfg := defaultConfig()
+	cfg.Keys = 1
+	tr := trace{limits: []int64{100}, near: []bool{true}}
+	w := window.Microseconds()
+	bw := (w + int64(n) - 1) / int64(n)
+	origin := traceOrigin.UnixMicro()
+	m := (origin+1_000_000)/bw + 1
+	at := func(abs int64) int64 { return abs - origin }
+	tr.events = append(tr.events, event{at: at(m * bw)})
+	for i := int64(99); i > 0; i-- {
+		tr.events = append(tr.events, event{at: at((m+1)*bw - i)})
+	}
+	for j := int64(1); j < 20; j++ {
+		t := m*bw + w + j*bw/20
+		for range 100 {
+			tr.events = append(tr.events, event{at: at(t)})
+		}
+	}
+	return tr, cfg
 }
