@@ -137,6 +137,10 @@ func buildTrace(cfg config) trace {
 	return tr
 }
 
+// traceOrigin is the trace's start: an arbitrary instant, not on a window
+// boundary.
+var traceOrigin = time.Date(2026, 11, 29, 11, 59, 59, 123456000, time.UTC)
+
 // report is the outcome of a run.
 type report struct {
 	Requests, Keys, NearKeys int
@@ -163,7 +167,11 @@ func (r report) Disagreement() float64 {
 func (r report) MAE() float64 { return r.AbsErr / float64(r.Requests) }
 
 // run decides every request of the trace with both algorithms.
-func run(cfg config, tr trace) (report, error) {
+func run(cfg config, tr trace) (report, error) { return runWith(cfg, tr, nil) }
+
+// runWith is run, telling each request's decision by the counter and the
+// count it reported to seen (when not nil).
+func runWith(cfg config, tr trace, seen func(i int, allowed bool, count int64)) (report, error) {
 	start := time.Now()
 	ctx := context.Background()
 	counter := limiter.NewMemoryStore()
@@ -177,8 +185,7 @@ func run(cfg config, tr trace) (report, error) {
 	exact := newRefLogs(cfg.Keys, cfg.Window)
 	shadow := newRefLogs(cfg.Keys, cfg.Window)
 
-	// The trace starts at an arbitrary instant, not on a window boundary.
-	origin := time.Date(2026, 11, 29, 11, 59, 59, 123456000, time.UTC)
+	origin := traceOrigin
 	var now time.Time
 	clock := func() time.Time { return now }
 	lc, err := limiter.New(limiter.Policy{Name: "a", KeyPrefix: "acc:", Algorithm: limiter.SlidingCounter,
@@ -203,7 +210,7 @@ func run(cfg config, tr trace) (report, error) {
 		r.Span = time.Duration(tr.events[len(tr.events)-1].at-tr.events[0].at) * time.Microsecond
 	}
 	var exactSum float64
-	for _, ev := range tr.events {
+	for i, ev := range tr.events {
 		now = origin.Add(time.Duration(ev.at) * time.Microsecond)
 		in := limiter.Input{Identity: ids[ev.key], Limits: []int64{tr.limits[ev.key]}}
 		dc, err := lc.Decide(ctx, &in)
@@ -211,6 +218,9 @@ func run(cfg config, tr trace) (report, error) {
 			return r, err
 		}
 		rcAllowed := dc.Outcome == limiter.OutcomeAllowed
+		if seen != nil {
+			seen(i, rcAllowed, dc.Windows[0].Count)
+		}
 		rlAllowed := exact.admit(int(ev.key), ev.at, tr.limits[ev.key])
 		if rcAllowed {
 			shadow.admit(int(ev.key), ev.at, math.MaxInt64)
@@ -291,11 +301,16 @@ func main() {
 	flag.DurationVar(&cfg.OffMean, "off", cfg.OffMean, "mean off period of a key")
 	flag.Float64Var(&cfg.NearShare, "near", cfg.NearShare, "share of keys whose limit is near their on-period rate")
 	flag.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "random seed")
+	cands := flag.Bool("candidates", false, "measure models of candidate counters instead (models.go)")
 	flag.Parse()
 	if cfg.Requests <= 0 || cfg.Keys <= 0 || cfg.Duration <= 0 || cfg.Window < time.Millisecond ||
 		cfg.OnMean <= 0 || cfg.OffMean <= 0 || cfg.NearShare < 0 || cfg.NearShare > 1 {
 		fmt.Fprintln(os.Stderr, "accuracy: bad flags")
 		os.Exit(2)
+	}
+	if *cands {
+		printCandidates(os.Stdout, cfg, buildTrace(cfg))
+		return
 	}
 	rep, err := run(cfg, buildTrace(cfg))
 	if err != nil {
