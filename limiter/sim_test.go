@@ -66,6 +66,7 @@ type simStep struct {
 	Deaf   int    // ovset, ovdel: node Deaf-1 misses the notice, then reads the overrides' index
 	Format int    // reload (redis): the node's store writes this state format from now on (1, 2), on a new client
 	Alg    string // reload: the algorithm from now on ("": unchanged); its duration windows start again
+	Conc   int64  // reload: max_concurrent from now on (-1: none; 0: unchanged)
 }
 
 // simCase is a whole history: the stack, the start, the config, the steps.
@@ -757,6 +758,16 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	if s.Format != 0 {
 		cfg.Format = s.Format
 	}
+	if s.Conc < 0 {
+		// The places held stay held until their requests end (or their
+		// lease times out), and are given back then.
+		cfg.Conc = 0
+	} else if s.Conc > 0 {
+		cfg.Conc = s.Conc
+		if cfg.Lease == "" {
+			cfg.Lease = "2s"
+		}
+	}
 	if s.Alg != "" {
 		// Another algorithm is another state key: the duration windows
 		// start again (or from what that algorithm left), the calendar
@@ -791,6 +802,9 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	}
 	if s.Alg != "" && s.Alg != n.cfg.Alg {
 		r.event("reload_algorithm")
+	}
+	if s.Conc != 0 && cfg.Conc != n.cfg.Conc {
+		r.event("reload_max_concurrent")
 	}
 	return nil
 }
@@ -1022,6 +1036,9 @@ func (s simStep) String() string {
 	}
 	if s.Alg != "" {
 		fmt.Fprintf(&b, ", Alg: %q", s.Alg)
+	}
+	if s.Conc != 0 {
+		fmt.Fprintf(&b, ", Conc: %d", s.Conc)
 	}
 	b.WriteString("}")
 	return b.String()

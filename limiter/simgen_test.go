@@ -151,6 +151,11 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 				// oracle does not model (as for its overrides).
 				s.Alg = simReloadAlgs[len(steps)/3%len(simReloadAlgs)]
 			}
+			if len(steps)%4 == 2 {
+				// max_concurrent set, changed or taken away (from the
+				// step's place too).
+				s.Conc = []int64{-1, 1, 2}[len(steps)/4%3]
+			}
 			if c.Stack == "redis" && s.Client {
 				// The node's new client writes the state format 1 or 2
 				// (drawn from the step's place, not the generator, so
@@ -648,7 +653,7 @@ func TestSimMemory(t *testing.T) {
 	seen := simulate(t, e, "memory")
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "ban_lift", "ban_started", "override_set", "override_delete",
-			"reload", "reload_algorithm", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel", "node_death",
+			"reload", "reload_algorithm", "reload_max_concurrent", "release", "count_only_record", "panic", "dry_run_denial", "queue_wait", "queue_cancel", "node_death",
 			"outcome:allowed", "outcome:limited", "outcome:banned", "outcome:concurrency", "outcome:too_large"})
 	}
 }
@@ -662,7 +667,7 @@ func TestSimRedis(t *testing.T) {
 	seen := simulate(t, e, "redis")
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client", "reload_format",
-			"reload_algorithm", "release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
+			"reload_algorithm", "reload_max_concurrent", "release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
 			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable", "fault:queued", "notice_missed",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
 	}
