@@ -56,6 +56,7 @@ type simStep struct {
 	Dt     int64   // tick: µs
 	Factor float64 // ovset
 	Limits []int64 // ovset: the windows' limits; reload: new limits
+	GLimit []int64 // ovset of every region: the global ceiling's windows' limits
 	TTL    int64   // ovset: seconds
 	Wins   []string
 	DryRun bool   // reload
@@ -661,6 +662,13 @@ func (r *simRun) overrideSet(n *simNode, s *simStep) error {
 		for i, w := range n.rule.wins {
 			oo.limits[w] = o.Limits[i]
 		}
+		if scope == "" && len(s.GLimit) >= len(n.rule.gwins) && len(n.rule.gwins) > 0 {
+			o.GlobalLimits = s.GLimit[:len(n.rule.gwins)]
+			oo.glimits = map[limiter.Window]int64{}
+			for i, w := range n.rule.gwins {
+				oo.glimits[w] = o.GlobalLimits[i]
+			}
+		}
 	}
 	prev := r.store.ovs[s.Key][scope]
 	deaf := r.deafen(n, s, prev == nil || prev.end != oo.end)
@@ -1009,6 +1017,9 @@ func (s simStep) String() string {
 	}
 	if s.TTL != 0 {
 		fmt.Fprintf(&b, ", TTL: %d", s.TTL)
+	}
+	if s.GLimit != nil {
+		fmt.Fprintf(&b, ", GLimit: %#v", s.GLimit)
 	}
 	if s.Wins != nil {
 		fmt.Fprintf(&b, ", Wins: %#v", s.Wins)

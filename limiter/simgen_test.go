@@ -115,6 +115,13 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 				for range c.Cfg.Limits {
 					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
 				}
+				if s.Region == "" {
+					// The global ceiling's windows too, one by one (their
+					// limits from the step's place, as the reloads' below).
+					for i := range c.Cfg.GLimits {
+						s.GLimit = append(s.GLimit, 1+(s.TTL+int64(i+len(steps)))%9)
+					}
+				}
 			}
 			if c.Cfg.Alg == "token_bucket" {
 				// A token bucket under another limit keeps its units in
@@ -358,6 +365,13 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 			} else {
 				for range c.Cfg.Limits {
 					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
+				}
+				if s.Region == "" {
+					// The global ceiling's windows too, one by one (their
+					// limits from the step's place, as the reloads' below).
+					for i := range c.Cfg.GLimits {
+						s.GLimit = append(s.GLimit, 1+(s.TTL+int64(i+len(c.Steps)))%9)
+					}
 				}
 			}
 		case x < 90 && focus == "format":
