@@ -115,6 +115,13 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 				for range c.Cfg.Limits {
 					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
 				}
+				if s.Region == "" {
+					// The global ceiling's windows too, one by one (their
+					// limits from the step's place, as the reloads' below).
+					for i := range c.Cfg.GLimits {
+						s.GLimit = append(s.GLimit, 1+(s.TTL+int64(i+len(steps)))%9)
+					}
+				}
 			}
 			if c.Cfg.Alg == "token_bucket" {
 				// A token bucket under another limit keeps its units in
@@ -246,7 +253,7 @@ func genCase(seed uint64, stack string, steps int) simCase {
 // history reaches each only now and then; make test runs a few focused ones
 // on Redis after the random ones.
 var simFoci = map[string][]string{
-	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease", "lease-outage", "format"},
+	"redis":  {"queue-fault", "outage-ban", "missed-notice", "ban-lease", "lease-outage", "format", "redis-clock"},
 	"memory": {"queue-ban", "store-clock"},
 }
 
@@ -305,6 +312,10 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		}
 	}
 	keys := []string{"a", "a", "a", "b"}
+	if focus == "redis-clock" {
+		genRedisClock(rng, &c, steps)
+		return c
+	}
 	if focus == "lease-outage" {
 		genLeaseOutage(rng, &c, steps)
 	}
@@ -359,6 +370,13 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 				for range c.Cfg.Limits {
 					s.Limits = append(s.Limits, int64(1+rng.IntN(8)))
 				}
+				if s.Region == "" {
+					// The global ceiling's windows too, one by one (their
+					// limits from the step's place, as the reloads' below).
+					for i := range c.Cfg.GLimits {
+						s.GLimit = append(s.GLimit, 1+(s.TTL+int64(i+len(c.Steps)))%9)
+					}
+				}
 			}
 		case x < 90 && focus == "format":
 			s.Op, s.Client, s.Format = "reload", true, 1+rng.IntN(2)
@@ -372,6 +390,60 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		c.Steps = append(c.Steps, s)
 	}
 	return c
+}
+
+// genRedisClock draws a history on Redis's own clock (clock redis: the
+// limiter sends no time, the script reads TIME): windows of tens of
+// milliseconds, so that the real time a history takes crosses them, any
+// algorithm, regions and a global ceiling, a ban, several windows; requests
+// with costs, resets and reloads of the limits, and ticks that let a few
+// milliseconds pass. The oracle judges each decision at the time the store
+// gives for it (Decision.At), which must lie within the call. What needs
+// the store's time of another call (overrides' ends, a lease's, a
+// count_only record's, the queue's waits, an outage's fail local store) is
+// not drawn here; the other histories hold them on the caller's clock.
+func genRedisClock(rng *rand.Rand, c *simCase, steps int) {
+	c.RedisClock = true
+	wins := []string{"20ms", "50ms", "200ms"}
+	c.Cfg.Windows, c.Cfg.Limits = []string{wins[rng.IntN(len(wins))]}, []int64{int64(2 + rng.IntN(4))}
+	if rng.IntN(2) == 0 {
+		c.Cfg.Windows, c.Cfg.Limits = append(c.Cfg.Windows, "1s"), append(c.Cfg.Limits, c.Cfg.Limits[0]*3)
+	}
+	c.Cfg.Zone = ""
+	if len(c.Cfg.GWindows) > 0 {
+		c.Cfg.GWindows = []string{wins[rng.IntN(len(wins))]}
+	}
+	if c.Cfg.Alg != "token_bucket" || len(c.Cfg.Windows) > 1 {
+		c.Cfg.Burst = 0
+	}
+	if c.Cfg.BanAfter > 0 {
+		c.Cfg.BanWithin, c.Cfg.BanFor = "100ms", []string{"50ms", "300ms"}[rng.IntN(2)]
+	}
+	c.Cfg.Conc, c.Cfg.Lease, c.Cfg.Queue, c.Cfg.CountOnly, c.Cfg.DryRun = 0, "", "", false, false
+	keys := []string{"a", "a", "a", "b"}
+	regions := []string{"us", "eu"}
+	// Longer than the other foci: a history takes real time (about 1 ms
+	// a step).
+	for len(c.Steps) < 4*steps {
+		s := simStep{Node: rng.IntN(c.Nodes)}
+		switch x := rng.IntN(100); {
+		case x < 65:
+			s.Op, s.Key, s.Region, s.Cost = "req", keys[rng.IntN(len(keys))], regions[rng.IntN(2)], 1
+			if rng.IntN(6) == 0 {
+				s.Cost = int64(2 + rng.IntN(3))
+			}
+		case x < 90:
+			s.Op, s.Dt = "tick", int64(500+rng.IntN(5000)) // µs of real time
+		case x < 95:
+			s.Op, s.Key, s.Region = "reset", keys[rng.IntN(len(keys))], regions[rng.IntN(2)]
+		default:
+			s.Op = "reload"
+			for range c.Cfg.Limits {
+				s.Limits = append(s.Limits, int64(2+rng.IntN(5)))
+			}
+		}
+		c.Steps = append(c.Steps, s)
+	}
 }
 
 // genLeaseOutage draws rounds of: a key's requests up to max_concurrent at
@@ -667,7 +739,7 @@ func TestSimRedis(t *testing.T) {
 	seen := simulate(t, e, "redis")
 	if os.Getenv("SIM_SEED") == "" {
 		requireEvents(t, seen, []string{"tick", "reset", "override_set", "override_delete", "reload", "reload_client", "reload_format",
-			"reload_algorithm", "reload_max_concurrent", "release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
+			"reload_algorithm", "reload_max_concurrent", "redis_clock", "release", "count_only_record", "req:deny_cache", "fault:stall", "fault:kill", "fault:restart",
 			"fault:script_flush", "heal:kill", "held_release_delivered", "node_death", "fail:open", "fail:closed", "fail:local", "release_undeliverable", "fault:queued", "notice_missed",
 			"outcome:allowed", "outcome:limited", "outcome:unavailable", "outcome:banned", "ban_started"})
 	}

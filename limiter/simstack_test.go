@@ -152,10 +152,18 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 		}
 		b = limiter.Backend{Store: n.stack.breaker, Base: n.stack.store, Source: limiter.SourceRedis, Remote: true,
 			Notifier: &simNotifier{Notifier: n.stack.store, deaf: n.deaf}, Local: n.stack.local}
+		if r.c.RedisClock {
+			// A cached denial ends on the node's clock, which the
+			// oracle cannot read at the instant the node did.
+			b.DenyCacheSize = -1
+		}
 	}
 	p := cfg.policy(name, r.prefix, r.clock.Now, r.c.Stack == "redis")
 	if r.c.Skew != 0 {
 		p.AppClock, p.Timeout = false, 0
+	}
+	if r.c.RedisClock {
+		p.AppClock, p.Now = false, time.Now
 	}
 	l, err := limiter.New(p, b)
 	if err != nil {
@@ -419,7 +427,7 @@ func (r *simRun) forget(n *simNode, id string) {
 // a retry time is cached (a refusal by the concurrency bound has none), an
 // admission drops the bucket's.
 func (r *simRun) remember(n *simNode, q *oReq, d *oDecision, now time.Time) {
-	if r.c.Stack != "redis" {
+	if r.c.Stack != "redis" || r.c.RedisClock {
 		return
 	}
 	b := q.bucket(&n.rule)
