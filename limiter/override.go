@@ -109,8 +109,9 @@ func (o *overrideTags) add(tag string) {
 }
 
 // replace sets the tags to those of the index read since the given time,
-// keeping the ones learnt after it (a notice the read may predate).
-func (o *overrideTags) replace(tags []string, since int64) {
+// keeping the ones learnt after it (a notice the read may predate). It
+// returns the tags it dropped: known before, gone from the index.
+func (o *overrideTags) replace(tags []string, since int64) (dropped []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	m := make(map[string]int64, len(tags))
@@ -120,10 +121,13 @@ func (o *overrideTags) replace(tags []string, since int64) {
 	for t, at := range o.m {
 		if at > since {
 			m[t] = at
+		} else if _, ok := m[t]; !ok {
+			dropped = append(dropped, t)
 		}
 	}
 	o.m = m
 	o.n.Store(int64(len(m)))
+	return dropped
 }
 
 // watchOverrides reads the index of live overrides at once, every
@@ -161,9 +165,17 @@ func (l *Limiter) readIndex() {
 	for i, e := range list {
 		tags[i] = e.Identity
 	}
-	l.ov.replace(tags, since)
+	dropped := l.ov.replace(tags, since)
 	if cur := l.ovView.Load(); l.cache != nil && cur != nil {
-		if changed := changedTags(prev, cur); len(changed) > 0 {
+		changed := changedTags(prev, cur)
+		// An identity this node learnt of by a notice after its last
+		// read, whose override is gone by this one (deleted, or ended,
+		// and the notice of that missed), is not in either read: its
+		// denials cached under the override are dropped too.
+		for _, t := range dropped {
+			changed[t] = true
+		}
+		if len(changed) > 0 {
 			l.cache.forgetTags(changed)
 		}
 	}

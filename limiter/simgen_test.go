@@ -748,6 +748,15 @@ func TestSimRedis(t *testing.T) {
 // simReplays are histories the simulation found, shrunk: each failed
 // before the fix its name gives.
 var simReplays = []simCase{
+	{Name: "a node that learnt of an override by its notice and missed the notice of its deletion drops the denials cached under it when it reads the index (missed-notice seed 5)", Stack: "redis", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"1s"}, Limits: []int64{1}, BanWithin: "1s", BanFor: "2s", Conc: 2, Lease: "2s", CountOnly: true, Fail: "local"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "done", N: 7, Status: 401},
+			{Op: "ovset", Node: 2, Key: "a", Factor: 0.5, TTL: 18, Deaf: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "ovdel", Node: 2, Key: "a", TTL: 7, Deaf: 2},
+		}},
 	{Name: "a reset through a node still on the old algorithm forgets the new one's budget (TestResetForgetsEveryAlgorithmsBudget)", Stack: "memory", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
 		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"10s"}, Limits: []int64{5}, GWindows: []string{"10s"}, GLimits: []int64{8}, BanAfter: 4, BanWithin: "3s", BanFor: "10s"},
 		Steps: []simStep{
