@@ -291,8 +291,8 @@ func (s *RedisStore) usage(r Reply, n []int64, op *Op, nw int) (Reply, error) {
 	return r, nil
 }
 
-// check is one Op encoded for the script: its KEYS and its ARGV (from
-// nargs on).
+// check is one Op encoded for the script: its KEYS and its ARGV (from its
+// shape on).
 //
 // Encoding boxes nothing: a value goes into args as an int below 256 (Go
 // boxes those without allocating) or as a pointer to its copy in ints or
@@ -321,7 +321,7 @@ type check struct {
 // string, its shape (decide.lua's header), and the ones that change as
 // arguments of their own.
 func (c *check) encode(op *Op, deadline int64, format int) {
-	nk, nargs := len(op.Parts), 5
+	nk, nargs := len(op.Parts), 3
 	for i := range op.Parts {
 		switch op.Parts[i].Kind {
 		case KindShare:
@@ -353,7 +353,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 
 	c.encodeShape(op, format)
 
-	c.args = append(c.args, 0, 0, c.str(c.shape), c.int(op.Now), c.int(deadline))
+	c.args = append(c.args, c.str(c.shape), c.int(op.Now), c.int(deadline))
 	if o := op.Override; o != nil {
 		c.args = append(c.args, c.str(o.Scope))
 	}
@@ -380,7 +380,6 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 	if o := op.Override; o != nil {
 		c.keys = append(c.keys, o.Key)
 	}
-	c.args[0], c.args[1] = c.int(int64(len(c.args))), len(c.keys)
 }
 
 // encodeShape sets c.shape to op's shape, the values a limiter repeats

@@ -15,7 +15,8 @@
 --
 -- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... (or FCALL <function>
 -- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the
--- number of checks, followed by n checks. The checks run in order, each
+-- number of checks, followed by n checks (each check's shape says how many
+-- values and keys it has: V.na and V.nk below). The checks run in order, each
 -- all-or-nothing over its own keys (it reads everything before it writes),
 -- each with its own reply: with n > 1 an error in one check (a key of the
 -- wrong type) is that check's reply, and the others go on. All keys of one
@@ -30,7 +31,7 @@
 --
 -- One check, in ARGV (from its first value) and KEYS (one per part, then the
 -- ban key, then the lease key, then the override key):
---   nargs nkeys shape now deadline, then what changes from request to
+--   shape now deadline, then what changes from request to
 --   request, in this order: scope (when hasov is 1), per share part (kind 6)
 --   lead claim sig, per calendar window b0 b1 b2 b3, the lease's id (when
 --   haslease is 1).
@@ -48,7 +49,8 @@
 -- and cost): it is decoded once per chunk (SHAPE below), so a check hands
 -- Redis five arguments and its changing values, not one per number, and
 -- under EVALSHA, where every call decodes its shapes again, one C call
--- reads them all.
+-- reads them all. (Until 2026-12-02 a check began with its numbers of
+-- values and keys, nargs nkeys: its shape says them.)
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
 --        not recorded); 3 record (count_only after the response: the units
@@ -133,13 +135,19 @@ end
 -- float formatter) where it does not (the Lua of miniredis, which the tests
 -- use). A library's body cannot read the global string when it loads, so
 -- they are found on a call's first use.
+-- The fast paths (FAST below) call Redis, format and parse through the
+-- locals rcall, sfmt and tonum, set on a call's first use with them (no
+-- global lookups a command); ZEROS says whether s + 0 reads "010" as 10
+-- (Redis's Lua; the Lua of miniredis reads it as octal).
 local INT, MEMBER, MEMBER_COST = false, false, false
+local rcall, sfmt, tonum, ZEROS = false, false, false, false
 local function formats()
   if string.format("%d", 1) == "1" then
     INT, MEMBER, MEMBER_COST = "%d", "%016d", "%016d:%d"
   else
     INT, MEMBER, MEMBER_COST = "%.0f", "%016.0f", "%016.0f:%.0f"
   end
+  rcall, sfmt, tonum, ZEROS = redis.call, string.format, tonumber, ("010" + 0) == 10
 end
 local function num(x)
   if x % 1 == 0 and x < 9007199254740992 and x > -9007199254740992 then
@@ -154,9 +162,50 @@ end
 -- SHAPE holds the shapes of checks (see the header) decoded, by their
 -- string. It lives as long as the chunk (one FUNCTION LOAD; one call under
 -- EVALSHA) and starts again past 4096 shapes.
+-- A shape of the common form (mode 0, one part of one window, no ban, no
+-- lease, no override) of a kind that has a fast path (FAST, filled by the
+-- algorithm files: a function of the check's a, k and shape that decides it
+-- as decide would, or returns nil for decide to take it from the start,
+-- having written nothing decide would not write first) keeps that function
+-- as its field fast.
+local FAST = {}
+
+-- fast_now reads a fast path's now and deadline as decide does: it returns
+-- now, or false and the late reply.
+local function fast_now(a)
+  local now = ARGV[a + 1] + 0
+  local deadline = ARGV[a + 2] + 0
+  if deadline ~= 0 then
+    local t = clock()
+    if deadline > 0 and t > deadline then
+      return false, {3, t, t}
+    end
+  end
+  if now == 0 then
+    now = clock()
+  end
+  return now
+end
 local SHAPE, SHAPEN = {}, 0
 local function shape_of(s)
   local v = cjson.decode(s)
+  -- na, nk: the check's values in ARGV (from its shape) and its keys.
+  local na, nk, i = 3 + v[5] + v[6], v[3] + v[4] + v[5] + v[6], 7
+  for _ = 1, v[3] do
+    local kind, n = v[i], v[i + 1]
+    if kind == 6 then
+      na = na + 3
+    end
+    if kind == 5 then
+      na, i = na + 4 * n, i + 3 + 2 * n
+    else
+      i = i + 3 + 4 * n
+    end
+  end
+  v.na, v.nk = na, nk
+  if v[1] == 0 and v[3] == 1 and v[4] == 0 and v[5] == 0 and v[6] == 0 and v[8] == 1 then
+    v.fast = FAST[v[7]] or false
+  end
   if SHAPEN >= 4096 then
     SHAPE, SHAPEN = {}, 0
   end
@@ -376,15 +425,21 @@ local function with_limits(reply, nw)
   return reply
 end
 
-local function decide(a, k)
-  local V = SHAPE[ARGV[a + 2]] or shape_of(ARGV[a + 2])
+local function decide(a, k, V)
+  local fast = V.fast
+  if fast then
+    local r = fast(a, k, V)
+    if r then
+      return r
+    end
+  end
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
-  local now = ARGV[a + 3] + 0
-  local deadline = ARGV[a + 4] + 0
+  local now = ARGV[a + 1] + 0
+  local deadline = ARGV[a + 2] + 0
   local mode, cost, nparts = V[1], V[2], V[3]
   local hasban, haslease, hasov = V[4] == 1, V[5] == 1, V[6] == 1
-  local x = a + 5 -- the next changing value in ARGV
+  local x = a + 3 -- the next changing value in ARGV
   local scope = ""
   if hasov then
     scope, x = ARGV[x], x + 1
@@ -640,16 +695,20 @@ end
 -- check that failed leaves nothing queued for the next one.
 local function run()
   now_redis = false
+  if not INT then
+    formats()
+  end
   hn = 0
   local n = tonumber(ARGV[1])
   local out = {}
   local a, k = 2, 1
   if n == 1 then
-    out[1] = decide(a, k)
+    out[1] = decide(a, k, SHAPE[ARGV[a]] or shape_of(ARGV[a]))
   else
     for c = 1, n do
       hn = 0
-      local ok, r = pcall(decide, a, k)
+      local V = SHAPE[ARGV[a]] or shape_of(ARGV[a])
+      local ok, r = pcall(decide, a, k, V)
       if ok then
         out[c] = r
       elseif type(r) == "table" and r.err then
@@ -657,7 +716,7 @@ local function run()
       else
         out[c] = {err = tostring(r)}
       end
-      a, k = a + ARGV[a], k + ARGV[a + 1]
+      a, k = a + V.na, k + V.nk
     end
   end
   return out

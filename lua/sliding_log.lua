@@ -302,3 +302,87 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt
     cnt[j] = cnt[j] + cost
   end
 end
+
+-- log_fast is the fast path (decide.lua's FAST) of a check of one log of
+-- one window, in format 2, mode 0: log_check and log_record for that case,
+-- in a row, with the reply's short form. A key in format 1, or a window
+-- whose oldest entry is older than it (it cannot be after the prune), goes
+-- to decide, whose prune is this one again.
+local function log_fast(a, k, V)
+  local now, late = fast_now(a)
+  if not now then
+    return late
+  end
+  local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
+  rcall("ZREMRANGEBYSCORE", key, "0", sfmt(INT, now - w))
+  local h = rcall("ZRANGE", key, "0", "1", "WITHSCORES")
+  local m = h[1]
+  if not m or (m == "#2" and not h[3]) then
+    -- No entry: the check's cost alone.
+    if cost > limit then
+      return {0, now, now_redis or 0, 0, w, 0}
+    end
+    if m then
+      rcall("ZADD", key, sfmt(INT, now), log_member(0, cost))
+    else
+      rcall("ZADD", key, "-inf", "#2", sfmt(INT, now), log_member(0, cost))
+    end
+    rcall("PEXPIRE", key, sfmt(INT, log_ttl2(w)))
+    return {1, now, now_redis or 0, cost, 0, w}
+  end
+  if m ~= "#2" then
+    return nil
+  end
+  local ot = h[4] + 0
+  if ot <= now - w then
+    return nil
+  end
+  local e = rcall("ZRANGE", key, "-1", "-1", "WITHSCORES")
+  local nm, om = e[1], h[3]
+  local total, ob
+  if #nm > 16 then
+    total = log_b(nm) + log_cost(nm)
+  elseif ZEROS then
+    total = nm + 1
+  else
+    total = tonum(nm) + 1
+  end
+  if #om == 16 and ZEROS then
+    ob = om + 0
+  else
+    ob = log_b(om)
+  end
+  local newest = e[2] + 0
+  local count = total - ob
+  local retry, full = 0, 0
+  if total - ob >= LOG_MAX_ENTRIES and rcall("ZCARD", key) - 1 >= LOG_MAX_ENTRIES then
+    full = ot + w - now
+  end
+  if count + cost > limit or full > 0 then
+    if count + cost > limit then
+      if cost > limit then
+        retry = w
+      else
+        retry = log_retry(key, 1, ob, total + cost - limit, w, now)
+      end
+    end
+    if full > retry then
+      retry = full
+    end
+    return {0, now, now_redis or 0, count, retry, ot + w - now}
+  end
+  local at = now
+  if newest > at then
+    at = newest
+  end
+  if total + cost >= LOG_MAX_T then
+    total = log_rebase(key, total, 1)
+  end
+  rcall("ZADD", key, sfmt(INT, at), log_member(total, cost))
+  local span = log_span(w)
+  if at - at % span ~= newest - newest % span then
+    rcall("PEXPIRE", key, sfmt(INT, log_ttl2(w)))
+  end
+  return {1, now, now_redis or 0, count + cost, 0, ot + w - now}
+end
+FAST[1] = log_fast

@@ -133,3 +133,67 @@ local function tb_record(j0, j1, now, cost)
   end
   return ttl
 end
+
+-- tb_fast is the fast path (decide.lua's FAST) of a check of one window,
+-- mode 0: tb_check and tb_record for that case, in a row, with the reply's
+-- short form. A state written under another T or B, or a key that holds
+-- other fields while this window has none (a reload), goes to decide. A
+-- state of this T and B keeps its fields i and b: the write is t alone.
+local function tb_fast(a, k, V)
+  local now, late = fast_now(a)
+  if not now then
+    return late
+  end
+  local key, cost, w = KEYS[k], V[2], V[11]
+  local ft, fi, fb = V.ft, V.fi, V.fb
+  local burst, interval = V.tbb, V.tbi
+  if not ft then
+    ft, fi, fb = V[10] .. "t", V[10] .. "i", V[10] .. "b"
+    burst = V[13]
+    if burst <= 0 then
+      burst = V[12]
+    end
+    interval = math.floor(w / V[12] + 0.5)
+    if interval < 1 then
+      interval = 1
+    end
+    V.ft, V.fi, V.fb, V.tbb, V.tbi = ft, fi, fb, burst, interval
+    V.tbbs, V.tbis = num(burst), num(interval) -- as written
+  end
+  local v = rcall("HMGET", key, ft, fi, fb)
+  local tat = v[1]
+  local d = 0
+  if tat then
+    tat = tat + 0
+    if v[2] ~= V.tbis or v[3] ~= V.tbbs then
+      return nil
+    end
+    d = tat - now
+    if d < 0 then
+      d = 0
+    end
+  elseif #rcall("HGETALL", key) > 0 then
+    return nil
+  end
+  local retry = 0
+  if cost > burst then
+    retry = w
+  else
+    local allow_at = d + interval * cost - burst * interval
+    if allow_at > 0 then
+      retry = allow_at
+    end
+  end
+  if retry > 0 then
+    return {0, now, now_redis or 0, tb_in_use(d, burst, interval), retry, d}
+  end
+  d = d + interval * cost
+  if tat then
+    rcall("HSET", key, ft, sfmt(INT, now + d))
+  else
+    rcall("HSET", key, ft, sfmt(INT, now + d), fi, V.tbis, fb, V.tbbs)
+  end
+  rcall("PEXPIRE", key, sfmt(INT, math.ceil(d / 1000) + 1000))
+  return {1, now, now_redis or 0, tb_in_use(d, burst, interval), 0, d}
+end
+FAST[4] = tb_fast

@@ -122,7 +122,7 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 				now += step
 				ks = append(ks, key())
 				// One check as the store encodes it (see decide.lua's header).
-				av = append(av, 5, 1, shape, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991")
+				av = append(av, shape, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991")
 			}
 			args := append(append(append(append([]any{}, call...), len(ks)), ks...), av...)
 			if err := c.Do(ctx, args...).Err(); err != nil {
