@@ -15,6 +15,7 @@ package limiter_test
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -22,7 +23,13 @@ import (
 
 // oEntry is one admitted request (or count_only record): when and how many
 // units.
-type oEntry struct{ t, cost int64 }
+type oEntry struct {
+	t, cost int64
+	// T, B: a token bucket's interval and burst when it was written (a
+	// token window's state is rewritten under another T or B, rescaled:
+	// entries of cost 0 mark each check that did so).
+	T, B int64
+}
 
 // oRule is a limiter's configuration as the oracle reads it.
 type oRule struct {
@@ -127,7 +134,7 @@ func newLedger() *oLedger { return &oLedger{logs: map[string][]oEntry{}} }
 
 // Admit records units admitted for identity at t.
 func (g *oLedger) Admit(identity string, t, cost int64) {
-	g.logs[identity] = append(g.logs[identity], oEntry{t, cost})
+	g.logs[identity] = append(g.logs[identity], oEntry{t: t, cost: cost})
 }
 
 // Log is identity's admitted requests, oldest first.
@@ -315,17 +322,33 @@ func evalCounter(log []oEntry, W, limit, now, cost int64) (fits bool, count, ret
 func tokenInterval(W, limit int64) int64 { return max((2*W+limit)/(2*limit), 1) }
 
 // evalToken: token_bucket as GCRA, replayed over the log: tat starts empty;
-// each admitted request sets tat = t + max(tat-t, 0) + T*cost. With
-// d = max(tat-now, 0), a request fits when d + T*cost <= B*T; count: units
-// in use, B - floor((B*T-d)/T) clamped to [0, B]; retry: d + T*c - B*T;
-// reset: d.
-func evalToken(log []oEntry, W, limit, B, now, cost int64) (fits bool, count, retry, reset int64) {
-	T := tokenInterval(W, limit)
-	var tat int64
-	for _, x := range log {
-		tat = x.t + max(tat-x.t, 0) + T*x.cost
+// each admitted request sets tat = t + max(tat-t, 0) + T*cost. An entry
+// under another T or B than the one before rescales what is due first, as
+// the stores rewrite a state read under other limits (an override):
+// d = min(ceil(d*T/T_before), B*T). With d = max(tat-now, 0) (rescaled to
+// this check's T and B the same way), a request fits when d + T*cost <=
+// B*T; count: units in use, B - floor((B*T-d)/T) clamped to [0, B];
+// retry: d + T*c - B*T; reset: d.
+func evalToken(log []oEntry, T, B, now, cost int64) (fits bool, count, retry, reset int64) {
+	var tat, cT, cB int64
+	rescale := func(d, t, b int64) int64 {
+		if cT != 0 && (t != cT || b != cB) {
+			d = min(ceilDiv(d*t, cT), b*t)
+		}
+		return d
 	}
-	d := max(tat-now, 0)
+	for _, x := range log {
+		xT, xB := x.T, x.B
+		if xT == 0 {
+			xT, xB = T, B
+		}
+		tat = x.t + rescale(max(tat-x.t, 0), xT, xB)
+		cT, cB = xT, xB
+		if x.cost > 0 {
+			tat += xT * x.cost
+		}
+	}
+	d := rescale(max(tat-now, 0), T, B)
 	fits = d+T*cost <= B*T
 	count = min(max(B-floorDiv(B*T-d, T), 0), B)
 	if !fits {
@@ -336,7 +359,8 @@ func evalToken(log []oEntry, W, limit, B, now, cost int64) (fits bool, count, re
 }
 
 // evalWindow works out one window of a request over log.
-func (r *oRule) evalWindow(w limiter.Window, global bool, limit int64, log []oEntry, now time.Time, cost int64) oWin {
+// cfg is the window's configured limit (limit: under an override).
+func (r *oRule) evalWindow(w limiter.Window, global bool, limit, cfg int64, log []oEntry, now time.Time, cost int64) oWin {
 	n := now.UnixMicro()
 	o := oWin{global: global, limit: limit, period: w.Period, known: true}
 	if w.Period != limiter.PeriodNone {
@@ -357,23 +381,46 @@ func (r *oRule) evalWindow(w limiter.Window, global bool, limit int64, log []oEn
 	case limiter.SlidingCounter:
 		o.fits, o.count, o.retry, o.reset = evalCounter(log, W, limit, n, cost)
 	default:
-		B := limit
-		if r.burst > 0 && !global {
-			B = r.burst
-		}
+		B, T := r.capacity(w, limit, cfg, global), tokenInterval(W, limit)
 		o.limit = B
-		o.seconds = ceilDiv(B*tokenInterval(W, limit), 1e6)
-		o.fits, o.count, o.retry, o.reset = evalToken(log, W, limit, B, n, cost)
+		o.seconds = ceilDiv(B*T, 1e6)
+		o.fits, o.count, o.retry, o.reset = evalToken(log, T, B, n, cost)
 	}
 	return o
 }
 
-// capacity is what one request may cost in window w of limit.
-func (r *oRule) capacity(w limiter.Window, limit int64, global bool) int64 {
+// capacity is what one request may cost in window w of limit (cfg: its
+// configured limit): a token bucket's burst, which follows an override's
+// limit in proportion (floor(burst * limit / cfg), at least 1).
+func (r *oRule) capacity(w limiter.Window, limit, cfg int64, global bool) int64 {
 	if r.alg == limiter.TokenBucket && w.Period == limiter.PeriodNone && r.burst > 0 && !global {
+		if limit != cfg {
+			return max(r.burst*limit/cfg, 1)
+		}
 		return r.burst
 	}
 	return limit
+}
+
+// token reports whether window w keeps a token bucket's state.
+func (r *oRule) token(w limiter.Window) bool {
+	return r.alg == limiter.TokenBucket && w.Period == limiter.PeriodNone
+}
+
+// stateKey is the oracle's log of window w of a bucket: its state key's
+// (segKey), or for a token bucket's window its own, since each window's
+// state is rewritten on its own under another T or B.
+func (r *oRule) stateKey(w limiter.Window, bucket string) string {
+	if r.token(w) {
+		return segKey(r, w, bucket) + "\x02" + w.Duration.String()
+	}
+	return segKey(r, w, bucket)
+}
+
+// tokenTB is window w's token interval and burst at limit (cfg: its
+// configured limit).
+func (r *oRule) tokenTB(w limiter.Window, limit, cfg int64, global bool) (int64, int64) {
+	return tokenInterval(w.Duration.Microseconds(), limit), r.capacity(w, limit, cfg, global)
 }
 
 // effective is the request's limits under the identity's live overrides: a
@@ -474,28 +521,39 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 	d.overridden = ov
 	tooLarge := false
 	for i, w := range rule.wins {
-		tooLarge = tooLarge || cost > rule.capacity(w, limits[i], false)
+		tooLarge = tooLarge || cost > rule.capacity(w, limits[i], q.limits[i], false)
 	}
 	for i, w := range rule.gwins {
-		tooLarge = tooLarge || cost > rule.capacity(w, glimits[i], true)
+		tooLarge = tooLarge || cost > rule.capacity(w, glimits[i], q.glimit[i], true)
 	}
 	if tooLarge {
 		// An override lowered a capacity below the cost: 413, nothing
 		// written, no window read.
 		d.outcome = limiter.OutcomeTooLarge
 		for i, w := range rule.wins {
-			d.wins = append(d.wins, oWin{limit: rule.capacity(w, limits[i], false), seconds: rule.evalWindow(w, false, limits[i], nil, now, 0).seconds})
+			d.wins = append(d.wins, oWin{limit: rule.capacity(w, limits[i], q.limits[i], false), seconds: rule.evalWindow(w, false, limits[i], q.limits[i], nil, now, 0).seconds})
 		}
 		for i, w := range rule.gwins {
-			d.wins = append(d.wins, oWin{global: true, limit: glimits[i], seconds: rule.evalWindow(w, true, glimits[i], nil, now, 0).seconds})
+			d.wins = append(d.wins, oWin{global: true, limit: glimits[i], seconds: rule.evalWindow(w, true, glimits[i], q.glimit[i], nil, now, 0).seconds})
 		}
 		return d
 	}
 	for i, w := range rule.wins {
-		d.wins = append(d.wins, rule.evalWindow(w, false, limits[i], s.buckets[segKey(rule, w, bucket)], now, cost))
+		k := rule.stateKey(w, bucket)
+		d.wins = append(d.wins, rule.evalWindow(w, false, limits[i], q.limits[i], s.buckets[k], now, cost))
+		if rule.token(w) {
+			// The store rewrites a state read under another T or B.
+			T, B := rule.tokenTB(w, limits[i], q.limits[i], false)
+			s.buckets[k] = append(s.buckets[k], oEntry{t: n, T: T, B: B})
+		}
 	}
 	for i, w := range rule.gwins {
-		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], s.ledger.Log(segKey(rule, w, q.id)), now, cost))
+		k := rule.stateKey(w, q.id)
+		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], q.glimit[i], s.ledger.Log(k), now, cost))
+		if rule.token(w) {
+			T, B := rule.tokenTB(w, glimits[i], q.glimit[i], true)
+			s.ledger.logs[k] = append(s.ledger.logs[k], oEntry{t: n, T: T, B: B})
+		}
 	}
 	fits := true
 	for i := range d.wins {
@@ -519,7 +577,7 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 	allowed := !d.banned && fits && !leaseDenied
 	if allowed {
 		if !checkOnly {
-			s.record(rule, q, bucket, n, cost)
+			s.record(rule, q, bucket, n, cost, limits, glimits)
 			s.reevaluate(rule, q, &d, limits, glimits, now)
 		}
 		if rule.conc {
@@ -602,25 +660,24 @@ func segKey(rule *oRule, w limiter.Window, bucket string) string {
 	return rule.segment(w) + "\x01" + bucket
 }
 
-// segKeys is every state key a rule writes for bucket.
-func segKeys(rule *oRule, wins []limiter.Window, bucket string) []string {
-	var out []string
-	for _, w := range wins {
-		if k := segKey(rule, w, bucket); !slices.Contains(out, k) {
-			out = append(out, k)
+// record adds units to the bucket's logs and the ledger's, under the
+// request's limits (a token bucket's entries carry its T and B).
+func (s *oStore) record(rule *oRule, q *oReq, bucket string, n, cost int64, limits, glimits []int64) {
+	add := func(logs map[string][]oEntry, wins []limiter.Window, lim, cfg []int64, b string, global bool) {
+		var done []string
+		for i, w := range wins {
+			e, k := oEntry{t: n, cost: cost}, rule.stateKey(w, b)
+			if rule.token(w) {
+				e.T, e.B = rule.tokenTB(w, lim[i], cfg[i], global)
+			} else if slices.Contains(done, k) {
+				continue
+			}
+			done = append(done, k)
+			logs[k] = append(logs[k], e)
 		}
 	}
-	return out
-}
-
-// record adds units to the bucket's logs and the ledger's.
-func (s *oStore) record(rule *oRule, q *oReq, bucket string, n, cost int64) {
-	for _, k := range segKeys(rule, rule.wins, bucket) {
-		s.buckets[k] = append(s.buckets[k], oEntry{n, cost})
-	}
-	for _, k := range segKeys(rule, rule.gwins, q.id) {
-		s.ledger.Admit(k, n, cost)
-	}
+	add(s.buckets, rule.wins, limits, q.limits, bucket, false)
+	add(s.ledger.logs, rule.gwins, glimits, q.glimit, q.id, true)
 }
 
 // reevaluate fills the windows' count and reset after the request was
@@ -628,11 +685,11 @@ func (s *oStore) record(rule *oRule, q *oReq, bucket string, n, cost int64) {
 func (s *oStore) reevaluate(rule *oRule, q *oReq, d *oDecision, limits, glimits []int64, now time.Time) {
 	bucket := q.bucket(rule)
 	for i, w := range rule.wins {
-		a := rule.evalWindow(w, false, limits[i], s.buckets[segKey(rule, w, bucket)], now, 0)
+		a := rule.evalWindow(w, false, limits[i], q.limits[i], s.buckets[rule.stateKey(w, bucket)], now, 0)
 		d.wins[i].count, d.wins[i].reset = a.count, a.reset
 	}
 	for i, w := range rule.gwins {
-		a := rule.evalWindow(w, true, glimits[i], s.ledger.Log(segKey(rule, w, q.id)), now, 0)
+		a := rule.evalWindow(w, true, glimits[i], q.glimit[i], s.ledger.Log(rule.stateKey(w, q.id)), now, 0)
 		j := len(rule.wins) + i
 		d.wins[j].count, d.wins[j].reset = a.count, a.reset
 	}
@@ -641,7 +698,8 @@ func (s *oStore) reevaluate(rule *oRule, q *oReq, d *oDecision, limits, glimits 
 // Record is count_only's record after a response whose status matches: the
 // units go into every window, whatever is left.
 func (s *oStore) Record(rule *oRule, q *oReq, now time.Time) {
-	s.record(rule, q, q.bucket(rule), now.UnixMicro(), max(q.cost, 1))
+	limits, glimits, _, _ := s.effective(q, rule, now.UnixMicro())
+	s.record(rule, q, q.bucket(rule), now.UnixMicro(), max(q.cost, 1), limits, glimits)
 }
 
 // Release gives a request's lease back.
@@ -651,15 +709,21 @@ func (s *oStore) Release(bucket string, reqNo int) { delete(s.leases[bucket], re
 // the admin DELETE. Leases and overrides stay.
 func (s *oStore) Reset(rule *oRule, q *oReq) {
 	b := q.bucket(rule)
-	for _, seg := range oSegments {
-		delete(s.buckets, seg+"\x01"+b)
+	forget := func(logs map[string][]oEntry, b string) {
+		for _, seg := range oSegments {
+			delete(logs, seg+"\x01"+b)
+			for k := range logs {
+				if strings.HasPrefix(k, seg+"\x01"+b+"\x02") {
+					delete(logs, k)
+				}
+			}
+		}
 	}
+	forget(s.buckets, b)
 	delete(s.bans, b)
 	delete(s.drybans, b)
 	if len(rule.gwins) > 0 {
-		for _, seg := range oSegments {
-			delete(s.ledger.logs, seg+"\x01"+q.id)
-		}
+		forget(s.ledger.logs, q.id)
 	}
 }
 
@@ -713,12 +777,12 @@ func (rule *oRule) Finish(d oDecision) oDecision {
 func (rule *oRule) tooLarge(q *oReq) bool {
 	cost := max(q.cost, 1)
 	for i, w := range rule.wins {
-		if cost > rule.capacity(w, q.limits[i], false) {
+		if cost > rule.capacity(w, q.limits[i], q.limits[i], false) {
 			return true
 		}
 	}
 	for i, w := range rule.gwins {
-		if cost > rule.capacity(w, q.glimit[i], true) {
+		if cost > rule.capacity(w, q.glimit[i], q.glimit[i], true) {
 			return true
 		}
 	}

@@ -534,10 +534,10 @@ func (r *simRun) source() limiter.Source {
 func (r *simRun) staticWins(n *simNode, q *oReq) []oWin {
 	var ws []oWin
 	for i, w := range n.rule.wins {
-		ws = append(ws, n.rule.evalWindow(w, false, q.limits[i], nil, r.now(), 0))
+		ws = append(ws, n.rule.evalWindow(w, false, q.limits[i], q.limits[i], nil, r.now(), 0))
 	}
 	for i, w := range n.rule.gwins {
-		ws = append(ws, n.rule.evalWindow(w, true, q.glimit[i], nil, r.now(), 0))
+		ws = append(ws, n.rule.evalWindow(w, true, q.glimit[i], q.glimit[i], nil, r.now(), 0))
 	}
 	for i := range ws {
 		ws[i] = oWin{global: ws[i].global, limit: ws[i].limit, seconds: ws[i].seconds}
