@@ -57,3 +57,33 @@ func TestFiguresRLSRecord(t *testing.T) {
 		t.Errorf("rlsFigure = %q", got)
 	}
 }
+
+// fastPathSection is docs/bench.md's record of the callgrind counts after
+// the fast path (issue 29).
+const fastPathSection = "\n## Redis's side, 2026-12-02 (issue 29): a fast path for the common check"
+
+// instructionsFigure is the README's row of instructions per check, FCALL
+// 16 a call, log / counter / fixed / token: the last column of each kind's
+// row in that section's table.
+func instructionsFigure(t *testing.T) string {
+	t.Helper()
+	_, sec, ok := strings.Cut(readFile(t, "docs/bench.md"), fastPathSection)
+	if !ok {
+		t.Fatalf("docs/bench.md has no %q section", strings.TrimSpace(fastPathSection))
+	}
+	sec, _, _ = strings.Cut(sec, "\n## ")
+	var got []string
+	for _, kind := range []string{"`sliding_log`", "`sliding_counter` (buckets)", "`fixed_window`", "`token_bucket`"} {
+		found := ""
+		for _, l := range strings.Split(sec, "\n") {
+			if c := mdCells(l); len(c) >= 5 && c[0] == kind+", FCALL, 16 a call" {
+				found = strings.Fields(c[4])[0]
+			}
+		}
+		if found == "" {
+			t.Fatalf("docs/bench.md's fast path table has no row %q", kind+", FCALL, 16 a call")
+		}
+		got = append(got, found)
+	}
+	return strings.Join(got, " / ")
+}
