@@ -204,7 +204,7 @@ func metricsFromCode(t *testing.T) []string {
 	}
 	nsSub := []string{"", ns[1], sub[1]}
 	var out []string
-	for _, p := range []string{`Namespace: ns, Subsystem: sub, Name: "([a-z_]+)"`, `BuildFQName\(ns, sub, "([a-z_]+)"\)`} {
+	for _, p := range []string{`Namespace: ns, Subsystem: sub, Name: "([a-z_]+)"`, `BuildFQName\(ns, sub, "([a-z_]+)"\)`, `counterVec\(ns, "([a-z_]+)"`} {
 		for _, m := range regexp.MustCompile(p).FindAllStringSubmatch(src, -1) {
 			out = append(out, nsSub[1]+"_"+nsSub[2]+"_"+m[1])
 		}
