@@ -39,9 +39,12 @@ type GlobalEvent struct {
 	Kind GlobalEventKind
 	// Units granted (EventGrant) or given back unused (EventReturn), and a
 	// grant's Length (usable here until Length after the renewal began);
-	// Took, a ledger call's round trip; Err, its error.
+	// Retry (EventGrant), how long the ledger said it would grant no more
+	// (0: it granted what was asked); Took, a ledger call's round trip;
+	// Err, its error.
 	Units  int64
 	Length time.Duration
+	Retry  time.Duration
 	Took   time.Duration
 	Err    error
 }
@@ -417,7 +420,8 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 		return err
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
-	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond, Took: took, Err: err})
+	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond,
+		Retry: time.Duration(rep.Retry) * time.Microsecond, Took: took, Err: err})
 	if h := g.hook.Load(); h != nil {
 		(*h)("granted")
 	}
@@ -522,12 +526,13 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 	if durable && rep.Units > 0 {
 		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
 	}
-	if dep.Retry > 1000 {
-		// The ledger has room again after Retry; the share has it once a
-		// renewal asked then lands (the share asks a lead before "f"):
-		// until then its short requests are refused at once, saying so.
-		// (1 ms, the least, is a grant capped short of its want: not
-		// full, the share asks again when it runs low.)
+	if rep.Capped {
+		// Capped at the fair rate: the bucket holds a grant's length of
+		// units again after Retry, and the share has them once a renewal
+		// asked then lands: until then its short requests are refused at
+		// once, saying so. (For want of room, Retry is when the first unit
+		// counted leaves the window: the share asks a lead before "f", and
+		// the room is there when the request comes back.)
 		dep.Retry += g.lead()
 	}
 	if rep.Waiting {
