@@ -728,8 +728,9 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 // again); a claim to renew is renewed in the background; a share that ran
 // out while the ledger does not answer follows the fail mode. A request the
 // share alone refused while the ledger had not said it was full (its renewal,
-// asked ahead of need, is late) waits for that renewal until it is due,
-// and follows the fail mode past that: the ledger does not answer in time.
+// asked ahead of need, is late) waits for that renewal until it is due;
+// past that it is refused while the renewal is within the ledger's timeout
+// (a slow ledger), and follows the fail mode after (it does not answer).
 // It returns the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
@@ -753,11 +754,19 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		// of need has not landed (demand outran its lead), or the ledger
 		// stalls. The request waits for that renewal (the one in flight
 		// here, or its own) until it is due, a lead after it began: back
-		// in time, the store is asked again; late, the ledger does not
-		// answer, and the fail mode applies (a stalled ledger is the fail
-		// mode, not a refusal), at once for the next requests while that
-		// renewal is out.
-		if err := l.g.await(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
+		// in time, the store is asked again. Late while the ledger's last
+		// call answered and the renewal has been out less than the
+		// ledger's timeout, the ledger is slow, not down: the share's
+		// refusal stands (a 429, Retry-After the lead). Once the renewal
+		// has been out the timeout (a stalled ledger), or a call failed,
+		// the fail mode applies, at once for the next requests.
+		err := l.g.await(ctx, in, r, l.shareKey(in), op.Cost)
+		if errors.Is(err, errLedgerSlow) {
+			l.g.event(GlobalEvent{Kind: EventStarved})
+			r.Share &^= ShareAsk
+			return op, true, nil
+		}
+		if err != nil {
 			return op, true, err
 		}
 		r.Share |= ShareAsk // the caller asks the store again

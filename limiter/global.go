@@ -74,8 +74,9 @@ const (
 	EventBeat
 	// EventWait: a request whose share the ledger had already answered
 	// for waited on the request path for a renewal (Took; Err when it was
-	// late: the fail mode followed). An identity's first request in a data
-	// centre, which waits for its first grant, is not one.
+	// late: a refusal while the renewal is within the ledger's timeout, the
+	// fail mode after). An identity's first request in a data centre,
+	// which waits for its first grant, is not one.
 	EventWait
 )
 
@@ -119,8 +120,15 @@ type shareCall struct {
 	start time.Time // when it began: it is due a lead after
 }
 
-// errLedgerLate: a renewal the request waited for was not back when due.
-var errLedgerLate = fmt.Errorf("%w (a renewal was not back within two round trips)", ErrLedgerUnreachable)
+// errLedgerLate: a renewal the request waited for was not back within the
+// ledger's timeout (or the ledger's last call failed).
+var errLedgerLate = fmt.Errorf("%w (a renewal was not back within the timeout)", ErrLedgerUnreachable)
+
+// errLedgerSlow: a renewal the request waited for was not back when due (a
+// lead after it began) but is still within the ledger's timeout, and the
+// ledger's last call answered: the ledger is slow, not down. The request
+// is refused (the share's 429, Retry-After the lead), not the fail mode.
+var errLedgerSlow = errors.New("limiter: a renewal of the share is slower than its lead")
 
 type renewal struct {
 	tag, key, sig string
@@ -345,7 +353,9 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 // await waits for the renewal of in's share in flight on this node (or one
 // it starts now, in the background) until it is done or due (a lead after
 // it began: asked ahead of need, it should be back by then). Late, it
-// returns errLedgerLate (the fail mode; the renewal goes on).
+// returns errLedgerLate when the ledger is down (its last call failed) or
+// the renewal has been out the ledger's timeout (the fail mode), and
+// errLedgerSlow otherwise (a refusal); the renewal goes on.
 func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
 	tag := Tag(in.Identity)
 	g.mu.Lock()
@@ -373,14 +383,14 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 	due := time.Until(c.start.Add(time.Duration(g.lead()) * time.Microsecond))
 	var err error
 	if due <= 0 {
-		err = errLedgerLate
+		err = g.late(c)
 	} else {
 		t := time.NewTimer(due)
 		select {
 		case <-c.done:
 			err = c.err
 		case <-t.C:
-			err = errLedgerLate
+			err = g.late(c)
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
@@ -388,6 +398,17 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 	}
 	g.event(GlobalEvent{Kind: EventWait, Took: time.Since(sent), Err: err})
 	return err
+}
+
+// late is what a request gets when the renewal c it waited for is not back
+// when due: the fail mode (errLedgerLate) once the ledger is known down or
+// c has been out the ledger's timeout; before that the ledger is slow, not
+// down (errLedgerSlow: the share's refusal).
+func (g *global) late(c *shareCall) error {
+	if g.down.Load() || time.Since(c.start) >= g.cfg.Timeout {
+		return errLedgerLate
+	}
+	return errLedgerSlow
 }
 
 // renew is one renewal: read the share (recall: ending its live grants

@@ -1,10 +1,12 @@
 package limiter_test
 
-// global_redis: the Retry-After of a ceiling the ledger says is full (a
-// review of limiter/global.go, issue 28).
+// global_redis: what a client sees while the ledger is slow (not down),
+// and the Retry-After of a ceiling the ledger says is full (a review of
+// limiter/global.go, issue 28).
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -54,6 +56,61 @@ func waitNode(t *testing.T, w *mdcWorld, p limiter.Policy, timeout time.Duration
 	}
 	t.Cleanup(l.Close)
 	return l, log
+}
+
+// TestGlobalSlowLedgerIsNotAFault: the ledger slower than the lead a share
+// is renewed ahead by (a round trip of 300 ms where it was 1 ms), but well
+// within its timeout (1 s), is slow, not down: a request whose share ran
+// out before its renewal landed gets a 429 with the lead as its
+// Retry-After (a second in the header), not the fail mode: no 503 under
+// fail closed or fail local, no pass the ceiling does not count under fail
+// open (each happened before the fix).
+func TestGlobalSlowLedgerIsNotAFault(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	for _, fail := range []limiter.FailMode{limiter.FailClosed, limiter.FailLocal, limiter.FailOpen} {
+		t.Run(fmt.Sprint(fail), func(t *testing.T) {
+			o := mdcOptions(fail)
+			o.dcs, o.nodes = 1, 0
+			o.delay = func(int) time.Duration { return 0 }
+			w := newMDCWorld(t, o)
+			p := o.policy
+			p.GlobalWindows = []limiter.Window{{Duration: 10 * time.Second}}
+			n, _ := waitNode(t, w, p, time.Second)
+			in := &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{1 << 30}}
+			ctx := context.Background()
+			pace := func(d time.Duration) (limited, unavailable, open int, worst time.Duration) {
+				for end := time.Now().Add(d); time.Now().Before(end); {
+					dec, err := n.Decide(ctx, in)
+					if err != nil {
+						t.Fatal(err)
+					}
+					switch {
+					case dec.Pass && dec.Source == limiter.SourceFailOpen:
+						open++
+					case dec.Outcome == limiter.OutcomeUnavailable:
+						unavailable++
+					case dec.Outcome == limiter.OutcomeLimited:
+						limited++
+						if dec.RetryAfter <= 0 || dec.RetryAfter > time.Second {
+							t.Errorf("a 429 while the ledger is slow: Retry-After %v; want the lead (a second at most)", dec.RetryAfter)
+						}
+						worst = max(worst, dec.RetryAfter)
+					}
+					time.Sleep(2 * time.Millisecond) // pacing the demand, not crossing a window
+				}
+				return
+			}
+			pace(1500 * time.Millisecond) // the round trip and the renewals' time learnt: about 1 ms
+			w.dcs[0].proxy.SetDelay(150*time.Millisecond, 150*time.Millisecond)
+			limited, unavailable, open, worst := pace(1500 * time.Millisecond)
+			t.Logf("the ledger 300 ms a round trip (timeout 1 s): %d refused (429, Retry-After up to %v), %d 503, %d passed by fail open",
+				limited, worst, unavailable, open)
+			if unavailable > 0 || open > 0 {
+				t.Errorf("the ledger slow, not down: %d requests got 503 and %d were passed by fail open, uncounted; want a 429 with the lead as Retry-After",
+					unavailable, open)
+			}
+		})
+	}
 }
 
 // TestGlobalFullRetryAfterIsWhenRoomFrees: a ceiling the ledger says is
