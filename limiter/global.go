@@ -106,12 +106,13 @@ type global struct {
 
 	mu     sync.Mutex
 	flight map[string]*shareCall
+	closed bool // close began: no renewal starts (mu)
 
 	queue chan renewal
 	stop  chan struct{}
 	wg    sync.WaitGroup
 
-	hook atomic.Pointer[func(stage string)] // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit; set while renewals run
+	hook atomic.Pointer[func(stage string)] // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit, and "deposited"; set while renewals run
 }
 
 type shareCall struct {
@@ -221,9 +222,27 @@ func newGlobal(l *Limiter, cfg Global) (*global, error) {
 	return g, nil
 }
 
+// close stops the global's goroutines, and waits for them and for the
+// renewals requests started (each in g.wg, added under g.mu before closed).
 func (g *global) close() {
+	g.mu.Lock()
+	g.closed = true
 	close(g.stop)
+	g.mu.Unlock()
 	g.wg.Wait()
+}
+
+// stopped reports whether close began: a renewal that finds it so deposits
+// only into a share under its own limits (Deposit.Only), as the limiter
+// that asked for it is gone (a reload), and a new one's grants, under the
+// new limits, may be in the share.
+func (g *global) stopped() bool {
+	select {
+	case <-g.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 func (g *global) event(ev GlobalEvent) {
@@ -360,13 +379,20 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 	tag := Tag(in.Identity)
 	g.mu.Lock()
 	c := g.flight[tag]
+	if c == nil && g.closed {
+		g.mu.Unlock()
+		return errLedgerLate // closed: no renewal outlives the limiter
+	}
 	if c == nil {
 		// None here (the claim is another node's, or its renewal waits
-		// for a worker): this request's own, as the first request's.
+		// for a worker): this request's own, as the first request's, in
+		// g.wg (close waits for it).
 		c = &shareCall{done: make(chan struct{}), start: time.Now()}
 		g.flight[tag] = c
 		sig, wins := shareSig(in), g.windows(in, r)
+		g.wg.Add(1)
 		go func() {
+			defer g.wg.Done()
 			c.err = g.renew(context.Background(), tag, key, sig, wins, max(cost, 1), false)
 			g.mu.Lock()
 			delete(g.flight, tag)
@@ -437,7 +463,7 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 	req.Ticket = g.ticket(tag, key, sig, wins)
 	rep, took, err := g.ask(ctx, req)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
-		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig})
+		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig, Only: g.stopped()})
 		return err
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
@@ -446,8 +472,12 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 	if h := g.hook.Load(); h != nil {
 		(*h)("granted")
 	}
+	dep.Only = g.stopped()
 	if _, derr := g.dc.ShareDeposit(ctx, key, dep); derr != nil {
 		return derr
+	}
+	if h := g.hook.Load(); h != nil {
+		(*h)("deposited")
 	}
 	if err != nil {
 		return err
