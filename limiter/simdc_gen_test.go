@@ -5,6 +5,7 @@ package limiter_test
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -228,7 +229,7 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	w.close()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	res := dcResult{seen: w.seen}
+	res := dcResult{}
 	if over, r := w.overAdmission(); over > 0 {
 		res.err = fmt.Errorf("%d over the ceiling (%d per %dms) in the window ending %v after the start, at dc%d (%s, limit %d)",
 			over, r.limit, c.Win, r.at.Sub(w.start).Round(time.Millisecond), r.dc, r.id, r.limit)
@@ -247,6 +248,9 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	w.recovery(&res)
 	w.roomUsed(&res)
 	w.latency(&res)
+	// A copy: a node closed in the run (killed, replaced) may still be
+	// closing, its beat telling w.seen (under w.mu) what it did.
+	res.seen = maps.Clone(w.seen)
 	return res
 }
 
@@ -365,7 +369,10 @@ func (w *dcWorld) statuses(res *dcResult) {
 			}
 			n[dcStatus(r)]++
 			if os.Getenv("SIM_DEBUG") != "" {
-				w.t.Logf("%v dc%d %s: %s %s err=%v retry %v", r.done.Sub(w.start).Round(time.Millisecond), r.dc, f.Kind, dcStatus(r), r.src, r.err, r.retry)
+				first := refused[dcWaiter{r.dc, r.node, r.id}]
+				w.t.Logf("%v dc%d/n%d %s %s: %s %s err=%v retry %v (%v after the node's first refusal; the table's: %v)",
+					r.done.Sub(w.start).Round(time.Millisecond), r.dc, r.node, r.id, f.Kind, dcStatus(r), r.src, r.err, r.retry,
+					r.done.Sub(first).Round(time.Millisecond), !w.ledgerFault(f, r, first))
 			}
 			if f.Kind == "dcdown" && r.out == limiter.OutcomeLimited && r.done.After(from.Add(dcTimeout)) {
 				n["bad"]++
