@@ -577,13 +577,18 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 	if durable && rep.Units > 0 {
 		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
 	}
-	if rep.Capped {
-		// Capped at the fair rate: the bucket holds a grant's length of
-		// units again after Retry, and the share has them once a renewal
-		// asked then lands: until then its short requests are refused at
-		// once, saying so. (For want of room, Retry is when the first unit
-		// counted leaves the window: the share asks a lead before "f", and
-		// the room is there when the request comes back.)
+	if dep.Retry > 1000 {
+		// The ledger has room again after Retry (the first unit counted
+		// leaves the window, or the fair rate's bucket holds a grant's
+		// length of units again); the share has it once a renewal asked
+		// then lands (the share asks a lead before "f"): until then its
+		// short requests are refused at once, saying so. Without the lead
+		// here for want of room, the share asked before the room was back,
+		// and requests in the moment between the room and the renewal
+		// waited for it on the request path (TestGlobalNoRequestWaitsOnTheLedger:
+		// 2 to 3 of 240, 0 with it). (1 ms, the least, is a grant capped
+		// short of its want: not full, the share asks again when it runs
+		// low.)
 		dep.Retry += g.lead()
 	}
 	if rep.Waiting {

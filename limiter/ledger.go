@@ -90,10 +90,6 @@ type LedgerReply struct {
 	// Retry µs until there may be room when fewer than wanted.
 	Units, Length, Retry int64
 	ID                   string
-	// Capped: fewer than wanted by the data centre's fair rate (it asked
-	// more than that rate): Retry is until its bucket holds a grant's
-	// length of units again, not until room frees.
-	Capped bool
 	// N is the data centres the ledger knows; Replicas the ledger's.
 	N, Replicas int64
 	Epoch       string
@@ -287,14 +283,14 @@ func parseLedger(raw []any) (LedgerReply, error) {
 	switch n(0) {
 	case 3:
 		return LedgerReply{}, ErrLate
-	case 0, 1, 2:
+	case 0, 1:
 	default:
 		return LedgerReply{}, fmt.Errorf("%w: ledger status %d", ErrBadReply, n(0))
 	}
 	if len(raw) < 8 {
 		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", ErrBadReply, len(raw))
 	}
-	r := LedgerReply{Waiting: n(0) == 0, Capped: n(0) == 2, Now: n(1), Units: n(2), Length: n(3), Retry: n(4), N: n(5), Replicas: n(6), Epoch: s(7), ID: s(8)}
+	r := LedgerReply{Waiting: n(0) == 0, Now: n(1), Units: n(2), Length: n(3), Retry: n(4), N: n(5), Replicas: n(6), Epoch: s(7), ID: s(8)}
 	for i := 9; i < len(raw); i++ {
 		r.Counts = append(r.Counts, n(i))
 	}

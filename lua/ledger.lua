@@ -81,11 +81,9 @@
 -- Reply (grant): {status, now, units, len, retry, n, replicas, epoch, id,
 -- then per window the units counted in it after the grant}. status 1 granted
 -- (units may be 0: no room, retry µs until there may be; fewer than want:
--- retry µs until more may be granted, for want of room), 2 granted fewer
--- than want, capped by the fair rate's bucket of a data centre asking more
--- than that rate (retry µs until the bucket holds a grant's length of units
--- again), 0 waiting (a new epoch or a failover: retry until it ends), 3 late
--- (nothing ran).
+-- retry µs until more may be granted, for want of room, or of the fair
+-- rate's bucket of a data centre asking more than that rate), 0 waiting (a
+-- new epoch or a failover: retry until it ends), 3 late (nothing ran).
 -- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
 -- Reply (recalls): {4, now, ticket...}: the identities this data centre is
 -- asked to give back its unspent grants of (each once: they are removed).
@@ -572,7 +570,6 @@ elseif want > 0 then
       -- trip.
       local need = math.max(least, 1, math.floor(fr * len / 1000000))
       retry = math.ceil(math.max(tat, now) + units * 1000000 / fr - tol + need * 1000000 / fr - now)
-      status = 2
     end
     retry = math.max(retry, 1000)
   end
