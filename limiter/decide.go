@@ -419,21 +419,6 @@ func (l *Limiter) shareParts() {
 // shareKey is the key of the share of in's identity.
 func (l *Limiter) shareKey(in *Input) string { return l.keys.Global("share", in.Identity) }
 
-// shareSig is the signature of in's global limits: grants made under other
-// limits (before a reload, another placeholder value) are not used under
-// these.
-func shareSig(in *Input) string {
-	var buf [64]byte
-	b := buf[:0]
-	for i, v := range in.GlobalLimits {
-		if i > 0 {
-			b = append(b, ':')
-		}
-		b = strconv.AppendInt(b, v, 10)
-	}
-	return string(b)
-}
-
 // Close stops listening for notices and reading the overrides' index. It
 // may be called more than once.
 func (l *Limiter) Close() {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -800,32 +801,39 @@ func (g *global) setStanding(st Standing) {
 	}
 }
 
-// Shares returns each data centre's share of identity's ceiling, as the
-// ledger sees it (nil without global_redis).
-func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, error) {
-	if l.g == nil {
-		return nil, nil
-	}
-	req := l.g.request(Tag(identity))
-	return l.g.cfg.Ledger.Show(ctx, req)
-}
-
-// GlobalState is what a node knows of its data centre's standing with the
-// ledger.
-type GlobalState struct {
-	Datacenter  string
-	Static      bool
-	Datacenters int64
-	RoundTrip   time.Duration
-}
-
-// GlobalState returns the node's view (ok false without global_redis).
-func (l *Limiter) GlobalState() (GlobalState, bool) {
-	if l.g == nil {
-		return GlobalState{}, false
-	}
-	return GlobalState{Datacenter: l.g.cfg.Datacenter, Static: l.g.static.Load(), Datacenters: l.g.n.Load(),
-		RoundTrip: time.Duration(l.g.rtt.Load()) * time.Microsecond}, true
-}
-
 func (g *global) String() string { return fmt.Sprintf("global(%s)", g.cfg.Datacenter) }
+
+// shareSig is the signature of in's global limits: grants made under other
+// limits (before a reload, another placeholder value) are not used under
+// these.
+func shareSig(in *Input) string {
+	var buf [64]byte
+	b := buf[:0]
+	for i, v := range in.GlobalLimits {
+		if i > 0 {
+			b = append(b, ':')
+		}
+		b = strconv.AppendInt(b, v, 10)
+	}
+	return string(b)
+}
+
+// shareCounts puts the ledger's counts (in the policy's order of the
+// global windows) in the share part's order; nil when the ledger gave
+// none for every window.
+func (g *global) shareCounts(counts []int64) []int64 {
+	nb := len(g.l.p.Windows)
+	if len(counts) != len(g.l.p.GlobalWindows) {
+		return nil
+	}
+	var out []int64
+	for _, ps := range g.l.parts {
+		if ps.kind != KindShare {
+			continue
+		}
+		for _, i := range ps.windows {
+			out = append(out, counts[i-nb])
+		}
+	}
+	return out
+}

@@ -4,27 +4,10 @@ package limiter
 // decisions and an operator are shown (headers, the admin GET): the
 // ledger's counts, as the share keeps them, and what was admitted.
 
-import "context"
-
-// shareCounts puts the ledger's counts (in the policy's order of the
-// global windows) in the share part's order; nil when the ledger gave
-// none for every window.
-func (g *global) shareCounts(counts []int64) []int64 {
-	nb := len(g.l.p.Windows)
-	if len(counts) != len(g.l.p.GlobalWindows) {
-		return nil
-	}
-	var out []int64
-	for _, ps := range g.l.parts {
-		if ps.kind != KindShare {
-			continue
-		}
-		for _, i := range ps.windows {
-			out = append(out, counts[i-nb])
-		}
-	}
-	return out
-}
+import (
+	"context"
+	"time"
+)
 
 // GlobalUse is what was admitted under an identity's global ceiling, in
 // its longest window, per data centre and in all.
@@ -75,4 +58,32 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		u.Shares = append(u.Shares, s)
 	}
 	return u, true, nil
+}
+
+// Shares returns each data centre's share of identity's ceiling, as the
+// ledger sees it (nil without global_redis).
+func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, error) {
+	if l.g == nil {
+		return nil, nil
+	}
+	req := l.g.request(Tag(identity))
+	return l.g.cfg.Ledger.Show(ctx, req)
+}
+
+// GlobalState is what a node knows of its data centre's standing with the
+// ledger.
+type GlobalState struct {
+	Datacenter  string
+	Static      bool
+	Datacenters int64
+	RoundTrip   time.Duration
+}
+
+// GlobalState returns the node's view (ok false without global_redis).
+func (l *Limiter) GlobalState() (GlobalState, bool) {
+	if l.g == nil {
+		return GlobalState{}, false
+	}
+	return GlobalState{Datacenter: l.g.cfg.Datacenter, Static: l.g.static.Load(), Datacenters: l.g.n.Load(),
+		RoundTrip: time.Duration(l.g.rtt.Load()) * time.Microsecond}, true
 }
