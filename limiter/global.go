@@ -81,9 +81,31 @@ const (
 	EventWait
 )
 
+// host is what the data-centre code needs of the engine, handed to it at
+// New: the engine calls the data-centre code (global), never the other
+// way round.
+type host struct {
+	namespace string           // the limiter's key namespace
+	fail      FailMode         // the policy's fail mode
+	now       func() time.Time // the policy's clock
+	loc       *time.Location   // for calendar periods
+	countOnly bool
+	store     Store // the data centre's own store (a ShareStore to keep shares)
+	// windows are the policy's global windows; names their names, and
+	// pos their places in a Reply's Limits; order the share part's
+	// windows, as indexes into windows.
+	windows    []Window
+	names      []string
+	pos, order []int
+	// shareKey is the key of an identity's share; forget drops an
+	// identity's cached denials (nil: no deny cache).
+	shareKey func(identity string) string
+	forget   func(tag string)
+}
+
 // global is a Limiter's side of a Global.
 type global struct {
-	l   *Limiter
+	h   host
 	cfg Global
 	dc  ShareStore
 
@@ -167,23 +189,23 @@ var errStatic = errors.New("limiter: the data centre is on its static share")
 // for it to answer a probe before it asks again.
 var ErrLedgerUnreachable = errors.New("limiter: the ledger did not answer; waiting for it to answer again")
 
-func newGlobal(l *Limiter, cfg Global) (*global, error) {
+func newGlobal(h host, cfg Global) (*global, error) {
 	if cfg.Ledger == nil || cfg.Datacenter == "" {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis needs a ledger and a datacenter")}
 	}
-	dc, ok := l.b.Base.(ShareStore)
+	dc, ok := h.store.(ShareStore)
 	if !ok {
 		return nil, &PolicyError{Field: "global_redis", Err: ErrNoShareStore}
 	}
-	if len(l.p.GlobalWindows) == 0 {
+	if len(h.windows) == 0 {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis keeps a global_limit: set one")}
 	}
-	if l.p.CountOnly != nil {
+	if h.countOnly {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")}
 	}
-	g := &global{l: l, cfg: cfg, dc: dc, flight: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
+	g := &global{h: h, cfg: cfg, dc: dc, flight: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
 	shortest, wmax := time.Duration(0), time.Duration(0)
-	for _, w := range l.p.GlobalWindows {
+	for _, w := range h.windows {
 		d := w.Duration
 		if w.Period != PeriodNone {
 			d = w.Period.Longest()
@@ -216,7 +238,7 @@ func newGlobal(l *Limiter, cfg Global) (*global, error) {
 	}
 	g.wg.Add(1)
 	go g.recaller()
-	if l.p.Fail == FailLocal {
+	if h.fail == FailLocal {
 		g.wg.Add(1)
 		go g.beater()
 	}
@@ -314,29 +336,28 @@ func (g *global) staticNone(in *Input) bool {
 
 func (g *global) request(tag string) *LedgerRequest {
 	return &LedgerRequest{
-		Namespace: g.l.keys.Namespace(), Tag: tag, DC: g.cfg.Datacenter,
+		Namespace: g.h.namespace, Tag: tag, DC: g.cfg.Datacenter,
 		Deadline: time.Now().Add(g.cfg.Timeout),
 		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
 		Tail: g.staticFresh() + g.skew, Heard: g.heard(),
-		Static: g.l.p.Fail == FailLocal,
+		Static: g.h.fail == FailLocal,
 	}
 }
 
-func (g *global) standingKey() string { return g.l.keys.Namespace() + "ledger:standing" }
+func (g *global) standingKey() string { return g.h.namespace + "ledger:standing" }
 
 // windows is the ceiling's windows for the ledger, under the limits of the
 // request (an override's, when the store applied one).
 func (g *global) windows(in *Input, r *Reply) []LedgerWindow {
-	nb := len(g.l.p.Windows)
-	now := g.l.p.Now()
-	out := make([]LedgerWindow, 0, len(g.l.p.GlobalWindows))
-	for i, w := range g.l.p.GlobalWindows {
-		lw := LedgerWindow{Name: g.l.wnames[nb+i], Limit: in.GlobalLimits[i]}
+	now := g.h.now()
+	out := make([]LedgerWindow, 0, len(g.h.windows))
+	for i, w := range g.h.windows {
+		lw := LedgerWindow{Name: g.h.names[i], Limit: in.GlobalLimits[i]}
 		if r != nil && r.Limits != nil {
-			lw.Limit = r.Limits[g.l.layout[nb+i]]
+			lw.Limit = r.Limits[g.h.pos[i]]
 		}
 		if w.Period != PeriodNone {
-			lw.Name, lw.Calendar, lw.Bounds = w.Period.String(), true, w.Period.Bounds(now, g.l.p.Location)
+			lw.Name, lw.Calendar, lw.Bounds = w.Period.String(), true, w.Period.Bounds(now, g.h.loc)
 		} else {
 			lw.Len = w.Duration.Microseconds()
 		}
@@ -484,8 +505,8 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 		return err
 	}
 	g.renewed(time.Since(began))
-	if dep.Units > 0 && g.l.cache != nil {
-		g.l.cache.Forget(tag)
+	if dep.Units > 0 && g.h.forget != nil {
+		g.h.forget(tag)
 	}
 	return nil
 }
@@ -548,7 +569,7 @@ func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
 		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
 		g.down.Store(true)
-		if g.l.p.Fail == FailLocal && IsUnavailable(err) {
+		if g.h.fail == FailLocal && IsUnavailable(err) {
 			g.suspect.Store(true)
 		}
 		return rep, took, err
@@ -601,7 +622,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 // later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
 func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{tag: Tag(in.Identity), key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
+	rn := renewal{tag: Tag(in.Identity), key: g.h.shareKey(in.Identity), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
 	select {
 	case g.queue <- rn:
 		g.event(GlobalEvent{Kind: EventRenewal})
@@ -822,18 +843,12 @@ func shareSig(in *Input) string {
 // global windows) in the share part's order; nil when the ledger gave
 // none for every window.
 func (g *global) shareCounts(counts []int64) []int64 {
-	nb := len(g.l.p.Windows)
-	if len(counts) != len(g.l.p.GlobalWindows) {
+	if len(counts) != len(g.h.windows) {
 		return nil
 	}
-	var out []int64
-	for _, ps := range g.l.parts {
-		if ps.kind != KindShare {
-			continue
-		}
-		for _, i := range ps.windows {
-			out = append(out, counts[i-nb])
-		}
+	out := make([]int64, 0, len(g.h.order))
+	for _, i := range g.h.order {
+		out = append(out, counts[i])
 	}
 	return out
 }
