@@ -127,9 +127,9 @@ type global struct {
 	n       atomic.Int64 // data centres the ledger knows
 	asked   atomic.Int64 // UnixMicro of this node's last grant call
 
-	mu     sync.Mutex
-	flight map[string]*shareCall
-	closed bool // close began: no renewal starts (mu)
+	mu       sync.Mutex
+	renewing map[string]*shareCall
+	closed   bool // close began: no renewal starts (mu)
 
 	queue chan renewal
 	stop  chan struct{}
@@ -203,7 +203,7 @@ func newGlobal(h host, cfg Global) (*global, error) {
 	if h.countOnly {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")}
 	}
-	g := &global{h: h, cfg: cfg, dc: dc, flight: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
+	g := &global{h: h, cfg: cfg, dc: dc, renewing: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
 	shortest, wmax := time.Duration(0), time.Duration(0)
 	for _, w := range h.windows {
 		d := w.Duration
@@ -371,7 +371,7 @@ func (g *global) windows(in *Input, r *Reply) []LedgerWindow {
 func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
 	tag := Tag(in.Identity)
 	g.mu.Lock()
-	if c := g.flight[tag]; c != nil {
+	if c := g.renewing[tag]; c != nil {
 		g.mu.Unlock()
 		select {
 		case <-c.done:
@@ -381,11 +381,11 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 		}
 	}
 	c := &shareCall{done: make(chan struct{}), start: time.Now()}
-	g.flight[tag] = c
+	g.renewing[tag] = c
 	g.mu.Unlock()
 	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost, false)
 	g.mu.Lock()
-	delete(g.flight, tag)
+	delete(g.renewing, tag)
 	g.mu.Unlock()
 	close(c.done)
 	return c.err
@@ -400,7 +400,7 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
 	tag := Tag(in.Identity)
 	g.mu.Lock()
-	c := g.flight[tag]
+	c := g.renewing[tag]
 	if c == nil && g.closed {
 		g.mu.Unlock()
 		return errLedgerLate // closed: no renewal outlives the limiter
@@ -410,14 +410,14 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 		// for a worker): this request's own, as the first request's, in
 		// g.wg (close waits for it).
 		c = &shareCall{done: make(chan struct{}), start: time.Now()}
-		g.flight[tag] = c
+		g.renewing[tag] = c
 		sig, wins := shareSig(in), g.windows(in, r)
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
 			c.err = g.renew(context.Background(), tag, key, sig, wins, max(cost, 1), false)
 			g.mu.Lock()
-			delete(g.flight, tag)
+			delete(g.renewing, tag)
 			g.mu.Unlock()
 			close(c.done)
 		}()
@@ -652,7 +652,7 @@ func (g *global) renewer() {
 			}
 			c.err = g.renew(context.Background(), tag, key, rn.sig, rn.win, cost, rn.recall)
 			g.mu.Lock()
-			delete(g.flight, tag)
+			delete(g.renewing, tag)
 			g.mu.Unlock()
 			close(c.done)
 		}
@@ -715,10 +715,10 @@ func (g *global) recallOnce() {
 func (g *global) take(tag string) *shareCall {
 	for {
 		g.mu.Lock()
-		busy := g.flight[tag]
+		busy := g.renewing[tag]
 		if busy == nil {
 			c := &shareCall{done: make(chan struct{}), start: time.Now()}
-			g.flight[tag] = c
+			g.renewing[tag] = c
 			g.mu.Unlock()
 			return c
 		}
