@@ -209,7 +209,7 @@ type Limiter struct {
 	// g is the global ceiling kept in a ledger (Backend.Global); then
 	// parts and specs hold the ceiling as one share part, and sparts and
 	// sspecs as the static share's parts (fail local, cut off).
-	g      *global
+	g      ceiling
 	sparts []partSpec
 	sspecs []KeySpec
 
@@ -730,7 +730,7 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		return l.op(in, mode, now), true, nil
 	}
 	short := r.Status == StatusDenied && r.Share&ShareOnly != 0 && !asked
-	if short && l.g.down.Load() {
+	if short && l.g.failing() {
 		// The share ran out and the ledger does not answer: the fail
 		// mode, as for the identity's first request.
 		if r.Share&ShareRenew != 0 {

@@ -852,3 +852,66 @@ func (g *global) shareCounts(counts []int64) []int64 {
 	}
 	return out
 }
+
+// GlobalState is what a node knows of its data centre's standing with the
+// ledger.
+type GlobalState struct {
+	Datacenter  string
+	Static      bool
+	Datacenters int64
+	RoundTrip   time.Duration
+}
+
+// ceiling is the engine's one way into the data-centre code (a ceiling
+// kept in a ledger, global_redis): decide.go and globalview.go call these
+// and nothing else of it; *global is the one implementation.
+type ceiling interface {
+	close()
+	// usesStatic, staticNone, staticLimit: the static share (fail local).
+	usesStatic() bool
+	staticNone(in *Input) bool
+	staticLimit(limit int64) int64
+	// lead and claim are a share part's (Part.Lead, Part.Claim).
+	lead() int64
+	claim() int64
+	// failing: the ledger's last call failed.
+	failing() bool
+	fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error
+	await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error
+	later(in *Input, r *Reply)
+	event(ev GlobalEvent)
+	// For what operators are shown: the ledger's shares of an identity,
+	// what this data centre's share holds unspent, its name, its standing.
+	shares(ctx context.Context, identity string) ([]LedgerShare, error)
+	unspent(ctx context.Context, in *Input) (int64, error)
+	datacenter() string
+	state() GlobalState
+}
+
+var _ ceiling = (*global)(nil)
+
+func (g *global) failing() bool      { return g.down.Load() }
+func (g *global) datacenter() string { return g.cfg.Datacenter }
+
+func (g *global) shares(ctx context.Context, identity string) ([]LedgerShare, error) {
+	return g.cfg.Ledger.Show(ctx, g.request(Tag(identity)))
+}
+
+// unspent is what in's share here holds of its grants not used, as the
+// ledger counts them (a grant in a slot at its units until it comes back,
+// while a window holds it).
+func (g *global) unspent(ctx context.Context, in *Input) (int64, error) {
+	view, err := g.dc.ShareBegin(ctx, g.h.shareKey(in.Identity), shareSig(in), false)
+	var n int64
+	for _, gr := range view.Grants {
+		if gr.Deadline > view.Now-g.wmax || gr.Deadline <= 1 {
+			n += max(gr.Units-gr.Used, 0)
+		}
+	}
+	return n, err
+}
+
+func (g *global) state() GlobalState {
+	return GlobalState{Datacenter: g.cfg.Datacenter, Static: g.static.Load(), Datacenters: g.n.Load(),
+		RoundTrip: time.Duration(g.rtt.Load()) * time.Microsecond}
+}

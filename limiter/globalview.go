@@ -4,10 +4,7 @@ package limiter
 // decisions and an operator are shown (headers, the admin GET): the
 // ledger's counts, as the share keeps them, and what was admitted.
 
-import (
-	"context"
-	"time"
-)
+import "context"
 
 // GlobalUse is what was admitted under an identity's global ceiling, in
 // its longest window, per data centre and in all.
@@ -39,16 +36,10 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		return GlobalUse{}, true, err
 	}
 	var u GlobalUse
-	view, verr := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in), false)
-	for _, gr := range view.Grants {
-		// The ledger counts a grant in a slot at its units until it comes
-		// back, while a window holds it.
-		if gr.Deadline > view.Now-l.g.wmax || gr.Deadline <= 1 {
-			u.Unspent += max(gr.Units-gr.Used, 0)
-		}
-	}
+	unspent, verr := l.g.unspent(ctx, in)
+	u.Unspent = unspent
 	for _, s := range shares {
-		if s.Datacenter == l.g.cfg.Datacenter && verr == nil {
+		if s.Datacenter == l.g.datacenter() && verr == nil {
 			// (The data centre's store not answering, as it last told
 			// the ledger.)
 			s.Admitted = max(s.Counted-u.Unspent, 0)
@@ -66,17 +57,7 @@ func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, e
 	if l.g == nil {
 		return nil, nil
 	}
-	req := l.g.request(Tag(identity))
-	return l.g.cfg.Ledger.Show(ctx, req)
-}
-
-// GlobalState is what a node knows of its data centre's standing with the
-// ledger.
-type GlobalState struct {
-	Datacenter  string
-	Static      bool
-	Datacenters int64
-	RoundTrip   time.Duration
+	return l.g.shares(ctx, identity)
 }
 
 // GlobalState returns the node's view (ok false without global_redis).
@@ -84,6 +65,5 @@ func (l *Limiter) GlobalState() (GlobalState, bool) {
 	if l.g == nil {
 		return GlobalState{}, false
 	}
-	return GlobalState{Datacenter: l.g.cfg.Datacenter, Static: l.g.static.Load(), Datacenters: l.g.n.Load(),
-		RoundTrip: time.Duration(l.g.rtt.Load()) * time.Microsecond}, true
+	return l.g.state(), true
 }
