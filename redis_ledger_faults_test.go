@@ -211,9 +211,13 @@ func TestGlobalRedisDatacenterStoreDown(t *testing.T) {
 }
 
 // TestGlobalRedisLedgerStalledFailClosed: the ledger stalled (cut off, its
-// calls hang until their timeout) while an identity's share is spent: 503
-// at once under fail closed, as the table says, not a 429 with
-// Retry-After 1 until the node's renewal timed out.
+// calls hang until their timeout) while an identity's share is spent, under
+// fail closed, as the table says: while the renewal the requests wait for
+// has been out less than the ledger's timeout (300 ms here) and no call of
+// the ledger failed, the ledger may be only slow: 429, Retry-After the
+// renewal's lead (1 s); from then on 503 at once (it used to be 429 until
+// the node's renewal timed out, then 503 from the first refusal, a slow
+// ledger's included).
 func TestGlobalRedisLedgerStalledFailClosed(t *testing.T) {
 	t.Parallel()
 	ledger := redistest.Start(t)
@@ -221,19 +225,33 @@ func TestGlobalRedisLedgerStalledFailClosed(t *testing.T) {
 	passed(t, "before", f.send(t, "k"), "redis")
 	f.proxy.Cut()
 	var first faultOutcome
-	for i := range 40 {
+	for range 40 {
 		o := f.send(t, "k")
 		if o.code == http.StatusOK {
 			continue // a unit the share still held
 		}
 		first = o
-		unavailable(t, fmt.Sprintf("the ledger stalled, the share spent (request %d)", i+1), o)
 		break
 	}
 	if first.code == 0 {
 		t.Fatal("40 requests admitted with the ledger stalled and a ceiling of 20")
 	}
+	// Refused (the renewal within the timeout) until the fail mode, which
+	// comes once the renewal has been out the timeout.
+	o, refused := first, 0
+	for deadline := time.Now().Add(3 * time.Second); o.code != http.StatusServiceUnavailable; o = f.send(t, "k") {
+		if o.code != http.StatusTooManyRequests || o.retry != "1" || o.source != "redis" {
+			t.Fatalf("the ledger stalled, the share spent, before the timeout: %s; want 429, Retry-After 1 (the lead), or 503", o)
+		}
+		refused++
+		if time.Now().After(deadline) {
+			t.Fatalf("the ledger stalled 3 s (timeout 300 ms): still %s", o)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for the timeout to pass, not crossing a window
+	}
+	t.Logf("%d refused (429) before the fail mode", refused)
+	unavailable(t, "the ledger stalled, the renewal out its timeout", o)
 	for i := range 3 {
-		unavailable(t, fmt.Sprintf("the ledger stalled, after the first refusal (request %d)", i+1), f.send(t, "k"))
+		unavailable(t, fmt.Sprintf("the ledger stalled, after the first 503 (request %d)", i+1), f.send(t, "k"))
 	}
 }

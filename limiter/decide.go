@@ -54,26 +54,6 @@ var outcomeNames = [...]string{"allowed", "limited", "banned", "concurrency", "t
 
 func (o Outcome) String() string { return outcomeNames[o] }
 
-// Input is one request, resolved by the caller (placeholders, headers).
-type Input struct {
-	// Identity is whose budget the request spends (an API key, an IP).
-	Identity string
-	// Region is the request's region, with Policy.Regions.
-	Region string
-	// Limits are the limits of Policy.Windows, in order.
-	Limits []int64
-	// GlobalLimits are the limits of Policy.GlobalWindows, in order.
-	GlobalLimits []int64
-	// Cost is the units the request consumes; 0 means 1.
-	Cost int64
-	// MaxConcurrent bounds the requests in flight, with Policy.Concurrency.
-	MaxConcurrent int64
-	// Scratch, when set, is where Decide builds the request's Op (its keys
-	// and windows, and the decision's windows), instead of an allocation
-	// of its own. See Scratch.
-	Scratch *Scratch
-}
-
 // WindowUsage is one window of a decision, ready to render.
 type WindowUsage struct {
 	// Policy names the window in RateLimit headers: the limiter's name,
@@ -230,7 +210,7 @@ type Limiter struct {
 	// g is the global ceiling kept in a ledger (Backend.Global); then
 	// parts and specs hold the ceiling as one share part, and sparts and
 	// sspecs as the static share's parts (fail local, cut off).
-	g      *global
+	g      ceiling
 	sparts []partSpec
 	sspecs []KeySpec
 
@@ -307,7 +287,7 @@ func New(p Policy, b Backend) (*Limiter, error) {
 	l := &Limiter{p: p, wallClock: wallClock, b: b, keys: kb, stack: b.Store, leaseNS: hex.EncodeToString(id[:]) + "-"}
 	l.plan()
 	if b.Global != nil {
-		g, err := newGlobal(l, *b.Global)
+		g, err := newGlobal(l.host(), *b.Global)
 		if err != nil {
 			return nil, err
 		}
@@ -420,19 +400,29 @@ func (l *Limiter) shareParts() {
 // shareKey is the key of the share of in's identity.
 func (l *Limiter) shareKey(in *Input) string { return l.keys.Global("share", in.Identity) }
 
-// shareSig is the signature of in's global limits: grants made under other
-// limits (before a reload, another placeholder value) are not used under
-// these.
-func shareSig(in *Input) string {
-	var buf [64]byte
-	b := buf[:0]
-	for i, v := range in.GlobalLimits {
-		if i > 0 {
-			b = append(b, ':')
-		}
-		b = strconv.AppendInt(b, v, 10)
+// host is what the data-centre code (global) needs of the limiter: its
+// policy's global windows and where they are, its keys, its deny cache.
+func (l *Limiter) host() host {
+	nb := len(l.p.Windows)
+	h := host{namespace: l.keys.Namespace(), fail: l.p.Fail, now: l.p.Now, loc: l.p.Location, countOnly: l.p.CountOnly != nil,
+		store: l.b.Base, windows: l.p.GlobalWindows,
+		shareKey: func(identity string) string { return l.keys.Global("share", identity) },
+		forget: func(tag string) {
+			if l.cache != nil { // built after the global: read at each renewal
+				l.cache.Forget(tag)
+			}
+		}}
+	for i := range l.p.GlobalWindows {
+		h.names, h.pos = append(h.names, l.wnames[nb+i]), append(h.pos, l.layout[nb+i])
 	}
-	return string(b)
+	for _, ps := range l.parts {
+		if ps.kind == KindShare {
+			for _, i := range ps.windows {
+				h.order = append(h.order, i-nb)
+			}
+		}
+	}
+	return h
 }
 
 // Close stops listening for notices and reading the overrides' index. It
@@ -729,8 +719,9 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 // again); a claim to renew is renewed in the background; a share that ran
 // out while the ledger does not answer follows the fail mode. A request the
 // share alone refused while the ledger had not said it was full (its renewal,
-// asked ahead of need, is late) waits for that renewal until it is due,
-// and follows the fail mode past that: the ledger does not answer in time.
+// asked ahead of need, is late) waits for that renewal until it is due;
+// past that it is refused while the renewal is within the ledger's timeout
+// (a slow ledger), and follows the fail mode after (it does not answer).
 // It returns the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
@@ -740,7 +731,7 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		return l.op(in, mode, now), true, nil
 	}
 	short := r.Status == StatusDenied && r.Share&ShareOnly != 0 && !asked
-	if short && l.g.down.Load() {
+	if short && l.g.failing() {
 		// The share ran out and the ledger does not answer: the fail
 		// mode, as for the identity's first request.
 		if r.Share&ShareRenew != 0 {
@@ -754,11 +745,19 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		// of need has not landed (demand outran its lead), or the ledger
 		// stalls. The request waits for that renewal (the one in flight
 		// here, or its own) until it is due, a lead after it began: back
-		// in time, the store is asked again; late, the ledger does not
-		// answer, and the fail mode applies (a stalled ledger is the fail
-		// mode, not a refusal), at once for the next requests while that
-		// renewal is out.
-		if err := l.g.await(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
+		// in time, the store is asked again. Late while the ledger's last
+		// call answered and the renewal has been out less than the
+		// ledger's timeout, the ledger is slow, not down: the share's
+		// refusal stands (a 429, Retry-After the lead). Once the renewal
+		// has been out the timeout (a stalled ledger), or a call failed,
+		// the fail mode applies, at once for the next requests.
+		err := l.g.await(ctx, in, r, l.shareKey(in), op.Cost)
+		if errors.Is(err, errLedgerSlow) {
+			l.g.event(GlobalEvent{Kind: EventStarved})
+			r.Share &^= ShareAsk
+			return op, true, nil
+		}
+		if err != nil {
 			return op, true, err
 		}
 		r.Share |= ShareAsk // the caller asks the store again

@@ -2,5 +2,10 @@ package limiter
 
 // SetGlobalHook sets the function a limiter's global ceiling calls at each
 // stage of a renewal ("granted": the ledger granted, the share does not
-// hold it yet), for the fault tests: a node killed there.
-func SetGlobalHook(l *Limiter, hook func(stage string)) { l.g.hook.Store(&hook) }
+// hold it yet; "deposited": the share was written), for the fault tests: a
+// node killed there, a reload during a renewal.
+func SetGlobalHook(l *Limiter, hook func(stage string)) { l.g.(*global).hook.Store(&hook) }
+
+// GlobalClosing reports whether l's global ceiling began to close (its
+// renewals still landing).
+func GlobalClosing(l *Limiter) bool { return l.g.(*global).stopped() }

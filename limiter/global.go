@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -39,9 +40,12 @@ type GlobalEvent struct {
 	Kind GlobalEventKind
 	// Units granted (EventGrant) or given back unused (EventReturn), and a
 	// grant's Length (usable here until Length after the renewal began);
-	// Took, a ledger call's round trip; Err, its error.
+	// Retry (EventGrant), how long the ledger said it would grant no more
+	// (0: it granted what was asked); Took, a ledger call's round trip;
+	// Err, its error.
 	Units  int64
 	Length time.Duration
+	Retry  time.Duration
 	Took   time.Duration
 	Err    error
 }
@@ -71,14 +75,37 @@ const (
 	EventBeat
 	// EventWait: a request whose share the ledger had already answered
 	// for waited on the request path for a renewal (Took; Err when it was
-	// late: the fail mode followed). An identity's first request in a data
-	// centre, which waits for its first grant, is not one.
+	// late: a refusal while the renewal is within the ledger's timeout, the
+	// fail mode after). An identity's first request in a data centre,
+	// which waits for its first grant, is not one.
 	EventWait
 )
 
+// host is what the data-centre code needs of the engine, handed to it at
+// New: the engine calls the data-centre code (global), never the other
+// way round.
+type host struct {
+	namespace string           // the limiter's key namespace
+	fail      FailMode         // the policy's fail mode
+	now       func() time.Time // the policy's clock
+	loc       *time.Location   // for calendar periods
+	countOnly bool
+	store     Store // the data centre's own store (a ShareStore to keep shares)
+	// windows are the policy's global windows; names their names, and
+	// pos their places in a Reply's Limits; order the share part's
+	// windows, as indexes into windows.
+	windows    []Window
+	names      []string
+	pos, order []int
+	// shareKey is the key of an identity's share; forget drops an
+	// identity's cached denials (nil: no deny cache).
+	shareKey func(identity string) string
+	forget   func(tag string)
+}
+
 // global is a Limiter's side of a Global.
 type global struct {
-	l   *Limiter
+	h   host
 	cfg Global
 	dc  ShareStore
 
@@ -100,14 +127,15 @@ type global struct {
 	n       atomic.Int64 // data centres the ledger knows
 	asked   atomic.Int64 // UnixMicro of this node's last grant call
 
-	mu     sync.Mutex
-	flight map[string]*shareCall
+	mu       sync.Mutex
+	renewing map[string]*shareCall
+	closed   bool // close began: no renewal starts (mu)
 
 	queue chan renewal
 	stop  chan struct{}
 	wg    sync.WaitGroup
 
-	hook atomic.Pointer[func(stage string)] // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit; set while renewals run
+	hook atomic.Pointer[func(stage string)] // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit, and "deposited"; set while renewals run
 }
 
 type shareCall struct {
@@ -116,8 +144,15 @@ type shareCall struct {
 	start time.Time // when it began: it is due a lead after
 }
 
-// errLedgerLate: a renewal the request waited for was not back when due.
-var errLedgerLate = fmt.Errorf("%w (a renewal was not back within two round trips)", ErrLedgerUnreachable)
+// errLedgerLate: a renewal the request waited for was not back within the
+// ledger's timeout (or the ledger's last call failed).
+var errLedgerLate = fmt.Errorf("%w (a renewal was not back within the timeout)", ErrLedgerUnreachable)
+
+// errLedgerSlow: a renewal the request waited for was not back when due (a
+// lead after it began) but is still within the ledger's timeout, and the
+// ledger's last call answered: the ledger is slow, not down. The request
+// is refused (the share's 429, Retry-After the lead), not the fail mode.
+var errLedgerSlow = errors.New("limiter: a renewal of the share is slower than its lead")
 
 type renewal struct {
 	tag, key, sig string
@@ -154,23 +189,23 @@ var errStatic = errors.New("limiter: the data centre is on its static share")
 // for it to answer a probe before it asks again.
 var ErrLedgerUnreachable = errors.New("limiter: the ledger did not answer; waiting for it to answer again")
 
-func newGlobal(l *Limiter, cfg Global) (*global, error) {
+func newGlobal(h host, cfg Global) (*global, error) {
 	if cfg.Ledger == nil || cfg.Datacenter == "" {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis needs a ledger and a datacenter")}
 	}
-	dc, ok := l.b.Base.(ShareStore)
+	dc, ok := h.store.(ShareStore)
 	if !ok {
 		return nil, &PolicyError{Field: "global_redis", Err: ErrNoShareStore}
 	}
-	if len(l.p.GlobalWindows) == 0 {
+	if len(h.windows) == 0 {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis keeps a global_limit: set one")}
 	}
-	if l.p.CountOnly != nil {
+	if h.countOnly {
 		return nil, &PolicyError{Field: "global_redis", Err: errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")}
 	}
-	g := &global{l: l, cfg: cfg, dc: dc, flight: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
+	g := &global{h: h, cfg: cfg, dc: dc, renewing: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
 	shortest, wmax := time.Duration(0), time.Duration(0)
-	for _, w := range l.p.GlobalWindows {
+	for _, w := range h.windows {
 		d := w.Duration
 		if w.Period != PeriodNone {
 			d = w.Period.Longest()
@@ -203,16 +238,34 @@ func newGlobal(l *Limiter, cfg Global) (*global, error) {
 	}
 	g.wg.Add(1)
 	go g.recaller()
-	if l.p.Fail == FailLocal {
+	if h.fail == FailLocal {
 		g.wg.Add(1)
 		go g.beater()
 	}
 	return g, nil
 }
 
+// close stops the global's goroutines, and waits for them and for the
+// renewals requests started (each in g.wg, added under g.mu before closed).
 func (g *global) close() {
+	g.mu.Lock()
+	g.closed = true
 	close(g.stop)
+	g.mu.Unlock()
 	g.wg.Wait()
+}
+
+// stopped reports whether close began: a renewal that finds it so deposits
+// only into a share under its own limits (Deposit.Only), as the limiter
+// that asked for it is gone (a reload), and a new one's grants, under the
+// new limits, may be in the share.
+func (g *global) stopped() bool {
+	select {
+	case <-g.stop:
+		return true
+	default:
+		return false
+	}
 }
 
 func (g *global) event(ev GlobalEvent) {
@@ -283,29 +336,28 @@ func (g *global) staticNone(in *Input) bool {
 
 func (g *global) request(tag string) *LedgerRequest {
 	return &LedgerRequest{
-		Namespace: g.l.keys.Namespace(), Tag: tag, DC: g.cfg.Datacenter,
+		Namespace: g.h.namespace, Tag: tag, DC: g.cfg.Datacenter,
 		Deadline: time.Now().Add(g.cfg.Timeout),
 		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
 		Tail: g.staticFresh() + g.skew, Heard: g.heard(),
-		Static: g.l.p.Fail == FailLocal,
+		Static: g.h.fail == FailLocal,
 	}
 }
 
-func (g *global) standingKey() string { return g.l.keys.Namespace() + "ledger:standing" }
+func (g *global) standingKey() string { return g.h.namespace + "ledger:standing" }
 
 // windows is the ceiling's windows for the ledger, under the limits of the
 // request (an override's, when the store applied one).
 func (g *global) windows(in *Input, r *Reply) []LedgerWindow {
-	nb := len(g.l.p.Windows)
-	now := g.l.p.Now()
-	out := make([]LedgerWindow, 0, len(g.l.p.GlobalWindows))
-	for i, w := range g.l.p.GlobalWindows {
-		lw := LedgerWindow{Name: g.l.wnames[nb+i], Limit: in.GlobalLimits[i]}
+	now := g.h.now()
+	out := make([]LedgerWindow, 0, len(g.h.windows))
+	for i, w := range g.h.windows {
+		lw := LedgerWindow{Name: g.h.names[i], Limit: in.GlobalLimits[i]}
 		if r != nil && r.Limits != nil {
-			lw.Limit = r.Limits[g.l.layout[nb+i]]
+			lw.Limit = r.Limits[g.h.pos[i]]
 		}
 		if w.Period != PeriodNone {
-			lw.Name, lw.Calendar, lw.Bounds = w.Period.String(), true, w.Period.Bounds(now, g.l.p.Location)
+			lw.Name, lw.Calendar, lw.Bounds = w.Period.String(), true, w.Period.Bounds(now, g.h.loc)
 		} else {
 			lw.Len = w.Duration.Microseconds()
 		}
@@ -319,7 +371,7 @@ func (g *global) windows(in *Input, r *Reply) []LedgerWindow {
 func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
 	tag := Tag(in.Identity)
 	g.mu.Lock()
-	if c := g.flight[tag]; c != nil {
+	if c := g.renewing[tag]; c != nil {
 		g.mu.Unlock()
 		select {
 		case <-c.done:
@@ -329,11 +381,11 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 		}
 	}
 	c := &shareCall{done: make(chan struct{}), start: time.Now()}
-	g.flight[tag] = c
+	g.renewing[tag] = c
 	g.mu.Unlock()
 	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost, false)
 	g.mu.Lock()
-	delete(g.flight, tag)
+	delete(g.renewing, tag)
 	g.mu.Unlock()
 	close(c.done)
 	return c.err
@@ -342,21 +394,30 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 // await waits for the renewal of in's share in flight on this node (or one
 // it starts now, in the background) until it is done or due (a lead after
 // it began: asked ahead of need, it should be back by then). Late, it
-// returns errLedgerLate (the fail mode; the renewal goes on).
+// returns errLedgerLate when the ledger is down (its last call failed) or
+// the renewal has been out the ledger's timeout (the fail mode), and
+// errLedgerSlow otherwise (a refusal); the renewal goes on.
 func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
 	tag := Tag(in.Identity)
 	g.mu.Lock()
-	c := g.flight[tag]
+	c := g.renewing[tag]
+	if c == nil && g.closed {
+		g.mu.Unlock()
+		return errLedgerLate // closed: no renewal outlives the limiter
+	}
 	if c == nil {
 		// None here (the claim is another node's, or its renewal waits
-		// for a worker): this request's own, as the first request's.
+		// for a worker): this request's own, as the first request's, in
+		// g.wg (close waits for it).
 		c = &shareCall{done: make(chan struct{}), start: time.Now()}
-		g.flight[tag] = c
+		g.renewing[tag] = c
 		sig, wins := shareSig(in), g.windows(in, r)
+		g.wg.Add(1)
 		go func() {
+			defer g.wg.Done()
 			c.err = g.renew(context.Background(), tag, key, sig, wins, max(cost, 1), false)
 			g.mu.Lock()
-			delete(g.flight, tag)
+			delete(g.renewing, tag)
 			g.mu.Unlock()
 			close(c.done)
 		}()
@@ -370,14 +431,14 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 	due := time.Until(c.start.Add(time.Duration(g.lead()) * time.Microsecond))
 	var err error
 	if due <= 0 {
-		err = errLedgerLate
+		err = g.late(c)
 	} else {
 		t := time.NewTimer(due)
 		select {
 		case <-c.done:
 			err = c.err
 		case <-t.C:
-			err = errLedgerLate
+			err = g.late(c)
 		case <-ctx.Done():
 			err = ctx.Err()
 		}
@@ -385,6 +446,17 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 	}
 	g.event(GlobalEvent{Kind: EventWait, Took: time.Since(sent), Err: err})
 	return err
+}
+
+// late is what a request gets when the renewal c it waited for is not back
+// when due: the fail mode (errLedgerLate) once the ledger is known down or
+// c has been out the ledger's timeout; before that the ledger is slow, not
+// down (errLedgerSlow: the share's refusal).
+func (g *global) late(c *shareCall) error {
+	if g.down.Load() || time.Since(c.start) >= g.cfg.Timeout {
+		return errLedgerLate
+	}
+	return errLedgerSlow
 }
 
 // renew is one renewal: read the share (recall: ending its live grants
@@ -413,23 +485,28 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 	req.Ticket = g.ticket(tag, key, sig, wins)
 	rep, took, err := g.ask(ctx, req)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
-		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig})
+		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig, Only: g.stopped()})
 		return err
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
-	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond, Took: took, Err: err})
+	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond,
+		Retry: time.Duration(rep.Retry) * time.Microsecond, Took: took, Err: err})
 	if h := g.hook.Load(); h != nil {
 		(*h)("granted")
 	}
+	dep.Only = g.stopped()
 	if _, derr := g.dc.ShareDeposit(ctx, key, dep); derr != nil {
 		return derr
+	}
+	if h := g.hook.Load(); h != nil {
+		(*h)("deposited")
 	}
 	if err != nil {
 		return err
 	}
 	g.renewed(time.Since(began))
-	if dep.Units > 0 && g.l.cache != nil {
-		g.l.cache.Forget(tag)
+	if dep.Units > 0 && g.h.forget != nil {
+		g.h.forget(tag)
 	}
 	return nil
 }
@@ -492,7 +569,7 @@ func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
 		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
 		g.down.Store(true)
-		if g.l.p.Fail == FailLocal && IsUnavailable(err) {
+		if g.h.fail == FailLocal && IsUnavailable(err) {
 			g.suspect.Store(true)
 		}
 		return rep, took, err
@@ -523,11 +600,17 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 		dep.Units, dep.Length, dep.ID = rep.Units, rep.Length, rep.ID
 	}
 	if dep.Retry > 1000 {
-		// The ledger has room again after Retry; the share has it once a
-		// renewal asked then lands (the share asks a lead before "f"):
-		// until then its short requests are refused at once, saying so.
-		// (1 ms, the least, is a grant capped short of its want: not
-		// full, the share asks again when it runs low.)
+		// The ledger has room again after Retry (the first unit counted
+		// leaves the window, or the fair rate's bucket holds a grant's
+		// length of units again); the share has it once a renewal asked
+		// then lands (the share asks a lead before "f"): until then its
+		// short requests are refused at once, saying so. Without the lead
+		// here for want of room, the share asked before the room was back,
+		// and requests in the moment between the room and the renewal
+		// waited for it on the request path (TestGlobalNoRequestWaitsOnTheLedger:
+		// 2 to 3 of 240, 0 with it). (1 ms, the least, is a grant capped
+		// short of its want: not full, the share asks again when it runs
+		// low.)
 		dep.Retry += g.lead()
 	}
 	if rep.Waiting {
@@ -539,7 +622,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 // later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
 func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{tag: Tag(in.Identity), key: g.l.shareKey(in), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
+	rn := renewal{tag: Tag(in.Identity), key: g.h.shareKey(in.Identity), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
 	select {
 	case g.queue <- rn:
 		g.event(GlobalEvent{Kind: EventRenewal})
@@ -569,7 +652,7 @@ func (g *global) renewer() {
 			}
 			c.err = g.renew(context.Background(), tag, key, rn.sig, rn.win, cost, rn.recall)
 			g.mu.Lock()
-			delete(g.flight, tag)
+			delete(g.renewing, tag)
 			g.mu.Unlock()
 			close(c.done)
 		}
@@ -632,10 +715,10 @@ func (g *global) recallOnce() {
 func (g *global) take(tag string) *shareCall {
 	for {
 		g.mu.Lock()
-		busy := g.flight[tag]
+		busy := g.renewing[tag]
 		if busy == nil {
 			c := &shareCall{done: make(chan struct{}), start: time.Now()}
-			g.flight[tag] = c
+			g.renewing[tag] = c
 			g.mu.Unlock()
 			return c
 		}
@@ -739,14 +822,35 @@ func (g *global) setStanding(st Standing) {
 	}
 }
 
-// Shares returns each data centre's share of identity's ceiling, as the
-// ledger sees it (nil without global_redis).
-func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, error) {
-	if l.g == nil {
-		return nil, nil
+func (g *global) String() string { return fmt.Sprintf("global(%s)", g.cfg.Datacenter) }
+
+// shareSig is the signature of in's global limits: grants made under other
+// limits (before a reload, another placeholder value) are not used under
+// these.
+func shareSig(in *Input) string {
+	var buf [64]byte
+	b := buf[:0]
+	for i, v := range in.GlobalLimits {
+		if i > 0 {
+			b = append(b, ':')
+		}
+		b = strconv.AppendInt(b, v, 10)
 	}
-	req := l.g.request(Tag(identity))
-	return l.g.cfg.Ledger.Show(ctx, req)
+	return string(b)
+}
+
+// shareCounts puts the ledger's counts (in the policy's order of the
+// global windows) in the share part's order; nil when the ledger gave
+// none for every window.
+func (g *global) shareCounts(counts []int64) []int64 {
+	if len(counts) != len(g.h.windows) {
+		return nil
+	}
+	out := make([]int64, 0, len(g.h.order))
+	for _, i := range g.h.order {
+		out = append(out, counts[i])
+	}
+	return out
 }
 
 // GlobalState is what a node knows of its data centre's standing with the
@@ -758,13 +862,56 @@ type GlobalState struct {
 	RoundTrip   time.Duration
 }
 
-// GlobalState returns the node's view (ok false without global_redis).
-func (l *Limiter) GlobalState() (GlobalState, bool) {
-	if l.g == nil {
-		return GlobalState{}, false
-	}
-	return GlobalState{Datacenter: l.g.cfg.Datacenter, Static: l.g.static.Load(), Datacenters: l.g.n.Load(),
-		RoundTrip: time.Duration(l.g.rtt.Load()) * time.Microsecond}, true
+// ceiling is the engine's one way into the data-centre code (a ceiling
+// kept in a ledger, global_redis): decide.go and globalview.go call these
+// and nothing else of it; *global is the one implementation.
+type ceiling interface {
+	close()
+	// usesStatic, staticNone, staticLimit: the static share (fail local).
+	usesStatic() bool
+	staticNone(in *Input) bool
+	staticLimit(limit int64) int64
+	// lead and claim are a share part's (Part.Lead, Part.Claim).
+	lead() int64
+	claim() int64
+	// failing: the ledger's last call failed.
+	failing() bool
+	fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error
+	await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error
+	later(in *Input, r *Reply)
+	event(ev GlobalEvent)
+	// For what operators are shown: the ledger's shares of an identity,
+	// what this data centre's share holds unspent, its name, its standing.
+	shares(ctx context.Context, identity string) ([]LedgerShare, error)
+	unspent(ctx context.Context, in *Input) (int64, error)
+	datacenter() string
+	state() GlobalState
 }
 
-func (g *global) String() string { return fmt.Sprintf("global(%s)", g.cfg.Datacenter) }
+var _ ceiling = (*global)(nil)
+
+func (g *global) failing() bool      { return g.down.Load() }
+func (g *global) datacenter() string { return g.cfg.Datacenter }
+
+func (g *global) shares(ctx context.Context, identity string) ([]LedgerShare, error) {
+	return g.cfg.Ledger.Show(ctx, g.request(Tag(identity)))
+}
+
+// unspent is what in's share here holds of its grants not used, as the
+// ledger counts them (a grant in a slot at its units until it comes back,
+// while a window holds it).
+func (g *global) unspent(ctx context.Context, in *Input) (int64, error) {
+	view, err := g.dc.ShareBegin(ctx, g.h.shareKey(in.Identity), shareSig(in), false)
+	var n int64
+	for _, gr := range view.Grants {
+		if gr.Deadline > view.Now-g.wmax || gr.Deadline <= 1 {
+			n += max(gr.Units-gr.Used, 0)
+		}
+	}
+	return n, err
+}
+
+func (g *global) state() GlobalState {
+	return GlobalState{Datacenter: g.cfg.Datacenter, Static: g.static.Load(), Datacenters: g.n.Load(),
+		RoundTrip: time.Duration(g.rtt.Load()) * time.Microsecond}
+}

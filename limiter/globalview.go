@@ -6,26 +6,6 @@ package limiter
 
 import "context"
 
-// shareCounts puts the ledger's counts (in the policy's order of the
-// global windows) in the share part's order; nil when the ledger gave
-// none for every window.
-func (g *global) shareCounts(counts []int64) []int64 {
-	nb := len(g.l.p.Windows)
-	if len(counts) != len(g.l.p.GlobalWindows) {
-		return nil
-	}
-	var out []int64
-	for _, ps := range g.l.parts {
-		if ps.kind != KindShare {
-			continue
-		}
-		for _, i := range ps.windows {
-			out = append(out, counts[i-nb])
-		}
-	}
-	return out
-}
-
 // GlobalUse is what was admitted under an identity's global ceiling, in
 // its longest window, per data centre and in all.
 type GlobalUse struct {
@@ -56,16 +36,10 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		return GlobalUse{}, true, err
 	}
 	var u GlobalUse
-	view, verr := l.g.dc.ShareBegin(ctx, l.shareKey(in), shareSig(in), false)
-	for _, gr := range view.Grants {
-		// The ledger counts a grant in a slot at its units until it comes
-		// back, while a window holds it.
-		if gr.Deadline > view.Now-l.g.wmax || gr.Deadline <= 1 {
-			u.Unspent += max(gr.Units-gr.Used, 0)
-		}
-	}
+	unspent, verr := l.g.unspent(ctx, in)
+	u.Unspent = unspent
 	for _, s := range shares {
-		if s.Datacenter == l.g.cfg.Datacenter && verr == nil {
+		if s.Datacenter == l.g.datacenter() && verr == nil {
 			// (The data centre's store not answering, as it last told
 			// the ledger.)
 			s.Admitted = max(s.Counted-u.Unspent, 0)
@@ -75,4 +49,21 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		u.Shares = append(u.Shares, s)
 	}
 	return u, true, nil
+}
+
+// Shares returns each data centre's share of identity's ceiling, as the
+// ledger sees it (nil without global_redis).
+func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, error) {
+	if l.g == nil {
+		return nil, nil
+	}
+	return l.g.shares(ctx, identity)
+}
+
+// GlobalState returns the node's view (ok false without global_redis).
+func (l *Limiter) GlobalState() (GlobalState, bool) {
+	if l.g == nil {
+		return GlobalState{}, false
+	}
+	return l.g.state(), true
 }

@@ -384,3 +384,23 @@ func plainName(n string) bool {
 	}
 	return true
 }
+
+// Input is one request, resolved by the caller (placeholders, headers).
+type Input struct {
+	// Identity is whose budget the request spends (an API key, an IP).
+	Identity string
+	// Region is the request's region, with Policy.Regions.
+	Region string
+	// Limits are the limits of Policy.Windows, in order.
+	Limits []int64
+	// GlobalLimits are the limits of Policy.GlobalWindows, in order.
+	GlobalLimits []int64
+	// Cost is the units the request consumes; 0 means 1.
+	Cost int64
+	// MaxConcurrent bounds the requests in flight, with Policy.Concurrency.
+	MaxConcurrent int64
+	// Scratch, when set, is where Decide builds the request's Op (its keys
+	// and windows, and the decision's windows), instead of an allocation
+	// of its own. See Scratch.
+	Scratch *Scratch
+}

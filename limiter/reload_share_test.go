@@ -2,6 +2,8 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -130,5 +132,135 @@ func TestShareBeginUnderOtherLimits(t *testing.T) {
 		if v, _ := s.ShareBegin(ctx, "share", "1", false); len(v.Grants) != 0 {
 			t.Errorf("%s: the share read under other limits holds %+v: a renewal would give back a grant still in use", name, v.Grants)
 		}
+		// A deposit Only under other limits (a closed limiter's renewal)
+		// changes nothing; one of the share's own limits lands.
+		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 3, Length: time.Minute.Microseconds(), ID: "g2", Sig: "1", Only: true}); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 1 || v.Grants[0].ID != "g1" {
+			t.Errorf("%s: after a closed limiter's deposit under other limits: %+v, want the grant g1 of 8 still", name, v.Grants)
+		}
+		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 3, Length: time.Minute.Microseconds(), ID: "g3", Sig: "10", Only: true}); err != nil {
+			t.Fatal(err)
+		}
+		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 2 {
+			t.Errorf("%s: after a closed limiter's deposit under the share's limits: %+v, want g1 and g3", name, v.Grants)
+		}
 	}
+}
+
+// TestRenewalAcrossAReloadKeepsTheNewGrants: a node's renewal under the
+// limits of its config is held between the ledger's grant and its deposit
+// (a slow renewal) while a reload puts new limits in force (node Y, the
+// new config, builds a share under them) and the old config closes. The
+// old renewal must not drop the new limits' grants when it lands: with the
+// ledger then cut off, Y's requests are admitted from the share it holds.
+// Before the fix, a request's own renewal was not waited for by Close,
+// and every renewal deposited under its old limits after it: Y's grants
+// went, and Y's requests got 503 (fail closed, the ledger cut off).
+func TestRenewalAcrossAReloadKeepsTheNewGrants(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	const old, now = 100, 50
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes = 1, 2
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second // the grants outlive the test: no clock matters
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	w := newMDCWorld(t, o)
+	x, y := w.dcs[0].nodes[0], w.dcs[0].nodes[1]
+	ctx := context.Background()
+	in := func(l int64) *limiter.Input {
+		return &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{l}}
+	}
+	if d, err := x.Decide(ctx, in(old)); err != nil || !d.Pass {
+		t.Fatalf("X's first request: %+v, %v", d, err)
+	}
+	// X's next renewal is held once the ledger answered it.
+	reached, release, deposited := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	var held, holding atomic.Bool
+	limiter.SetGlobalHook(x, func(stage string) {
+		switch {
+		case stage == "granted" && held.CompareAndSwap(false, true):
+			close(reached)
+			<-release
+			holding.Store(true)
+		case stage == "deposited" && holding.CompareAndSwap(true, false):
+			close(deposited)
+		}
+	})
+	for i := 0; ; i++ {
+		if _, err := x.Decide(ctx, in(old)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-reached:
+		case <-time.After(5 * time.Millisecond): // pacing X's requests until one renews
+			if i == 1000 {
+				t.Fatal("no renewal of X reached the ledger")
+			}
+			continue
+		}
+		break
+	}
+	// The reload: Y, under the new limit, holds a share of it.
+	c := redis.NewClient(&redis.Options{Addr: w.dcs[0].srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	skey := y.Keys().Global("share", "k")
+	for deadline := time.Now().Add(10 * time.Second); unspent(t, c, skey) < 3; {
+		if d, err := y.Decide(ctx, in(now)); err != nil || !d.Pass {
+			t.Fatalf("building Y's share: %+v, %v", d, err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Y holds no share of 3 units after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond) // for Y's renewals to land, not crossing a window
+	}
+	// The ledger cut off; the old config closes, and its renewal lands.
+	w.dcs[0].proxy.Cut()
+	closed := make(chan struct{})
+	go func() {
+		x.Close()
+		close(closed)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); !limiter.GlobalClosing(x); {
+		if time.Now().After(deadline) {
+			t.Fatal("X's Close did not begin within 10 s")
+		}
+		time.Sleep(time.Millisecond) // polling for Close to begin
+	}
+	close(release)
+	for _, ch := range []chan struct{}{deposited, closed} {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("X's renewal or Close did not end within 10 s")
+		}
+	}
+	for i := range 3 {
+		d, err := y.Decide(ctx, in(now))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Pass || d.Source != limiter.SourceRedis {
+			t.Errorf("Y's request %d after the old config's renewal landed (the ledger cut off, Y's share held %d units before): %v from %s (Retry-After %v); want admitted from the share",
+				i+1, 3, d.Outcome, d.Source, d.RetryAfter)
+		}
+	}
+}
+
+// unspent is the units the share at key holds unspent (its slots' n - u).
+func unspent(t *testing.T, c *redis.Client, key string) int64 {
+	t.Helper()
+	v, err := c.HMGet(context.Background(), key, "1n", "1u", "2n", "2u", "3n", "3u", "4n", "4u").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rem int64
+	for i := 0; i < len(v); i += 2 {
+		var units, used int64
+		fmt.Sscan(fmt.Sprint(v[i]), &units)
+		fmt.Sscan(fmt.Sprint(v[i+1]), &used)
+		rem += max(units-used, 0)
+	}
+	return rem
 }

@@ -89,8 +89,11 @@ type Deposit struct {
 	ID                                string
 	Returned                          []string
 	// Sig is the limits' signature: a share of another one drops its
-	// grants first.
-	Sig string
+	// grants first, unless Only: then nothing changes (the deposit of a
+	// renewal whose limiter was closed since: a reload's new limits may be
+	// the share's, and their grants must stay).
+	Sig  string
+	Only bool
 	// Counts are the ledger's counts of the share part's windows, in its
 	// order, after the grant (nil: the ledger did not answer; the share
 	// keeps the last ones): a window's count is them less what the share
@@ -299,6 +302,9 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 		k.share = &shareState{}
 	}
 	st := k.share
+	if d.Only && st.sig != "" && st.sig != d.Sig {
+		return 0, nil
+	}
 	st.under(d.Sig, true)
 	free, ended := -1, -1
 	latest := t
@@ -433,6 +439,9 @@ func (s *RedisStore) ShareDeposit(ctx context.Context, key string, d Deposit) (i
 	args = append(args, len(d.Counts))
 	for _, c := range d.Counts {
 		args = append(args, c)
+	}
+	if d.Only {
+		args = append(args, 1)
 	}
 	slot, err := dcshareScript.Run(ctx, s.client, []string{key}, args...).Int()
 	return slot, err

@@ -5,6 +5,7 @@ package limiter_test
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -228,7 +229,7 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	w.close()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	res := dcResult{seen: w.seen}
+	res := dcResult{}
 	if over, r := w.overAdmission(); over > 0 {
 		res.err = fmt.Errorf("%d over the ceiling (%d per %dms) in the window ending %v after the start, at dc%d (%s, limit %d)",
 			over, r.limit, c.Win, r.at.Sub(w.start).Round(time.Millisecond), r.dc, r.id, r.limit)
@@ -247,6 +248,9 @@ func (e *dcEnv) runDC(c *dcCase) dcResult {
 	w.recovery(&res)
 	w.roomUsed(&res)
 	w.latency(&res)
+	// A copy: a node closed in the run (killed, replaced) may still be
+	// closing, its beat telling w.seen (under w.mu) what it did.
+	res.seen = maps.Clone(w.seen)
 	return res
 }
 
@@ -348,25 +352,40 @@ func (w *dcWorld) statuses(res *dcResult) {
 		}
 		from, to := w.start.Add(w.ms(f.At)), w.start.Add(w.ms(f.At+f.For))
 		n := map[string]int{}
+		refused := map[dcWaiter]time.Time{} // each node's first refusal of each identity in the fault
+		for _, r := range w.recs {
+			if !affects(f, r.dc) || r.done.Before(from) || !r.done.Before(to) {
+				continue
+			}
+			if k := (dcWaiter{r.dc, r.node, r.id}); !r.pass {
+				if t, ok := refused[k]; !ok || r.done.Before(t) {
+					refused[k] = r.done
+				}
+			}
+		}
 		for _, r := range w.recs {
 			if !affects(f, r.dc) || r.done.Before(from) || !r.done.Before(to) {
 				continue
 			}
 			n[dcStatus(r)]++
 			if os.Getenv("SIM_DEBUG") != "" {
-				w.t.Logf("%v dc%d %s: %s %s err=%v retry %v", r.done.Sub(w.start).Round(time.Millisecond), r.dc, f.Kind, dcStatus(r), r.src, r.err, r.retry)
+				first := refused[dcWaiter{r.dc, r.node, r.id}]
+				w.t.Logf("%v dc%d/n%d %s %s: %s %s err=%v retry %v (%v after the node's first refusal; the table's: %v)",
+					r.done.Sub(w.start).Round(time.Millisecond), r.dc, r.node, r.id, f.Kind, dcStatus(r), r.src, r.err, r.retry,
+					r.done.Sub(first).Round(time.Millisecond), !w.ledgerFault(f, r, first))
 			}
 			if f.Kind == "dcdown" && r.out == limiter.OutcomeLimited && r.done.After(from.Add(dcTimeout)) {
 				n["bad"]++
 			}
-			if w.ledgerFault(f, r) {
+			if w.ledgerFault(f, r, refused[dcWaiter{r.dc, r.node, r.id}]) {
 				n["bad ledger"]++
 			}
 		}
 		res.figures = append(res.figures, fmt.Sprintf("statuses during %v (fail %s): %s", f, w.c.Fail, dcCounts(n)))
 		if n["bad ledger"] > 0 {
 			res.findings = append(res.findings, fmt.Sprintf("status: %d requests got 429 during %v while the ceiling had more than half its room (fail %s; the table: %s)",
-				n["bad ledger"], f, w.c.Fail, map[string]string{"closed": "503", "local": "503 until the static share starts", "open": "pass, counted"}[w.c.Fail]))
+				n["bad ledger"], f, w.c.Fail, "429 while the renewal waited for is within the timeout, then "+
+					map[string]string{"closed": "503", "local": "503 until the static share starts", "open": "pass, counted"}[w.c.Fail]))
 		}
 		if n["bad"] > 0 {
 			res.findings = append(res.findings, fmt.Sprintf("status: %d requests got 429 while dc%d's own Redis was down (fail %s; the table: the fail mode, 503 under fail local)",
@@ -376,11 +395,21 @@ func (w *dcWorld) statuses(res *dcResult) {
 	w.starved(res)
 }
 
+// dcWaiter is a node's requests of one identity: they wait for one renewal.
+type dcWaiter struct {
+	dc, node int
+	id       string
+}
+
 // ledgerFault reports whether r is a 429 during f, a fault of the ledger
 // or of the way to it, that the table does not give: the ceiling had more
-// than half its room (so no share could have known it full), and under
-// fail local the static share had not started (its own 429s are its own).
-func (w *dcWorld) ledgerFault(f dcFault, r dcRec) bool {
+// than half its room (so no share could have known it full), it came more
+// than the ledger's timeout after the node's first refusal of the identity
+// in the fault (first: the renewal they wait for began before it, and a
+// stalled ledger is only slow until that renewal has been out the
+// timeout), and under fail local the static share had not started (its
+// own 429s are its own).
+func (w *dcWorld) ledgerFault(f dcFault, r dcRec, first time.Time) bool {
 	switch f.Kind {
 	case "stall", "cut":
 	default:
@@ -388,6 +417,11 @@ func (w *dcWorld) ledgerFault(f dcFault, r dcRec) bool {
 	}
 	if r.out != limiter.OutcomeLimited || w.admittedWithin(r.id, r.at) >= r.limit/2 {
 		return false
+	}
+	if !first.IsZero() && r.done.Before(first.Add(dcTimeout+100*time.Millisecond)) {
+		// Slow, not yet down: the share's refusal, Retry-After the lead
+		// (two renewals, each within the timeout, and 20 ms).
+		return r.retry > 2*dcTimeout+20*time.Millisecond
 	}
 	return w.c.Fail != "local" || r.done.Before(w.start.Add(w.ms(f.At+w.c.staticWait())))
 }

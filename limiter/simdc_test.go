@@ -83,6 +83,7 @@ var dcFaultKinds = []string{"stall", "cut", "restart", "failover", "dcdown", "ki
 // dcRec is one decision.
 type dcRec struct {
 	dc    int
+	node  int
 	id    string
 	at    time.Time // the store's time (the node's clock less its offset)
 	done  time.Time // when the decision came back (the wall clock)
@@ -384,7 +385,7 @@ func (w *dcWorld) decide(ctx context.Context, s *dcSite, ni int, id string) {
 		// Not decided by a store (its fail mode): now, on the node's clock.
 		at = time.Now().Add(s.off)
 	}
-	r := dcRec{dc: s.i, id: id, at: at.Add(-s.off), pass: d.Pass, open: d.Pass && d.Source == limiter.SourceFailOpen,
+	r := dcRec{dc: s.i, node: ni, id: id, at: at.Add(-s.off), pass: d.Pass, open: d.Pass && d.Source == limiter.SourceFailOpen,
 		out: d.Outcome, src: d.Source, retry: d.RetryAfter, limit: max(limit, w.limit.Load()), err: d.Err != nil, done: time.Now()}
 	r.took = r.done.Sub(sent)
 	w.mu.Lock()

@@ -15,7 +15,10 @@
 --            is read before the ledger is asked, so a grant's deadline here
 --            (now + its length) falls before the ledger's end of it.
 --   deposit  KEYS[1] the share; ARGV t0 n len id retry sig recheck nret
---            ids... [ncount counts...]: the counts (the ledger's, of each
+--            ids... [ncount counts... [only]]: with only 1 (a renewal of a
+--            limiter closed since, by a reload), nothing changes when the
+--            share is under other limits than sig (the new limits': their
+--            grants stay), reply 0. Otherwise the counts (the ledger's, of each
 --            window, after the grant) become "G" (none: "G" stays, or goes
 --            with the grants of other limits); the slots of the grants the
 --            ledger took back (ids) are emptied, the claim is released, a
@@ -113,6 +116,10 @@ if op == "deposit" then
     back[ARGV[9 + i]] = true
   end
   local v = redis.call("HMGET", key, unpack(fields))
+  local nc = tonumber(ARGV[10 + nret]) or 0
+  if ARGV[11 + nret + nc] == "1" and v[30] and v[30] ~= sig then
+    return 0
+  end
   if v[30] ~= sig then
     -- The grants of other limits go (those returned, and the rest: the
     -- ledger counts them to their end).
@@ -123,7 +130,6 @@ if op == "deposit" then
     redis.call("HDEL", key, "G")
     redis.call("HSET", key, "L", sig)
   end
-  local nc = tonumber(ARGV[10 + nret]) or 0
   if nc > 0 then
     redis.call("HSET", key, "G", table.concat(ARGV, " ", 11 + nret, 10 + nret + nc))
   end
