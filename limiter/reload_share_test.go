@@ -217,10 +217,10 @@ func TestRenewalAcrossAReloadKeepsTheNewGrants(t *testing.T) {
 	}
 	// The ledger cut off; the old config closes, and its renewal lands.
 	w.dcs[0].proxy.Cut()
-	closed := make(chan struct{})
+	closed := make(chan struct{}, 1)
 	go func() {
 		x.Close()
-		close(closed)
+		closed <- struct{}{}
 	}()
 	for deadline := time.Now().Add(10 * time.Second); !limiter.GlobalClosing(x); {
 		if time.Now().After(deadline) {
