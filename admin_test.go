@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -48,7 +47,7 @@ func adminGet(t *testing.T, name, query string) (int, string) {
 // 5 are admitted.
 func TestAdminAPI(t *testing.T) {
 	name := uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
 	sliding_ratelimit {

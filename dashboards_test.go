@@ -427,7 +427,7 @@ func keys[V any](m map[string]V) string {
 func TestDashboardAndRulesUseRealMetrics(t *testing.T) {
 	mem, queue, rds, glb := uniqueName(), uniqueName(), uniqueName(), uniqueName()
 	srv, ledger := redistest.Start(t), redistest.Start(t)
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
 	route /mem {

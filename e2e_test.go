@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/dunglas/httpsfv"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -79,7 +78,7 @@ func TestEndToEnd(t *testing.T) {
 			if store == "redis" {
 				extra = "redis redis://" + srv.Addr()
 			}
-			tester := caddytest.NewTester(t)
+			tester := newTester(t)
 			tester.InitServer(e2eConfig(extra), "caddyfile")
 			key := randomKey(t)
 			get := func() *http.Response {

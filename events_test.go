@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 )
 
 func init() {
@@ -42,7 +41,7 @@ func (eventRecorder) Handle(_ context.Context, e caddy.Event) error {
 // limiter and region, without the key unless log_key is set.
 func TestExceededEvent(t *testing.T) {
 	name := uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(`{
 		"admin": {"listen": "localhost:2999"},
 		"apps": {
@@ -94,7 +93,7 @@ func TestExceededEvent(t *testing.T) {
 // sliding_ratelimit_banned event, and counts in bans_total.
 func TestBannedEvent(t *testing.T) {
 	name := uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(`{
 		"admin": {"listen": "localhost:2999"},
 		"apps": {

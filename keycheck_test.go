@@ -17,7 +17,6 @@ import (
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
@@ -287,7 +286,7 @@ func TestEmptyKeysShareOneBudget(t *testing.T) {
 // the limiter's start, at zero, and counts what the handler counted.
 func TestEmptyKeysMetricScraped(t *testing.T) {
 	name := uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
 	sliding_ratelimit {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -313,7 +312,7 @@ func TestGRPCResourceExhausted(t *testing.T) {
 	t.Cleanup(gs.Stop)
 
 	name := uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(`{
 	skip_install_trust
 	admin localhost:2999

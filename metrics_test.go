@@ -117,7 +117,7 @@ http://localhost:9080 {
 }
 `
 	}
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(config(3), "caddyfile")
 	for i := 0; i < 5; i++ {
 		get(t, tester, "http://localhost:9080/mem", nil)

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap/zapcore"
 
@@ -228,7 +227,7 @@ http://localhost:9080 {
 // TestTiersAndChainedLimiters: keys mapped to tiers 3 and 10 get 3 and 10
 // admitted; a request denied by the first limiter never reaches the second.
 func TestTiersAndChainedLimiters(t *testing.T) {
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(tiersConfig, "caddyfile")
 	send := func(key string) *http.Response {
 		req, _ := http.NewRequest(http.MethodGet, "http://localhost:9080/", nil)

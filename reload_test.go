@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
@@ -80,7 +79,7 @@ func TestReloadUnderLoad(t *testing.T) {
 	srv := redistest.Start(t)
 	memName := "reload-mem-" + uniqueName()
 	limit := 100
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(reloadTestConfig(srv.Addr(), memName, limit, true), "caddyfile")
 	if t.Failed() {
 		t.FailNow()

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/caddyserver/caddy/v2/caddytest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
@@ -66,7 +65,7 @@ func TestDryRunNeverBlocksWhenRedisIsDown(t *testing.T) {
 // TestOnLimitError: with on_limit error, handle_errors renders the denial:
 // its own body, status 429, and Retry-After still set.
 func TestOnLimitError(t *testing.T) {
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
 	sliding_ratelimit {
@@ -308,7 +307,7 @@ func TestJitterSpreadsRetries(t *testing.T) {
 // ({http.sliding_ratelimit.name}).
 func TestSharedErrorPageNamesTheLimiter(t *testing.T) {
 	api, login := uniqueName(), uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
 	route /api {
@@ -357,7 +356,7 @@ http://localhost:9080 {
 // X-RateLimit headers the tightest of the two.
 func TestTwoLimitersOneRouteShowTheLast(t *testing.T) {
 	first, second := uniqueName(), uniqueName()
-	tester := caddytest.NewTester(t)
+	tester := newTester(t)
 	tester.InitServer(opsGlobal+`
 http://localhost:9080 {
 	route /two {
