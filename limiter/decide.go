@@ -147,7 +147,10 @@ type pending struct {
 	store  Store // the store that decided (a lease is released there)
 	lease  bool  // a lease was taken
 	record bool  // count_only: units to record when the status matches
-	ended  atomic.Bool
+	// id and region are the request's identity and region: the record
+	// reads the identity's override as it is at the response (see Done).
+	id, region string
+	ended      atomic.Bool
 }
 
 // Tightest is the window with the least left (the one X-RateLimit headers
@@ -680,7 +683,8 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		}
 		l.decided(in, op, d, &reply, store)
 		if d.Pass && (op.Lease != nil || mode == ModeCheckOnly) {
-			d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly}
+			d.done = &pending{op: op, store: store, lease: op.Lease != nil, record: mode == ModeCheckOnly,
+				id: in.Identity, region: in.Region}
 		}
 		if d.Outcome == OutcomeLimited && l.wait(ctx, d) {
 			now = l.p.Now()
@@ -1043,6 +1047,14 @@ func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 		rec := *p.op
 		rec.Mode, rec.Lease, rec.Ban = ModeRecord, nil, nil
 		rec.Deadline = time.Time{}
+		if rec.Override == nil && hasKind(rec.Parts, KindToken) {
+			// A token bucket's state keeps the limit it was written
+			// under, so its record reads the identity's override as it is
+			// at the response: one set since the check, or that this node
+			// does not hear of (a limiter a reload replaced stops
+			// listening), counts as it would for a check then.
+			rec.Override = &OverrideRef{Key: l.overrideKey(p.id), Scope: l.scopeOf(p.region)}
+		}
 		if rec.Now != 0 {
 			rec.Now = l.p.Now().UnixMicro()
 		}
@@ -1066,6 +1078,16 @@ func (l *Limiter) Done(ctx context.Context, d *Decision, status int) {
 		rel := Op{Mode: ModeRelease, Lease: p.op.Lease}
 		l.call(ctx, p.store, &rel)
 	}
+}
+
+// hasKind reports whether a part of parts is of kind k.
+func hasKind(parts []Part, k Kind) bool {
+	for i := range parts {
+		if parts[i].Kind == k {
+			return true
+		}
+	}
+	return false
 }
 
 // call runs an Op after the response within the timeout; an error is

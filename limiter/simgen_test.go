@@ -105,13 +105,6 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 		case x < 84:
 			s.Op, s.Key, s.Region = "reset", keys[rng.IntN(len(keys))], regions[rng.IntN(2)]
 		case x < 88:
-			if c.Cfg.Alg == "token_bucket" && c.Cfg.CountOnly {
-				// count_only's record goes by the check's op: it reads
-				// an override only when the node knew of one at the
-				// check, and a token bucket's state records the T and B
-				// it read; not modelled (see the oracle's evalToken).
-				continue
-			}
 			s.Op, s.Key, s.TTL = "ovset", keys[rng.IntN(len(keys))], int64(1+rng.IntN(20))
 			if rng.IntN(2) == 0 {
 				s.Region = regions[rng.IntN(2)]
@@ -932,6 +925,16 @@ var simReplays = []simCase{
 		Cfg:  simCfg{Alg: "sliding_log", Windows: []string{"5s", "hour"}, Limits: []int64{2, 13}, GWindows: []string{"5s"}, GLimits: []int64{4}, Zone: "Australia/Lord_Howe", BanAfter: 3, BanWithin: "1s", BanFor: "10s", CountOnly: true, Queue: "2s"},
 		Steps: []simStep{
 			{Op: "req", Node: 1, Key: "c", Region: "us", Cost: 1},
+		}},
+	{Name: "a token bucket's count_only record reads the override live: a request decided by a limiter that a reload replaced, done after an override was set, records under the override's limit (seed 1796219197057782222)", Stack: "memory", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"2s", "5s"}, Limits: []int64{5, 2}, GWindows: []string{"2s"}, GLimits: []int64{7}, CountOnly: true, Queue: "2s"},
+		Steps: []simStep{
+			{Op: "req", Node: 1, Key: "b", Region: "eu", Cost: 1, Cancel: true},
+			{Op: "reload", Node: 1, Limits: []int64{7, 2}, Client: true},
+			{Op: "ovset", Key: "b", Factor: 3, TTL: 4},
+			{Op: "done", Node: 2, N: 6, Status: 401},
+			{Op: "tick", Node: 1, Dt: 25622},
+			{Op: "req", Node: 1, Key: "b", Region: "eu", Cost: 1},
 		}},
 }
 
