@@ -490,7 +490,10 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int, now 
 	if d, ok := r.cached(n, q, now); ok {
 		return n.rule.Finish(d), false
 	}
-	if last && got.Err != nil && r.c.Stack == "redis" {
+	if (last && got.Err != nil || !last && r.down != "") && r.c.Stack == "redis" {
+		// The store failed the check (a queued request's earlier checks
+		// too, while Redis was down: under fail local the local store's
+		// refusal is what it waited on).
 		r.event("fail:" + n.rule.fail.String())
 		return n.rule.Finish(FailRule(&n.rule, n.local, q, now, checkOnly, no, waitLeft)), false
 	}

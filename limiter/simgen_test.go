@@ -936,6 +936,17 @@ var simReplays = []simCase{
 			{Op: "tick", Node: 1, Dt: 25622},
 			{Op: "req", Node: 1, Key: "b", Region: "eu", Cost: 1},
 		}},
+	{Name: "a queued request's earlier checks during an outage go by the fail mode too: under fail local it waits on the local store's refusal (seed 1796219538418594550)", Stack: "redis", Start: time.Date(2026, 11, 1, 5, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"5s", "1m", "month"}, Limits: []int64{2, 2, 12}, Zone: "America/New_York", BanAfter: 3, BanWithin: "1s", BanFor: "10s", Queue: "5s", DryRun: true, Fail: "local"},
+		Steps: []simStep{
+			{Op: "reload", Node: 2, Limits: []int64{2, 5, 5}, Conc: 1},
+			{Op: "fault", Node: 1, Fault: "stall"},
+			{Op: "tick", Node: 1, Dt: 4999999},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "done", Node: 2, N: 3, Status: 200},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
