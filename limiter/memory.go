@@ -35,15 +35,16 @@ const DefaultMemoryKeys = 1 << 20
 // Like the script's state, a state carries its own timestamps: expiry only
 // reclaims memory, it never changes an answer.
 type MemoryStore struct {
-	now       func() time.Time
-	seed      maphash.Seed
-	shards    [memoryShards]memShard
-	perShard  int
-	evictions atomic.Int64
-	bus       listeners
-	stop      chan struct{}
-	stopOnce  sync.Once
-	done      chan struct{}
+	now         func() time.Time
+	expiryClock bool // TTLs run on now (WithClock), not on the wall clock
+	seed        maphash.Seed
+	shards      [memoryShards]memShard
+	perShard    int
+	evictions   atomic.Int64
+	bus         listeners
+	stop        chan struct{}
+	stopOnce    sync.Once
+	done        chan struct{}
 }
 
 type memShard struct {
@@ -74,9 +75,12 @@ type memKey struct {
 // MemoryOption configures a MemoryStore.
 type MemoryOption func(*MemoryStore)
 
-// WithClock sets the clock used for Ops whose Now is zero.
+// WithClock sets the clock used for Ops whose Now is zero, and for expiry:
+// a key's TTL then runs on it too, so that a test's clock that stands
+// still while real time passes (a stalled call, a reload) does not see a
+// key expire early, and one moved past a TTL sees it go.
 func WithClock(now func() time.Time) MemoryOption {
-	return func(s *MemoryStore) { s.now = now }
+	return func(s *MemoryStore) { s.now, s.expiryClock = now, true }
 }
 
 // WithMaxKeys bounds the keys held (default DefaultMemoryKeys).
@@ -184,6 +188,15 @@ func (s *MemoryStore) put(sh *memShard, key string, k *memKey) {
 	sh.m[key] = k
 }
 
+// wallNow is the time TTLs run on (ns): the wall clock, or the clock
+// WithClock gave.
+func (s *MemoryStore) wallNow() int64 {
+	if s.expiryClock {
+		return s.now().UnixNano()
+	}
+	return time.Now().UnixNano()
+}
+
 // expire sets k's time to live.
 func expire(k *memKey, ttlMS int64, wall int64) {
 	k.wall = wall + ttlMS*int64(time.Millisecond)
@@ -214,7 +227,7 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if wall == 0 {
-		wall = time.Now().UnixNano()
+		wall = s.wallNow()
 	}
 
 	if op.Mode == ModeRelease {
@@ -627,7 +640,7 @@ func (s *MemoryStore) janitor(every time.Duration) {
 // expired, at most 16 rounds (so a shard is never held for long, and about a
 // tenth of its keys at most wait for a later pass).
 func (s *MemoryStore) expireSome(sh *memShard) {
-	now := time.Now().UnixNano()
+	now := s.wallNow()
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for round := 0; round < 16; round++ {

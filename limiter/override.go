@@ -745,7 +745,7 @@ func (s *MemoryStore) overrideGet(_ context.Context, key string, now int64) (map
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	out := map[string]string{}
-	k := sh.get(key, time.Now().UnixNano())
+	k := sh.get(key, s.wallNow())
 	if k == nil {
 		return out, now, nil
 	}
@@ -763,7 +763,7 @@ func (s *MemoryStore) overrideIndex(_ context.Context, index, member string, now
 	sh := s.shard(index)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	wall := time.Now().UnixNano()
+	wall := s.wallNow()
 	k := sh.get(index, wall)
 	if k == nil {
 		k = &memKey{idx: map[string]int64{}}
@@ -802,7 +802,7 @@ func (s *MemoryStore) overrideEdit(key, scope string, now int64, edit func(map[s
 	sh := s.shard(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	wall := time.Now().UnixNano()
+	wall := s.wallNow()
 	k := sh.get(key, wall)
 	f := map[string]string{}
 	if k != nil && k.ov != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
@@ -276,7 +275,7 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string, recall bool
 	defer sh.mu.Unlock()
 	t := s.now().UnixMicro()
 	v := ShareView{Now: t}
-	if k := sh.get(key, time.Now().UnixNano()); k != nil && k.share != nil {
+	if k := sh.get(key, s.wallNow()); k != nil && k.share != nil {
 		if recall && k.share.sig != sig {
 			v.Stale = true
 			return v, nil
@@ -356,7 +355,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 func (s *MemoryStore) lockKey(key string) (*memShard, *memKey, int64, int64) {
 	sh := s.shard(key)
 	sh.mu.Lock()
-	wall := time.Now().UnixNano()
+	wall := s.wallNow()
 	k := sh.get(key, wall)
 	if k == nil {
 		k = &memKey{}

@@ -947,6 +947,14 @@ var simReplays = []simCase{
 			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
 			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
 		}},
+	{Name: "the fail local store's TTLs run on the history's clock: real time spent on calls to a stalled Redis expires no token state it still holds (seed 1796220088541456447)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"1s"}, Limits: []int64{4}, BanAfter: 3, BanWithin: "1s", BanFor: "2s", Conc: 1, Lease: "2s", Queue: "2s", Fail: "local"},
+		Steps: []simStep{
+			{Op: "fault", Node: 1, Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "reload", Node: 2, Limits: []int64{4}, Client: true, Format: 2},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this

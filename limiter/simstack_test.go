@@ -125,8 +125,13 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			var local *limiter.MemoryStore
 			if old != nil {
 				local = old.local
+			} else if r.c.RedisClock {
+				local = limiter.NewMemoryStore() // the wall clock, as the nodes'
 			} else {
-				local = limiter.NewMemoryStore()
+				// Its TTLs on the history's clock, as its decisions: real
+				// time that passes while the clock stands still (a call
+				// to a stalled Redis timing out) expires nothing.
+				local = limiter.NewMemoryStore(limiter.WithClock(r.storeNow))
 			}
 			n.stack = &nodeStack{client: c, store: s, local: local,
 				breaker: limiter.NewBreaker(s, limiter.BreakerConfig{IsFailure: limiter.IsUnavailable, Now: r.clock.Now})}
