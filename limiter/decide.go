@@ -440,7 +440,7 @@ func (l *Limiter) Close() {
 			<-l.ovDone
 		}
 		if l.g != nil {
-			l.g.close()
+			l.g.Close()
 		}
 	})
 }
@@ -518,7 +518,7 @@ func limitOf(in *Input, nb, i int) int64 {
 // keys).
 func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	b := in.Scratch.take()
-	parts, specs, static := l.parts, l.specs, l.g != nil && l.g.usesStatic()
+	parts, specs, static := l.parts, l.specs, l.g != nil && l.g.UsesStatic()
 	if static {
 		parts, specs = l.sparts, l.sspecs
 	}
@@ -556,7 +556,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 		p.Key, p.Kind, p.Global = keys[k], ps.kind, ps.global
 		p.Lead, p.Claim = 0, 0
 		if ps.kind == KindShare {
-			p.Lead, p.Claim, p.Sig = l.g.lead(), l.g.claim(), shareSig(in)
+			p.Lead, p.Claim, p.Sig = l.g.Lead(), l.g.Claim(), shareSig(in)
 		}
 		k++
 		p.Windows = wins[wi : wi+len(ps.windows) : wi+len(ps.windows)]
@@ -566,7 +566,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 			win := l.window(i)
 			w.Limit = limitOf(in, nb, i)
 			if static && i >= nb {
-				w.Limit = max(l.g.staticLimit(w.Limit), 1)
+				w.Limit = max(l.g.StaticLimit(w.Limit), 1)
 			}
 			if win.Period != PeriodNone {
 				w.Name = win.Period.String()
@@ -643,7 +643,7 @@ func (l *Limiter) decide(ctx context.Context, in *Input, d *Decision) error {
 		return nil
 	}
 
-	if l.g != nil && l.g.usesStatic() && l.g.staticNone(in) {
+	if l.g != nil && l.g.UsesStatic() && l.g.StaticNone(in.GlobalLimits) {
 		l.ledgerFailed(in, op, d, errStatic)
 		return nil
 	}
@@ -729,17 +729,17 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 // It returns the Op to ask next.
 func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode Mode, now time.Time, asked bool) (*Op, bool, error) {
 	if r.Share&ShareAsk != 0 && !asked {
-		if err := l.g.fetch(ctx, in, r, l.shareKey(in), op.Cost); err != nil {
+		if err := l.g.Fetch(ctx, dcRequest(in, r), l.shareKey(in), op.Cost); err != nil {
 			return op, true, err
 		}
 		return l.op(in, mode, now), true, nil
 	}
 	short := r.Status == StatusDenied && r.Share&ShareOnly != 0 && !asked
-	if short && l.g.failing() {
+	if short && l.g.Failing() {
 		// The share ran out and the ledger does not answer: the fail
 		// mode, as for the identity's first request.
 		if r.Share&ShareRenew != 0 {
-			l.g.later(in, r)
+			l.g.Later(dcRequest(in, r))
 		}
 		return op, asked, ErrLedgerUnreachable
 	}
@@ -755,9 +755,9 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		// refusal stands (a 429, Retry-After the lead). Once the renewal
 		// has been out the timeout (a stalled ledger), or a call failed,
 		// the fail mode applies, at once for the next requests.
-		err := l.g.await(ctx, in, r, l.shareKey(in), op.Cost)
+		err := l.g.Await(ctx, dcRequest(in, r), l.shareKey(in), op.Cost)
 		if errors.Is(err, errLedgerSlow) {
-			l.g.event(GlobalEvent{Kind: EventStarved})
+			l.g.Event(GlobalEvent{Kind: EventStarved})
 			r.Share &^= ShareAsk
 			return op, true, nil
 		}
@@ -768,11 +768,11 @@ func (l *Limiter) shared(ctx context.Context, in *Input, op *Op, r *Reply, mode 
 		return l.op(in, mode, now), true, nil
 	}
 	if r.Share&ShareRenew != 0 {
-		l.g.later(in, r)
+		l.g.Later(dcRequest(in, r))
 	}
 	if r.Status == StatusDenied && r.Share&ShareOnly != 0 && r.Share&ShareFull == 0 {
 		// Refused here while the ledger had not said it was full.
-		l.g.event(GlobalEvent{Kind: EventStarved})
+		l.g.Event(GlobalEvent{Kind: EventStarved})
 	}
 	r.Share &^= ShareAsk
 	return op, asked, nil
@@ -789,7 +789,7 @@ func (l *Limiter) ledgerFailed(in *Input, op *Op, d *Decision, err error) {
 	d.Pass = l.p.Fail == FailOpen
 	if d.Pass {
 		d.Source = SourceFailOpen
-		l.g.event(GlobalEvent{Kind: EventFailOpen})
+		l.g.Event(GlobalEvent{Kind: EventFailOpen})
 	}
 	d.Windows = l.windows(in, op, nil)
 	l.finish(d)

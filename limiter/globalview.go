@@ -36,10 +36,10 @@ func (l *Limiter) GlobalUse(ctx context.Context, in *Input) (GlobalUse, bool, er
 		return GlobalUse{}, true, err
 	}
 	var u GlobalUse
-	unspent, verr := l.g.unspent(ctx, in)
+	unspent, verr := l.g.Unspent(ctx, dcRequest(in, nil))
 	u.Unspent = unspent
 	for _, s := range shares {
-		if s.Datacenter == l.g.datacenter() && verr == nil {
+		if s.Datacenter == l.g.Datacenter() && verr == nil {
 			// (The data centre's store not answering, as it last told
 			// the ledger.)
 			s.Admitted = max(s.Counted-u.Unspent, 0)
@@ -57,7 +57,7 @@ func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, e
 	if l.g == nil {
 		return nil, nil
 	}
-	return l.g.shares(ctx, identity)
+	return l.g.Shares(ctx, identity)
 }
 
 // GlobalState returns the node's view (ok false without global_redis).
@@ -65,5 +65,5 @@ func (l *Limiter) GlobalState() (GlobalState, bool) {
 	if l.g == nil {
 		return GlobalState{}, false
 	}
-	return l.g.state(), true
+	return l.g.State(), true
 }

@@ -2,7 +2,7 @@ package limiter_test
 
 // global_redis: what a client sees while the ledger is slow (not down),
 // and the Retry-After of a ceiling the ledger says is full (a review of
-// limiter/global.go, issue 28).
+// limiter/dc/global.go, issue 28).
 
 import (
 	"context"

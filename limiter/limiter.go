@@ -17,6 +17,10 @@
 //
 // The request flows down: Limiter → DenyCache → Breaker → RedisStore, and
 // on a store error to the fail mode (open, closed, or the in-process store).
+//
+// A global ceiling kept in a ledger every data centre shares (global_redis)
+// is package limiter/dc, which imports nothing of this one: the engine
+// calls it through one interface (ceiling.go) and keeps the decision.
 package limiter
 
 import (

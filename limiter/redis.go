@@ -14,13 +14,6 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
-// ErrBadReply is wrapped by errors about a script reply of the wrong shape.
-var ErrBadReply = errors.New("malformed reply from redis script")
-
-// ErrLate is returned for a check that reached Redis after its deadline:
-// Redis did not run it.
-var ErrLate = errors.New("check reached redis after its deadline; not run")
-
 // script is decide.lua with the algorithms spliced in; logScript the same
 // with sliding_log's alone, for EVALSHA calls of log checks without a ban
 // (lua.DecideLog).
@@ -486,21 +479,12 @@ func resize[T any](s []T, n int) []T {
 // length in µs.
 func WindowName(d time.Duration) string { return strconv.FormatInt(d.Microseconds(), 10) }
 
-// offsetClock learns how far Redis's clock is from this process's, so a
-// check can carry its deadline on Redis's clock. Each reply that read TIME
-// gives a sample: Redis's time minus the local time the call was sent, at
-// least the true offset (the check ran after it was sent). The smallest
-// sample of the last two 5-second epochs is used: it is within one round
-// trip of the truth, and always on the lenient side, so a check is never
-// refused for a deadline it met.
+// offsetClock is the Redis store's clock offset (clockOffset, shared
+// with the ledger's client: limiter/internal/rediskit), and how it learns
+// it.
 type offsetClock struct {
-	mu     sync.Mutex
-	epoch  int64
-	cur    int64 // smallest sample of this epoch
-	prev   int64 // of the previous one
-	hasCur bool
-	known  atomic.Bool
-	offset atomic.Int64
+	clockOffset
+	mu     sync.Mutex  // asking
 	asking *timeAsk    // the TIME call in flight while the offset is unknown
 	noTime atomic.Bool // Redis refused TIME itself (an ACL without +time on Redis 6)
 }
@@ -537,7 +521,7 @@ func (s *RedisStore) learnClock(ctx context.Context, d time.Time) error {
 	defer t.Stop()
 	select {
 	case <-a.done:
-		if o.known.Load() {
+		if o.Known() {
 			return nil
 		}
 		return a.err
@@ -565,36 +549,4 @@ func (s *RedisStore) askTime(a *timeAsk, d time.Time) {
 	s.clock.asking = nil
 	s.clock.mu.Unlock()
 	close(a.done)
-}
-
-func (o *offsetClock) sample(redisNow int64, sent time.Time) {
-	v := redisNow - sent.UnixMicro()
-	e := sent.Unix() / 5
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if e != o.epoch {
-		o.prev, o.cur, o.hasCur = o.cur, v, true
-		if e != o.epoch+1 || !o.known.Load() {
-			o.prev = v
-		}
-		o.epoch = e
-	} else if !o.hasCur || v < o.cur {
-		o.cur, o.hasCur = v, true
-	}
-	o.offset.Store(min(o.cur, o.prev))
-	o.known.Store(true)
-}
-
-// deadline is d on Redis's clock for the script: 0 without a deadline, -1
-// while the offset is unknown (Do learns it first, see learnClock: a check
-// is sent with -1, which the script runs however late, only where Redis
-// refuses TIME to the caller).
-func (o *offsetClock) deadline(d time.Time) int64 {
-	if d.IsZero() {
-		return 0
-	}
-	if !o.known.Load() {
-		return -1
-	}
-	return d.UnixMicro() + o.offset.Load()
 }

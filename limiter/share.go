@@ -2,110 +2,26 @@ package limiter
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter/dc"
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
-// A data centre's share of an identity's global ceiling, when the ceiling
-// lives in a ledger every data centre shares (global_redis): the grants the
-// ledger gave this data centre, kept in its own store beside the region's
-// windows and checked with them in one call (a part of KindShare).
-// lua/share.lua and lua/dcshare.lua document the state; the MemoryStore
-// keeps the same, for one process.
-
-// shareSlots is how many grants a share holds at once.
-const shareSlots = 4
-
-// ShareGrant is one grant held in a share.
-type ShareGrant struct {
-	// Units granted and used; Deadline (µs, the store's clock) after which
-	// none is used; Start, the time read before the ledger was asked; Last,
-	// the last use (0: none); ID, the ledger's.
-	Units, Used, Deadline, Start, Last int64
-	ID                                 string
-}
-
-// closed reports whether no unit of g will be used after now.
-func (g *ShareGrant) closed(now int64) bool { return g.Deadline <= now || g.Used >= g.Units }
-
-// ShareView is a share as a renewal reads it before asking the ledger.
-type ShareView struct {
-	// Now is the store's clock when read (µs): a grant asked for after it
-	// is usable until Now + its length, never later.
-	Now int64
-	// Rate is the demand, units per second.
-	Rate   int64
-	Grants []ShareGrant
-	// Stale: a recall under other limits than the share's (nothing was
-	// read or changed: its grants are in use under the others).
-	Stale bool
-}
-
-// Standing is a data centre's standing with the ledger, kept in its store.
-type Standing struct {
-	// Static is true in static mode (cut off from the ledger, fail local);
-	// Since when; Sent, the last time a node asked the ledger; N, the data
-	// centres the ledger knew; Now, the store's clock.
-	Static          bool
-	Since, Sent, N  int64
-	Now             int64
-	AllowedToStatic bool // filled by the caller
-}
-
-// ShareStore is a store that keeps shares of a global ceiling: the Redis
-// store and the in-process store.
-type ShareStore interface {
-	// ShareBegin reads a share before its renewal.
-	// Grants under limits of another signature than sig are not in it:
-	// they stay usable under their own limits until a deposit under sig
-	// drops them, so a renewal never gives them back (the ledger counts
-	// them to their end). Recall (the ledger recalled the share's unspent
-	// grants) ends every live grant first: none is used after; a recall
-	// under other limits than the share's is stale (Stale, nothing ends).
-	ShareBegin(ctx context.Context, key, sig string, recall bool) (ShareView, error)
-	// ShareDeposit empties the slots of the grants returned, releases the
-	// claim, keeps a grant of units (when > 0) usable until t0 + length,
-	// and records until when the ledger has no room (now + retry; retry 0:
-	// none) and when to ask it again anyway (now + the least of retry and
-	// recheck). It returns the grant's slot, 0 when none was free.
-	ShareDeposit(ctx context.Context, key string, d Deposit) (int, error)
-	// StandingDo runs an operation on the data centre's standing: "send"
-	// (before asking the ledger: false when in static mode), "static"
-	// (arg: µs without an ask after which static mode starts), "normal"
-	// (arg: the data centres the ledger knows), "poll" (arg: the same, 0 to
-	// keep it).
-	StandingDo(ctx context.Context, key, op string, arg int64) (Standing, bool, error)
-}
-
-// Deposit is what a renewal writes into a share.
-type Deposit struct {
-	T0, Units, Length, Retry, Recheck int64
-	ID                                string
-	Returned                          []string
-	// Sig is the limits' signature: a share of another one drops its
-	// grants first, unless Only: then nothing changes (the deposit of a
-	// renewal whose limiter was closed since: a reload's new limits may be
-	// the share's, and their grants must stay).
-	Sig  string
-	Only bool
-	// Counts are the ledger's counts of the share part's windows, in its
-	// order, after the grant (nil: the ledger did not answer; the share
-	// keeps the last ones): a window's count is them less what the share
-	// holds unspent.
-	Counts []int64
-}
+// The shares of a global ceiling kept in a ledger (global_redis) in each
+// store: the checks of a share part (KindShare) and dc.ShareStore. What a
+// share is, and its types, are limiter/dc's (dc/share.go).
 
 // ---- the in-process store ------------------------------------------------
 
 // shareState is a share in the in-process store.
 type shareState struct {
-	g          [shareSlots]ShareGrant
-	has        [shareSlots]bool
+	g          [dc.Slots]ShareGrant
+	has        [dc.Slots]bool
 	full       int64 // f
 	next       int64 // k
 	claim      int64 // c
@@ -121,7 +37,7 @@ type shareState struct {
 // as the script writes "L" only in a deposit.
 func (st *shareState) under(sig string, adopt bool) {
 	if st.sig != sig {
-		st.g, st.has, st.full, st.counts, st.next = [shareSlots]ShareGrant{}, [shareSlots]bool{}, 0, nil, 0
+		st.g, st.has, st.full, st.counts, st.next = [dc.Slots]ShareGrant{}, [dc.Slots]bool{}, 0, nil, 0
 		if adopt {
 			st.sig = sig
 		}
@@ -135,7 +51,7 @@ func (st *shareState) held(now int64) (rem, soon, slen int64, closed bool, lates
 			continue
 		}
 		g := &st.g[i]
-		if !g.closed(now) {
+		if !g.Closed(now) {
 			rem += g.Units - g.Used
 			if soon == 0 || g.Deadline < soon {
 				soon, slen = g.Deadline, g.Deadline-g.Start
@@ -222,7 +138,7 @@ func (m *memDo) shareAfter(p *Part, key string, k *memKey, pe []winEval, fit, de
 		for left := cost; left > 0; {
 			best := -1
 			for i := range st.g {
-				if st.has[i] && !st.g[i].closed(t) && (best < 0 || st.g[i].Deadline < st.g[best].Deadline) {
+				if st.has[i] && !st.g[i].Closed(t) && (best < 0 || st.g[i].Deadline < st.g[best].Deadline) {
 					best = i
 				}
 			}
@@ -283,7 +199,7 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string, recall bool
 		v.Rate, _, _, _ = k.share.rate(t)
 		for i := range k.share.g {
 			if k.share.has[i] && k.share.sig == sig {
-				if recall && !k.share.g[i].closed(t) {
+				if recall && !k.share.g[i].Closed(t) {
 					k.share.g[i].Deadline = t
 				}
 				v.Grants = append(v.Grants, k.share.g[i])
@@ -309,7 +225,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 	latest := t
 	for i := range st.g {
 		g := &st.g[i]
-		if st.has[i] && g.closed(t) && slices.Contains(d.Returned, g.ID) {
+		if st.has[i] && g.Closed(t) && slices.Contains(d.Returned, g.ID) {
 			st.has[i], st.g[i] = false, ShareGrant{}
 		}
 		switch {
@@ -318,7 +234,7 @@ func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (in
 				free = i
 			}
 		default:
-			if g.closed(t) && ended < 0 {
+			if g.Closed(t) && ended < 0 {
 				ended = i
 			}
 			latest = max(latest, g.Deadline)
@@ -404,6 +320,13 @@ func (s *MemoryStore) StandingDo(_ context.Context, key, op string, arg int64) (
 
 var dcshareScript = redis.NewScript(lua.DCShare)
 
+func b01(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // ShareBegin implements ShareStore.
 func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string, recall bool) (ShareView, error) {
 	raw, err := dcshareScript.Run(ctx, s.client, []string{key}, "begin", sig, b01(recall)).Slice()
@@ -414,11 +337,11 @@ func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string, recall boo
 	if len(raw) == 2 && n(1) == -1 {
 		return ShareView{Now: n(0), Stale: true}, nil
 	}
-	if len(raw) != 2+6*shareSlots {
+	if len(raw) != 2+6*dc.Slots {
 		return ShareView{}, fmt.Errorf("%w: share of %d values", ErrBadReply, len(raw))
 	}
 	v := ShareView{Now: n(0), Rate: n(1)}
-	for i := range shareSlots {
+	for i := range dc.Slots {
 		o := 2 + 6*i
 		if n(o) == 0 {
 			continue
@@ -463,7 +386,3 @@ func (s *RedisStore) StandingDo(ctx context.Context, key, op string, arg int64) 
 	}
 	return Standing{Static: raw[0] == 1, Since: raw[1], Sent: raw[2], N: raw[3], Now: raw[4]}, true, nil
 }
-
-// ErrNoShareStore: the backend's store cannot keep shares of a global
-// ceiling.
-var ErrNoShareStore = errors.New("limiter: the store cannot keep shares of a global ceiling")

@@ -611,8 +611,8 @@ const dcSlack = 2 * time.Millisecond
 // sooner: another node may find its standing static on its own, before the
 // first one's event is told) to its last node coming back. Not a node's
 // own events alone: a node whose renewal finds the standing static goes to
-// the static share without an event (global.go's renew), and back with
-// one.
+// the static share without an event (limiter/dc/global.go's renew), and
+// back with one.
 func (w *dcWorld) staticAt(dc int, r dcRec) bool {
 	if w.c.Fail != "local" {
 		return false

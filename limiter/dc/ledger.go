@@ -1,4 +1,4 @@
-package limiter
+package dc
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter/internal/rediskit"
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
@@ -17,8 +19,8 @@ import (
 // ceilings, takes them back and keeps the data centres' membership. Safe
 // for concurrent use; one Ledger serves every limiter of a process.
 type Ledger struct {
-	client Scripter
-	clock  offsetClock
+	client Client
+	clock  rediskit.Offset
 
 	mu       sync.Mutex
 	replicas int64 // connected replicas in the last reply: a grant waits for them
@@ -29,9 +31,26 @@ type Ledger struct {
 // client. Every key of the ledger has one hash tag, {ledger}: on a Cluster
 // it lives on one slot (the membership, the epoch and every identity's
 // grants are read in one script), so one shard serves it.
-func NewLedger(client Scripter) *Ledger {
+func NewLedger(client Client) *Ledger {
 	return &Ledger{client: client, seen: map[string]string{}}
 }
+
+// Client is what the ledger needs of a go-redis client (every one has it:
+// limiter.Scripter is more): scripts, pipelines (a grant and its WAIT on
+// one connection) and DEL (an operator's reset). The ledger's clock is
+// read with TIME where the client has it.
+type Client interface {
+	redis.Scripter
+	Pipeline() redis.Pipeliner
+	Del(ctx context.Context, keys ...string) *redis.IntCmd
+}
+
+// Every go-redis client is a Client.
+var (
+	_ Client = (*redis.Client)(nil)
+	_ Client = (*redis.ClusterClient)(nil)
+	_ Client = (redis.UniversalClient)(nil)
+)
 
 var ledgerScript = redis.NewScript(lua.Ledger)
 
@@ -114,7 +133,7 @@ func (lg *Ledger) keys(req *LedgerRequest, op string) []string {
 
 // node is the client for a call: on a Cluster, the master of the ledger's
 // slot (a WAIT must reach the server that took the write).
-func (lg *Ledger) node(ctx context.Context, namespace string) (Scripter, error) {
+func (lg *Ledger) node(ctx context.Context, namespace string) (Client, error) {
 	if cc, ok := lg.client.(*redis.ClusterClient); ok {
 		return cc.MasterForKey(ctx, namespace+"{ledger}:members")
 	}
@@ -134,7 +153,7 @@ func (lg *Ledger) args(req *LedgerRequest, op string) []any {
 	lg.mu.Unlock()
 	deadline := int64(0)
 	if !req.Deadline.IsZero() {
-		deadline = max(lg.clock.deadline(req.Deadline), 0)
+		deadline = max(lg.clock.Deadline(req.Deadline), 0)
 	}
 	a := []any{op, req.DC, deadline, seen, req.QWait, req.Skew, req.Beat, b01(req.Static), b01(req.WasStatic), req.WMax, req.Tail, req.Heard}
 	if op != "grant" {
@@ -162,7 +181,7 @@ func (lg *Ledger) args(req *LedgerRequest, op string) []any {
 // learn reads the ledger's clock once, so that every call carries a
 // deadline on it.
 func (lg *Ledger) learn(ctx context.Context) error {
-	if lg.clock.known.Load() {
+	if lg.clock.Known() {
 		return nil
 	}
 	tc, ok := lg.client.(interface {
@@ -176,7 +195,7 @@ func (lg *Ledger) learn(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lg.clock.sample(t.UnixMicro(), sent)
+	lg.clock.Sample(t.UnixMicro(), sent)
 	return nil
 }
 
@@ -202,7 +221,7 @@ func (lg *Ledger) Do(ctx context.Context, op string, req *LedgerRequest) (Ledger
 	if err != nil {
 		return LedgerReply{}, err
 	}
-	lg.clock.sample(r.Now, sent)
+	lg.clock.Sample(r.Now, sent)
 	lg.mu.Lock()
 	lg.replicas = r.Replicas
 	if r.Epoch != "" {
@@ -217,7 +236,7 @@ func (lg *Ledger) Do(ctx context.Context, op string, req *LedgerRequest) (Ledger
 
 // run sends the script, and WAIT for the replicas when asked to, on one
 // connection.
-func (lg *Ledger) run(ctx context.Context, node Scripter, keys []string, args []any, wait bool, replicas int64, deadline time.Time) ([]any, int64, error) {
+func (lg *Ledger) run(ctx context.Context, node Client, keys []string, args []any, wait bool, replicas int64, deadline time.Time) ([]any, int64, error) {
 	if !wait {
 		raw, err := eval(ctx, node, keys, args)
 		return raw, 0, err
@@ -254,7 +273,7 @@ func (lg *Ledger) run(ctx context.Context, node Scripter, keys []string, args []
 
 // eval runs the script by its SHA, and by its text when the server does
 // not have it (which loads it): one round trip, two the first time.
-func eval(ctx context.Context, c Scripter, keys []string, args []any) ([]any, error) {
+func eval(ctx context.Context, c Client, keys []string, args []any) ([]any, error) {
 	raw, err := ledgerScript.EvalSha(ctx, c, keys, args...).Slice()
 	if err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
 		raw, err = ledgerScript.Eval(ctx, c, keys, args...).Slice()
@@ -264,7 +283,7 @@ func eval(ctx context.Context, c Scripter, keys []string, args []any) ([]any, er
 
 func parseLedger(raw []any) (LedgerReply, error) {
 	if len(raw) < 2 {
-		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", ErrBadReply, len(raw))
+		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", rediskit.ErrBadReply, len(raw))
 	}
 	n := func(i int) int64 {
 		if i >= len(raw) {
@@ -282,20 +301,20 @@ func parseLedger(raw []any) (LedgerReply, error) {
 	}
 	switch n(0) {
 	case 3:
-		return LedgerReply{}, ErrLate
+		return LedgerReply{}, rediskit.ErrLate
 	case 0, 1:
 	default:
-		return LedgerReply{}, fmt.Errorf("%w: ledger status %d", ErrBadReply, n(0))
+		return LedgerReply{}, fmt.Errorf("%w: ledger status %d", rediskit.ErrBadReply, n(0))
 	}
 	if len(raw) < 8 {
-		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", ErrBadReply, len(raw))
+		return LedgerReply{}, fmt.Errorf("%w: ledger reply of %d values", rediskit.ErrBadReply, len(raw))
 	}
 	r := LedgerReply{Waiting: n(0) == 0, Now: n(1), Units: n(2), Length: n(3), Retry: n(4), N: n(5), Replicas: n(6), Epoch: s(7), ID: s(8)}
 	for i := 9; i < len(raw); i++ {
 		r.Counts = append(r.Counts, n(i))
 	}
 	if r.Units < 0 || r.Retry < 0 || r.Length < 0 || r.Units > 0 && (r.ID == "" || r.Length == 0) {
-		return LedgerReply{}, fmt.Errorf("%w: ledger grant %+v", ErrBadReply, r)
+		return LedgerReply{}, fmt.Errorf("%w: ledger grant %+v", rediskit.ErrBadReply, r)
 	}
 	return r, nil
 }
@@ -314,7 +333,7 @@ type LedgerShare struct {
 // Ping asks the ledger for its clock, which changes nothing there: a
 // probe of whether it answers.
 func (lg *Ledger) Ping(ctx context.Context) error {
-	lg.clock.known.Store(false)
+	lg.clock.Forget()
 	return lg.learn(ctx)
 }
 
@@ -327,10 +346,10 @@ func (lg *Ledger) Recalls(ctx context.Context, req *LedgerRequest) ([]string, er
 		return nil, err
 	}
 	if len(raw) < 2 {
-		return nil, fmt.Errorf("%w: recalls of %d values", ErrBadReply, len(raw))
+		return nil, fmt.Errorf("%w: recalls of %d values", rediskit.ErrBadReply, len(raw))
 	}
 	if st, _ := raw[0].(int64); st == 3 {
-		return nil, ErrLate
+		return nil, rediskit.ErrLate
 	}
 	out := make([]string, 0, len(raw)-2)
 	for _, v := range raw[2:] {

@@ -1,4 +1,4 @@
-package limiter
+package dc
 
 import (
 	"context"
@@ -81,31 +81,60 @@ const (
 	EventWait
 )
 
-// host is what the data-centre code needs of the engine, handed to it at
-// New: the engine calls the data-centre code (global), never the other
+// Host is what the data-centre code needs of the engine, handed to it at
+// New: the engine calls the data-centre code (Ceiling), never the other
 // way round.
-type host struct {
-	namespace string           // the limiter's key namespace
-	fail      FailMode         // the policy's fail mode
-	now       func() time.Time // the policy's clock
-	loc       *time.Location   // for calendar periods
-	countOnly bool
-	store     Store // the data centre's own store (a ShareStore to keep shares)
-	// windows are the policy's global windows; names their names, and
-	// pos their places in a Reply's Limits; order the share part's
-	// windows, as indexes into windows.
-	windows    []Window
-	names      []string
-	pos, order []int
-	// shareKey is the key of an identity's share; forget drops an
-	// identity's cached denials (nil: no deny cache).
-	shareKey func(identity string) string
-	forget   func(tag string)
+type Host struct {
+	Namespace string           // the limiter's key namespace
+	FailLocal bool             // the policy's fail mode is fail local
+	Now       func() time.Time // the policy's clock
+	CountOnly bool             // the policy records after the response (refused)
+	Store     ShareStore       // the data centre's own store (nil: it keeps no shares; refused)
+	// Windows are the policy's global windows; Pos their places in a
+	// request's Applied limits; Order the share part's windows, as indexes
+	// into Windows.
+	Windows    []Window
+	Pos, Order []int
+	// Tag is the hash tag of an identity's keys; ShareKey the key of its
+	// share; Forget drops an identity's cached denials (nil: no deny
+	// cache); Unavailable reports whether an error says the ledger cannot
+	// serve at all (an outage, not one call's error).
+	Tag         func(identity string) string
+	ShareKey    func(identity string) string
+	Forget      func(tag string)
+	Unavailable func(err error) bool
 }
 
-// global is a Limiter's side of a Global.
-type global struct {
-	h   host
+// Window is one of the policy's global windows, as the ledger counts it.
+type Window struct {
+	// Name is the window's name in the ledger: its length in µs, or the
+	// calendar period's name.
+	Name string
+	// Len is a duration window's length (0: a calendar period), Longest
+	// the most the window spans (its length, or the period's longest).
+	Len, Longest time.Duration
+	// Bounds is, for a calendar period, the starts of three periods in a
+	// row around now and the end of the third (nil otherwise).
+	Bounds func(now time.Time) [4]int64
+}
+
+// Request is what the data-centre code needs of one request.
+type Request struct {
+	// Identity is whose ceiling the request spends; Cost its units.
+	Identity string
+	Cost     int64
+	// Limits are the global limits (of Host.Windows, in order); Applied,
+	// when an override changed a limit, every window's limit as the store
+	// decided (the engine's reply's, the global ones at Host.Pos), nil
+	// otherwise.
+	Limits, Applied []int64
+	// Renew: the store gave this request the claim to renew the share.
+	Renew bool
+}
+
+// Ceiling is a limiter's side of a Global: the engine's ceiling.
+type Ceiling struct {
+	h   Host
 	cfg Global
 	dc  ShareStore
 
@@ -135,7 +164,7 @@ type global struct {
 	stop  chan struct{}
 	wg    sync.WaitGroup
 
-	hook atomic.Pointer[func(stage string)] // a test's (export_global_test.go): "granted", between the ledger's grant and its deposit, and "deposited"; set while renewals run
+	hook atomic.Pointer[func(stage string)] // a test's (SetHook): "granted", between the ledger's grant and its deposit, and "deposited"; set while renewals run
 }
 
 type shareCall struct {
@@ -148,11 +177,11 @@ type shareCall struct {
 // ledger's timeout (or the ledger's last call failed).
 var errLedgerLate = fmt.Errorf("%w (a renewal was not back within the timeout)", ErrLedgerUnreachable)
 
-// errLedgerSlow: a renewal the request waited for was not back when due (a
+// ErrLedgerSlow: a renewal the request waited for was not back when due (a
 // lead after it began) but is still within the ledger's timeout, and the
 // ledger's last call answered: the ledger is slow, not down. The request
 // is refused (the share's 429, Retry-After the lead), not the fail mode.
-var errLedgerSlow = errors.New("limiter: a renewal of the share is slower than its lead")
+var ErrLedgerSlow = errors.New("limiter: a renewal of the share is slower than its lead")
 
 type renewal struct {
 	tag, key, sig string
@@ -182,34 +211,33 @@ const shareRecheck = time.Second
 // grants (8 times as rarely otherwise: another node's grants).
 const recallEvery = 250 * time.Millisecond
 
-// errStatic: the data centre is in static mode (a node found it cut off).
-var errStatic = errors.New("limiter: the data centre is on its static share")
+// ErrStatic: the data centre is in static mode (a node found it cut off).
+var ErrStatic = errors.New("limiter: the data centre is on its static share")
 
 // ErrLedgerUnreachable: a call of the ledger failed, and this node waits
 // for it to answer a probe before it asks again.
 var ErrLedgerUnreachable = errors.New("limiter: the ledger did not answer; waiting for it to answer again")
 
-func newGlobal(h host, cfg Global) (*global, error) {
+// New starts the data-centre side of a limiter under cfg: its renewers,
+// recaller and (fail local) beater, until Close. Its errors are the
+// policy's (global_redis).
+func New(h Host, cfg Global) (*Ceiling, error) {
 	if cfg.Ledger == nil || cfg.Datacenter == "" {
-		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis needs a ledger and a datacenter")}
+		return nil, errors.New("global_redis needs a ledger and a datacenter")
 	}
-	dc, ok := h.store.(ShareStore)
-	if !ok {
-		return nil, &PolicyError{Field: "global_redis", Err: ErrNoShareStore}
+	if h.Store == nil {
+		return nil, ErrNoShareStore
 	}
-	if len(h.windows) == 0 {
-		return nil, &PolicyError{Field: "global_redis", Err: errors.New("global_redis keeps a global_limit: set one")}
+	if len(h.Windows) == 0 {
+		return nil, errors.New("global_redis keeps a global_limit: set one")
 	}
-	if h.countOnly {
-		return nil, &PolicyError{Field: "global_redis", Err: errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")}
+	if h.CountOnly {
+		return nil, errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")
 	}
-	g := &global{h: h, cfg: cfg, dc: dc, renewing: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
+	g := &Ceiling{h: h, cfg: cfg, dc: h.Store, renewing: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
 	shortest, wmax := time.Duration(0), time.Duration(0)
-	for _, w := range h.windows {
-		d := w.Duration
-		if w.Period != PeriodNone {
-			d = w.Period.Longest()
-		}
+	for _, w := range h.Windows {
+		d := w.Longest
 		if shortest == 0 || d < shortest {
 			shortest = d
 		}
@@ -238,16 +266,16 @@ func newGlobal(h host, cfg Global) (*global, error) {
 	}
 	g.wg.Add(1)
 	go g.recaller()
-	if h.fail == FailLocal {
+	if h.FailLocal {
 		g.wg.Add(1)
 		go g.beater()
 	}
 	return g, nil
 }
 
-// close stops the global's goroutines, and waits for them and for the
+// Close stops the ceiling's goroutines, and waits for them and for the
 // renewals requests started (each in g.wg, added under g.mu before closed).
-func (g *global) close() {
+func (g *Ceiling) Close() {
 	g.mu.Lock()
 	g.closed = true
 	close(g.stop)
@@ -259,7 +287,7 @@ func (g *global) close() {
 // only into a share under its own limits (Deposit.Only), as the limiter
 // that asked for it is gone (a reload), and a new one's grants, under the
 // new limits, may be in the share.
-func (g *global) stopped() bool {
+func (g *Ceiling) stopped() bool {
 	select {
 	case <-g.stop:
 		return true
@@ -268,26 +296,26 @@ func (g *global) stopped() bool {
 	}
 }
 
-func (g *global) event(ev GlobalEvent) {
+func (g *Ceiling) Event(ev GlobalEvent) {
 	if g.cfg.OnEvent != nil {
 		g.cfg.OnEvent(ev)
 	}
 }
 
-// lead is how far ahead of need a share is renewed: two renewals, each as
+// Lead is how far ahead of need a share is renewed: two renewals, each as
 // long as the ledger's round trip or, when longer, as a renewal took here
 // from its start to its deposit (the data centre's Redis and the ledger,
 // when they queue), and a margin. The share holds what its demand spends
 // in that time.
-func (g *global) lead() int64 { return 2*max(g.rtt.Load(), g.took.Load()) + 20_000 }
+func (g *Ceiling) Lead() int64 { return 2*max(g.rtt.Load(), g.took.Load()) + 20_000 }
 
-// claim is how long a renewal's claim lasts: every call it makes, within
+// Claim is how long a renewal's claim lasts: every call it makes, within
 // their timeouts.
-func (g *global) claim() int64 { return 2*g.timeout + 200_000 }
+func (g *Ceiling) Claim() int64 { return 2*g.timeout + 200_000 }
 
-// usesStatic reports whether requests go to the static share now: the data
+// UsesStatic reports whether requests go to the static share now: the data
 // centre is in static mode, as read within staticFresh.
-func (g *global) usesStatic() bool {
+func (g *Ceiling) UsesStatic() bool {
 	return g.static.Load() && time.Now().UnixMicro()-g.polled.Load() < g.staticFresh()
 }
 
@@ -295,12 +323,12 @@ func (g *global) usesStatic() bool {
 // use the static share: a beat's round of reads, each after a probe that
 // may take the timeout. The ledger keeps a data centre's static share
 // reserved that long (and the skew) after the data centre is heard again.
-func (g *global) staticFresh() int64 { return g.beat/2 + 2*g.timeout }
+func (g *Ceiling) staticFresh() int64 { return g.beat/2 + 2*g.timeout }
 
 // staticWait is how long no node of the data centre has asked the ledger
 // before the static share may be used: a membership (and a late call), then
 // every grant the ledger made before it lapsed has left every window.
-func (g *global) staticWait() int64 {
+func (g *Ceiling) staticWait() int64 {
 	return g.beat + 2*g.timeout + g.glenMax + g.wmax + g.skew
 }
 
@@ -311,11 +339,11 @@ func (g *global) staticWait() int64 {
 // deadline (4 timeouts: renew's), and the clocks' error (a skew, twice).
 // A data centre heard again sooner was never on its static share, and the
 // ledger reserves nothing for it after.
-func (g *global) heard() int64 { return max(g.staticWait()-4*g.timeout-2*g.skew, 0) }
+func (g *Ceiling) heard() int64 { return max(g.staticWait()-4*g.timeout-2*g.skew, 0) }
 
-// staticLimit is the static share of a limit: the limit over the data
+// StaticLimit is the static share of a limit: the limit over the data
 // centres the ledger knew (0: none).
-func (g *global) staticLimit(limit int64) int64 {
+func (g *Ceiling) StaticLimit(limit int64) int64 {
 	n := g.n.Load()
 	if n <= 0 {
 		return 0
@@ -323,53 +351,53 @@ func (g *global) staticLimit(limit int64) int64 {
 	return limit / n
 }
 
-// staticNone reports whether the static share of one of in's global
-// limits is nothing (fewer units than data centres).
-func (g *global) staticNone(in *Input) bool {
-	for _, v := range in.GlobalLimits {
-		if g.staticLimit(v) == 0 {
+// StaticNone reports whether the static share of one of a request's
+// global limits is nothing (fewer units than data centres).
+func (g *Ceiling) StaticNone(limits []int64) bool {
+	for _, v := range limits {
+		if g.StaticLimit(v) == 0 {
 			return true
 		}
 	}
 	return false
 }
 
-func (g *global) request(tag string) *LedgerRequest {
+func (g *Ceiling) request(tag string) *LedgerRequest {
 	return &LedgerRequest{
-		Namespace: g.h.namespace, Tag: tag, DC: g.cfg.Datacenter,
+		Namespace: g.h.Namespace, Tag: tag, DC: g.cfg.Datacenter,
 		Deadline: time.Now().Add(g.cfg.Timeout),
 		QWait:    g.wmax + g.glenMax + g.skew + g.timeout, Skew: g.skew, Beat: g.beat, WMax: g.wmax,
 		Tail: g.staticFresh() + g.skew, Heard: g.heard(),
-		Static: g.h.fail == FailLocal,
+		Static: g.h.FailLocal,
 	}
 }
 
-func (g *global) standingKey() string { return g.h.namespace + "ledger:standing" }
+func (g *Ceiling) standingKey() string { return g.h.Namespace + "ledger:standing" }
 
 // windows is the ceiling's windows for the ledger, under the limits of the
 // request (an override's, when the store applied one).
-func (g *global) windows(in *Input, r *Reply) []LedgerWindow {
-	now := g.h.now()
-	out := make([]LedgerWindow, 0, len(g.h.windows))
-	for i, w := range g.h.windows {
-		lw := LedgerWindow{Name: g.h.names[i], Limit: in.GlobalLimits[i]}
-		if r != nil && r.Limits != nil {
-			lw.Limit = r.Limits[g.h.pos[i]]
+func (g *Ceiling) windows(req *Request) []LedgerWindow {
+	now := g.h.Now()
+	out := make([]LedgerWindow, 0, len(g.h.Windows))
+	for i, w := range g.h.Windows {
+		lw := LedgerWindow{Name: w.Name, Limit: req.Limits[i]}
+		if req.Applied != nil {
+			lw.Limit = req.Applied[g.h.Pos[i]]
 		}
-		if w.Period != PeriodNone {
-			lw.Name, lw.Calendar, lw.Bounds = w.Period.String(), true, w.Period.Bounds(now, g.h.loc)
+		if w.Bounds != nil {
+			lw.Calendar, lw.Bounds = true, w.Bounds(now)
 		} else {
-			lw.Len = w.Duration.Microseconds()
+			lw.Len = w.Len.Microseconds()
 		}
 		out = append(out, lw)
 	}
 	return out
 }
 
-// fetch renews the share of in's identity now (one per identity at a
+// Fetch renews the share of req's identity now (one per identity at a
 // time in this process: a second caller waits for the first).
-func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
-	tag := Tag(in.Identity)
+func (g *Ceiling) Fetch(ctx context.Context, req Request, key string, cost int64) error {
+	tag := g.h.Tag(req.Identity)
 	g.mu.Lock()
 	if c := g.renewing[tag]; c != nil {
 		g.mu.Unlock()
@@ -383,7 +411,7 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 	c := &shareCall{done: make(chan struct{}), start: time.Now()}
 	g.renewing[tag] = c
 	g.mu.Unlock()
-	c.err = g.renew(ctx, tag, key, shareSig(in), g.windows(in, r), cost, false)
+	c.err = g.renew(ctx, tag, key, Sig(req.Limits), g.windows(&req), cost, false)
 	g.mu.Lock()
 	delete(g.renewing, tag)
 	g.mu.Unlock()
@@ -391,14 +419,14 @@ func (g *global) fetch(ctx context.Context, in *Input, r *Reply, key string, cos
 	return c.err
 }
 
-// await waits for the renewal of in's share in flight on this node (or one
+// Await waits for the renewal of req's share in flight on this node (or one
 // it starts now, in the background) until it is done or due (a lead after
 // it began: asked ahead of need, it should be back by then). Late, it
 // returns errLedgerLate when the ledger is down (its last call failed) or
 // the renewal has been out the ledger's timeout (the fail mode), and
-// errLedgerSlow otherwise (a refusal); the renewal goes on.
-func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error {
-	tag := Tag(in.Identity)
+// ErrLedgerSlow otherwise (a refusal); the renewal goes on.
+func (g *Ceiling) Await(ctx context.Context, req Request, key string, cost int64) error {
+	tag := g.h.Tag(req.Identity)
 	g.mu.Lock()
 	c := g.renewing[tag]
 	if c == nil && g.closed {
@@ -411,7 +439,7 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 		// g.wg (close waits for it).
 		c = &shareCall{done: make(chan struct{}), start: time.Now()}
 		g.renewing[tag] = c
-		sig, wins := shareSig(in), g.windows(in, r)
+		sig, wins := Sig(req.Limits), g.windows(&req)
 		g.wg.Add(1)
 		go func() {
 			defer g.wg.Done()
@@ -421,14 +449,14 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 			g.mu.Unlock()
 			close(c.done)
 		}()
-	} else if r.Share&ShareRenew != 0 {
+	} else if req.Renew {
 		// A claim taken while a renewal is in flight (its deposit let this
 		// one claim): renewed after it, in the background.
-		g.later(in, r)
+		g.Later(req)
 	}
 	g.mu.Unlock()
 	sent := time.Now()
-	due := time.Until(c.start.Add(time.Duration(g.lead()) * time.Microsecond))
+	due := time.Until(c.start.Add(time.Duration(g.Lead()) * time.Microsecond))
 	var err error
 	if due <= 0 {
 		err = g.late(c)
@@ -444,25 +472,25 @@ func (g *global) await(ctx context.Context, in *Input, r *Reply, key string, cos
 		}
 		t.Stop()
 	}
-	g.event(GlobalEvent{Kind: EventWait, Took: time.Since(sent), Err: err})
+	g.Event(GlobalEvent{Kind: EventWait, Took: time.Since(sent), Err: err})
 	return err
 }
 
 // late is what a request gets when the renewal c it waited for is not back
 // when due: the fail mode (errLedgerLate) once the ledger is known down or
 // c has been out the ledger's timeout; before that the ledger is slow, not
-// down (errLedgerSlow: the share's refusal).
-func (g *global) late(c *shareCall) error {
+// down (ErrLedgerSlow: the share's refusal).
+func (g *Ceiling) late(c *shareCall) error {
 	if g.down.Load() || time.Since(c.start) >= g.cfg.Timeout {
 		return errLedgerLate
 	}
-	return errLedgerSlow
+	return ErrLedgerSlow
 }
 
 // renew is one renewal: read the share (recall: ending its live grants
 // first), ask the ledger (returning the grants that ended), keep what it
 // grants.
-func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64, recall bool) error {
+func (g *Ceiling) renew(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64, recall bool) error {
 	began := time.Now()
 	if g.suspect.Load() {
 		g.down.Store(true)
@@ -475,7 +503,7 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 	} else if !ok {
 		g.static.Store(true)
 		g.polled.Store(time.Now().UnixMicro())
-		return errStatic
+		return ErrStatic
 	}
 	view, err := g.dc.ShareBegin(ctx, key, sig, recall)
 	if err != nil || view.Stale {
@@ -489,7 +517,7 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 		return err
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
-	g.event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond,
+	g.Event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond,
 		Retry: time.Duration(rep.Retry) * time.Microsecond, Took: took, Err: err})
 	if h := g.hook.Load(); h != nil {
 		(*h)("granted")
@@ -505,8 +533,8 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 		return err
 	}
 	g.renewed(time.Since(began))
-	if dep.Units > 0 && g.h.forget != nil {
-		g.h.forget(tag)
+	if dep.Units > 0 && g.h.Forget != nil {
+		g.h.Forget(tag)
 	}
 	return nil
 }
@@ -514,7 +542,7 @@ func (g *global) renew(ctx context.Context, tag, key, sig string, wins []LedgerW
 // grantRequest is the ledger call of a renewal: what the share's demand
 // asks for until the next renewal, less what it holds, and its grants that
 // ended, given back.
-func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, cost int64) *LedgerRequest {
+func (g *Ceiling) grantRequest(tag string, wins []LedgerWindow, view *ShareView, cost int64) *LedgerRequest {
 	req := g.request(tag)
 	req.Windows = wins
 	req.Rate = view.Rate
@@ -522,11 +550,11 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 	// ledger made it, to Length after view.Now, half a round trip before:
 	// the base length, and the round trip.
 	req.Length = g.length + 2*g.rtt.Load()
-	want := max(cost, (view.Rate*(g.length+g.lead())+999_999)/1_000_000)
+	want := max(cost, (view.Rate*(g.length+g.Lead())+999_999)/1_000_000)
 	var live int64
 	open := 0
 	for _, gr := range view.Grants {
-		if gr.closed(view.Now) {
+		if gr.Closed(view.Now) {
 			last := int64(0)
 			if gr.Last > 0 {
 				last = gr.Last - gr.Start
@@ -545,7 +573,7 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 	if cost == 0 {
 		req.Least = 0 // a recall's: it asks for nothing it has no demand for
 	}
-	if open >= shareSlots {
+	if open >= Slots {
 		// Every slot holds a live grant: one more would have nowhere to go
 		// (the ledger would count it, nothing would use it). Only give back.
 		req.Want = 0
@@ -555,9 +583,9 @@ func (g *global) grantRequest(tag string, wins []LedgerWindow, view *ShareView, 
 
 // ask calls the ledger within the timeout (the first call learns its clock
 // first, in a timeout of its own), and keeps its round trip.
-func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time.Duration, error) {
+func (g *Ceiling) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time.Duration, error) {
 	sent := time.Now()
-	if !g.cfg.Ledger.clock.known.Load() {
+	if !g.cfg.Ledger.clock.Known() {
 		lctx, lcancel := context.WithTimeout(ctx, g.cfg.Timeout)
 		_ = g.cfg.Ledger.learn(lctx)
 		lcancel()
@@ -567,9 +595,9 @@ func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time
 	lcancel()
 	took := time.Since(sent)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
-		g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+		g.Event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
 		g.down.Store(true)
-		if g.h.fail == FailLocal && IsUnavailable(err) {
+		if g.h.FailLocal && g.h.Unavailable(err) {
 			g.suspect.Store(true)
 		}
 		return rep, took, err
@@ -586,10 +614,10 @@ func (g *global) ask(ctx context.Context, req *LedgerRequest) (LedgerReply, time
 // deposit is what the renewal writes into the share: the grants given
 // back go, the new grant (when durable) comes, and until when the ledger
 // has no room.
-func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, sig string, durable bool) Deposit {
+func (g *Ceiling) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, sig string, durable bool) Deposit {
 	for _, gr := range view.Grants {
-		if gr.closed(view.Now) {
-			g.event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
+		if gr.Closed(view.Now) {
+			g.Event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
 		}
 	}
 	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts), Recheck: shareRecheck.Microseconds()}
@@ -611,7 +639,7 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 		// 2 to 3 of 240, 0 with it). (1 ms, the least, is a grant capped
 		// short of its want: not full, the share asks again when it runs
 		// low.)
-		dep.Retry += g.lead()
+		dep.Retry += g.Lead()
 	}
 	if rep.Waiting {
 		dep.Retry = max(rep.Retry, 1000)
@@ -619,18 +647,18 @@ func (g *global) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply, 
 	return dep
 }
 
-// later queues a renewal ahead of need; a full queue drops it (the claim
+// Later queues a renewal ahead of need; a full queue drops it (the claim
 // expires, and a later request claims again).
-func (g *global) later(in *Input, r *Reply) {
-	rn := renewal{tag: Tag(in.Identity), key: g.h.shareKey(in.Identity), sig: shareSig(in), win: g.windows(in, r), cost: max(in.Cost, 1)}
+func (g *Ceiling) Later(req Request) {
+	rn := renewal{tag: g.h.Tag(req.Identity), key: g.h.ShareKey(req.Identity), sig: Sig(req.Limits), win: g.windows(&req), cost: max(req.Cost, 1)}
 	select {
 	case g.queue <- rn:
-		g.event(GlobalEvent{Kind: EventRenewal})
+		g.Event(GlobalEvent{Kind: EventRenewal})
 	default:
 	}
 }
 
-func (g *global) renewer() {
+func (g *Ceiling) renewer() {
 	defer g.wg.Done()
 	for {
 		select {
@@ -661,12 +689,12 @@ func (g *global) renewer() {
 
 // renewed keeps a renewal's time, from its start to its deposit (an
 // average, for the lead; a call's timeout at most).
-func (g *global) renewed(d time.Duration) {
+func (g *Ceiling) renewed(d time.Duration) {
 	g.took.Store((3*g.took.Load() + min(d.Microseconds(), g.timeout)) / 4)
 }
 
 // ticket is the renewal of a share as the ledger keeps it for a recall.
-func (g *global) ticket(tag, key, sig string, wins []LedgerWindow) string {
+func (g *Ceiling) ticket(tag, key, sig string, wins []LedgerWindow) string {
 	b, _ := json.Marshal(ticket{Tag: tag, Key: key, Sig: sig, Win: wins})
 	return string(b)
 }
@@ -674,7 +702,7 @@ func (g *global) ticket(tag, key, sig string, wins []LedgerWindow) string {
 // recaller asks the ledger, every recallEvery, for the shares it recalled
 // from this data centre (another one was refused for want of room), and
 // queues a renewal of each that gives its unspent grants back.
-func (g *global) recaller() {
+func (g *Ceiling) recaller() {
 	defer g.wg.Done()
 	t := time.NewTicker(recallEvery)
 	defer t.Stop()
@@ -691,7 +719,7 @@ func (g *global) recaller() {
 	}
 }
 
-func (g *global) recallOnce() {
+func (g *Ceiling) recallOnce() {
 	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
 	defer cancel()
 	tickets, err := g.cfg.Ledger.Recalls(ctx, g.request(""))
@@ -712,7 +740,7 @@ func (g *global) recallOnce() {
 
 // take makes this goroutine the identity's renewal in flight, once the
 // one in flight (if any) is done; nil when the global stops first.
-func (g *global) take(tag string) *shareCall {
+func (g *Ceiling) take(tag string) *shareCall {
 	for {
 		g.mu.Lock()
 		busy := g.renewing[tag]
@@ -735,7 +763,7 @@ func (g *global) take(tag string) *shareCall {
 // beat it tells the ledger it is here; when it cannot, and no node of the
 // data centre could for long enough, the data centre goes to its static
 // share, and back when the ledger answers again.
-func (g *global) beater() {
+func (g *Ceiling) beater() {
 	defer g.wg.Done()
 	t := time.NewTicker(time.Duration(g.beat/4) * time.Microsecond)
 	defer t.Stop()
@@ -750,7 +778,7 @@ func (g *global) beater() {
 	}
 }
 
-func (g *global) beatOnce() {
+func (g *Ceiling) beatOnce() {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*g.cfg.Timeout)
 	defer cancel()
 	key := g.standingKey()
@@ -763,7 +791,7 @@ func (g *global) beatOnce() {
 		if err != nil {
 			// A failed probe is a ledger error too: operators see the
 			// data centre still cut off.
-			g.event(GlobalEvent{Kind: EventLedgerError, Took: time.Since(sent), Err: err})
+			g.Event(GlobalEvent{Kind: EventLedgerError, Took: time.Since(sent), Err: err})
 			return
 		}
 		g.suspect.Store(false)
@@ -781,7 +809,7 @@ func (g *global) beatOnce() {
 	took := time.Since(sent)
 	if err == nil {
 		g.down.Store(false)
-		g.event(GlobalEvent{Kind: EventBeat, Took: took})
+		g.Event(GlobalEvent{Kind: EventBeat, Took: took})
 		g.n.Store(rep.N)
 		op := "poll"
 		if !ok {
@@ -793,8 +821,8 @@ func (g *global) beatOnce() {
 		}
 		return
 	}
-	g.event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
-	if IsUnavailable(err) {
+	g.Event(GlobalEvent{Kind: EventLedgerError, Took: took, Err: err})
+	if g.h.Unavailable(err) {
 		g.suspect.Store(true)
 	}
 	g.toStatic(ctx, key)
@@ -802,35 +830,35 @@ func (g *global) beatOnce() {
 
 // toStatic asks the data centre's store for static mode: it starts once no
 // node of the data centre asked the ledger for the static wait.
-func (g *global) toStatic(ctx context.Context, key string) {
+func (g *Ceiling) toStatic(ctx context.Context, key string) {
 	st, _, err := g.dc.StandingDo(ctx, key, "static", g.staticWait())
 	if err == nil {
 		g.setStanding(st)
 	}
 }
 
-func (g *global) setStanding(st Standing) {
+func (g *Ceiling) setStanding(st Standing) {
 	was := g.static.Swap(st.Static)
 	g.polled.Store(time.Now().UnixMicro())
 	if st.N > 0 {
 		g.n.Store(st.N)
 	}
 	if st.Static && !was {
-		g.event(GlobalEvent{Kind: EventStatic})
+		g.Event(GlobalEvent{Kind: EventStatic})
 	} else if !st.Static && was {
-		g.event(GlobalEvent{Kind: EventNormal})
+		g.Event(GlobalEvent{Kind: EventNormal})
 	}
 }
 
-func (g *global) String() string { return fmt.Sprintf("global(%s)", g.cfg.Datacenter) }
+func (g *Ceiling) String() string { return fmt.Sprintf("global(%s)", g.cfg.Datacenter) }
 
-// shareSig is the signature of in's global limits: grants made under other
-// limits (before a reload, another placeholder value) are not used under
-// these.
-func shareSig(in *Input) string {
+// Sig is the signature of a request's global limits: grants made under
+// other limits (before a reload, another placeholder value) are not used
+// under these.
+func Sig(limits []int64) string {
 	var buf [64]byte
 	b := buf[:0]
-	for i, v := range in.GlobalLimits {
+	for i, v := range limits {
 		if i > 0 {
 			b = append(b, ':')
 		}
@@ -842,12 +870,12 @@ func shareSig(in *Input) string {
 // shareCounts puts the ledger's counts (in the policy's order of the
 // global windows) in the share part's order; nil when the ledger gave
 // none for every window.
-func (g *global) shareCounts(counts []int64) []int64 {
-	if len(counts) != len(g.h.windows) {
+func (g *Ceiling) shareCounts(counts []int64) []int64 {
+	if len(counts) != len(g.h.Windows) {
 		return nil
 	}
-	out := make([]int64, 0, len(g.h.order))
-	for _, i := range g.h.order {
+	out := make([]int64, 0, len(g.h.Order))
+	for _, i := range g.h.Order {
 		out = append(out, counts[i])
 	}
 	return out
@@ -862,46 +890,23 @@ type GlobalState struct {
 	RoundTrip   time.Duration
 }
 
-// ceiling is the engine's one way into the data-centre code (a ceiling
-// kept in a ledger, global_redis): decide.go and globalview.go call these
-// and nothing else of it; *global is the one implementation.
-type ceiling interface {
-	close()
-	// usesStatic, staticNone, staticLimit: the static share (fail local).
-	usesStatic() bool
-	staticNone(in *Input) bool
-	staticLimit(limit int64) int64
-	// lead and claim are a share part's (Part.Lead, Part.Claim).
-	lead() int64
-	claim() int64
-	// failing: the ledger's last call failed.
-	failing() bool
-	fetch(ctx context.Context, in *Input, r *Reply, key string, cost int64) error
-	await(ctx context.Context, in *Input, r *Reply, key string, cost int64) error
-	later(in *Input, r *Reply)
-	event(ev GlobalEvent)
-	// For what operators are shown: the ledger's shares of an identity,
-	// what this data centre's share holds unspent, its name, its standing.
-	shares(ctx context.Context, identity string) ([]LedgerShare, error)
-	unspent(ctx context.Context, in *Input) (int64, error)
-	datacenter() string
-	state() GlobalState
+// Failing reports whether the ledger's last call failed.
+func (g *Ceiling) Failing() bool { return g.down.Load() }
+
+// Datacenter is this node's data centre's name.
+func (g *Ceiling) Datacenter() string { return g.cfg.Datacenter }
+
+// Shares is each data centre's share of identity's ceiling, as the ledger
+// sees it.
+func (g *Ceiling) Shares(ctx context.Context, identity string) ([]LedgerShare, error) {
+	return g.cfg.Ledger.Show(ctx, g.request(g.h.Tag(identity)))
 }
 
-var _ ceiling = (*global)(nil)
-
-func (g *global) failing() bool      { return g.down.Load() }
-func (g *global) datacenter() string { return g.cfg.Datacenter }
-
-func (g *global) shares(ctx context.Context, identity string) ([]LedgerShare, error) {
-	return g.cfg.Ledger.Show(ctx, g.request(Tag(identity)))
-}
-
-// unspent is what in's share here holds of its grants not used, as the
+// Unspent is what req's share here holds of its grants not used, as the
 // ledger counts them (a grant in a slot at its units until it comes back,
 // while a window holds it).
-func (g *global) unspent(ctx context.Context, in *Input) (int64, error) {
-	view, err := g.dc.ShareBegin(ctx, g.h.shareKey(in.Identity), shareSig(in), false)
+func (g *Ceiling) Unspent(ctx context.Context, req Request) (int64, error) {
+	view, err := g.dc.ShareBegin(ctx, g.h.ShareKey(req.Identity), Sig(req.Limits), false)
 	var n int64
 	for _, gr := range view.Grants {
 		if gr.Deadline > view.Now-g.wmax || gr.Deadline <= 1 {
@@ -911,7 +916,19 @@ func (g *global) unspent(ctx context.Context, in *Input) (int64, error) {
 	return n, err
 }
 
-func (g *global) state() GlobalState {
+// State is what this node knows of its data centre's standing.
+func (g *Ceiling) State() GlobalState {
 	return GlobalState{Datacenter: g.cfg.Datacenter, Static: g.static.Load(), Datacenters: g.n.Load(),
 		RoundTrip: time.Duration(g.rtt.Load()) * time.Microsecond}
 }
+
+// SetHook is a test hook (limiter's export_global_test.go): hook is called
+// at each stage of a renewal, "granted" (the ledger granted, the share does
+// not hold it yet) and "deposited" (the share was written), for the fault
+// tests (a node killed there, a reload during a renewal). Not for
+// production use.
+func (g *Ceiling) SetHook(hook func(stage string)) { g.hook.Store(&hook) }
+
+// Closing is a test hook (limiter's export_global_test.go): whether Close
+// began (the renewals in flight still landing).
+func (g *Ceiling) Closing() bool { return g.stopped() }

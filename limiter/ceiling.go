@@ -1,0 +1,167 @@
+package limiter
+
+// The engine's side of a global ceiling kept in a ledger every data centre
+// shares (global_redis): the data-centre code is package limiter/dc, which
+// imports nothing of this package; the engine calls it through one
+// interface, ceiling, and decide.go keeps the decision. The names below
+// are dc's, kept here as aliases so that callers need one package.
+
+import (
+	"context"
+	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/limiter/dc"
+)
+
+// Global is a global ceiling kept in a ledger every data centre shares
+// (global_redis): Backend.Global. See dc.Global.
+type Global = dc.Global
+
+// GlobalEvent is one thing the global ceiling did; GlobalEventKind what.
+type (
+	GlobalEvent     = dc.GlobalEvent
+	GlobalEventKind = dc.GlobalEventKind
+)
+
+// The events (dc's).
+const (
+	EventGrant       = dc.EventGrant
+	EventLedgerError = dc.EventLedgerError
+	EventReturn      = dc.EventReturn
+	EventRenewal     = dc.EventRenewal
+	EventStarved     = dc.EventStarved
+	EventFailOpen    = dc.EventFailOpen
+	EventStatic      = dc.EventStatic
+	EventNormal      = dc.EventNormal
+	EventBeat        = dc.EventBeat
+	EventWait        = dc.EventWait
+)
+
+// The ledger's client and its calls (dc's).
+type (
+	Ledger        = dc.Ledger
+	LedgerWindow  = dc.LedgerWindow
+	LedgerReturn  = dc.LedgerReturn
+	LedgerRequest = dc.LedgerRequest
+	LedgerReply   = dc.LedgerReply
+	LedgerShare   = dc.LedgerShare
+	// GlobalState is what a node knows of its data centre's standing with
+	// the ledger.
+	GlobalState = dc.GlobalState
+)
+
+// A data centre's share of a ceiling, as the stores keep it (dc's; the
+// stores' side is share.go).
+type (
+	ShareStore = dc.ShareStore
+	ShareGrant = dc.ShareGrant
+	ShareView  = dc.ShareView
+	Standing   = dc.Standing
+	Deposit    = dc.Deposit
+)
+
+// The ledger's errors (dc's).
+var (
+	// ErrLedgerNotDurable: the ledger's replicas did not all acknowledge a
+	// grant within the deadline; it is not used (the ledger still counts it).
+	ErrLedgerNotDurable = dc.ErrLedgerNotDurable
+	// ErrLedgerUnreachable: a call of the ledger failed, and this node
+	// waits for it to answer a probe before it asks again.
+	ErrLedgerUnreachable = dc.ErrLedgerUnreachable
+	// ErrNoShareStore: the backend's store cannot keep shares of a global
+	// ceiling.
+	ErrNoShareStore = dc.ErrNoShareStore
+
+	// errStatic: the data centre is on its static share; errLedgerSlow: a
+	// renewal the request waited for is slower than its lead, while the
+	// ledger answers (a refusal, not the fail mode).
+	errStatic, errLedgerSlow = dc.ErrStatic, dc.ErrLedgerSlow
+)
+
+// NewLedger returns a ledger over client: a Redis, Sentinel or Cluster
+// client (dc.NewLedger).
+func NewLedger(client Scripter) *Ledger { return dc.NewLedger(client) }
+
+// ceiling is the engine's one way into the data-centre code (a ceiling
+// kept in a ledger, global_redis): decide.go and globalview.go call these
+// and nothing else of it; *dc.Ceiling is the one implementation.
+type ceiling interface {
+	Close()
+	// UsesStatic, StaticNone, StaticLimit: the static share (fail local).
+	UsesStatic() bool
+	StaticNone(limits []int64) bool
+	StaticLimit(limit int64) int64
+	// Lead and Claim are a share part's (Part.Lead, Part.Claim).
+	Lead() int64
+	Claim() int64
+	// Failing: the ledger's last call failed.
+	Failing() bool
+	Fetch(ctx context.Context, req dc.Request, key string, cost int64) error
+	Await(ctx context.Context, req dc.Request, key string, cost int64) error
+	Later(req dc.Request)
+	Event(ev GlobalEvent)
+	// For what operators are shown: the ledger's shares of an identity,
+	// what this data centre's share holds unspent, its name, its standing.
+	Shares(ctx context.Context, identity string) ([]LedgerShare, error)
+	Unspent(ctx context.Context, req dc.Request) (int64, error)
+	Datacenter() string
+	State() GlobalState
+}
+
+var _ ceiling = (*dc.Ceiling)(nil)
+
+// host is what the data-centre code needs of the limiter (see
+// Limiter.host): dc.Host is made of it.
+type host struct {
+	namespace string           // the limiter's key namespace
+	fail      FailMode         // the policy's fail mode
+	now       func() time.Time // the policy's clock
+	loc       *time.Location   // for calendar periods
+	countOnly bool
+	store     Store // the data centre's own store (a ShareStore to keep shares)
+	// windows are the policy's global windows; names their names, and
+	// pos their places in a Reply's Limits; order the share part's
+	// windows, as indexes into windows.
+	windows    []Window
+	names      []string
+	pos, order []int
+	// shareKey is the key of an identity's share; forget drops an
+	// identity's cached denials (nil: no deny cache).
+	shareKey func(identity string) string
+	forget   func(tag string)
+}
+
+// newGlobal starts the data-centre code for a limiter (dc.New); its
+// errors are the policy's.
+func newGlobal(h host, cfg Global) (ceiling, error) {
+	ss, _ := h.store.(ShareStore)
+	dh := dc.Host{Namespace: h.namespace, FailLocal: h.fail == FailLocal, Now: h.now, CountOnly: h.countOnly, Store: ss,
+		Pos: h.pos, Order: h.order, Tag: Tag, ShareKey: h.shareKey, Forget: h.forget, Unavailable: IsUnavailable}
+	for i, w := range h.windows {
+		dw := dc.Window{Name: h.names[i], Len: w.Duration, Longest: w.Duration}
+		if p, loc := w.Period, h.loc; p != PeriodNone {
+			dw = dc.Window{Name: p.String(), Longest: p.Longest(), Bounds: func(now time.Time) [4]int64 { return p.Bounds(now, loc) }}
+		}
+		dh.Windows = append(dh.Windows, dw)
+	}
+	g, err := dc.New(dh, cfg)
+	if err != nil {
+		return nil, &PolicyError{Field: "global_redis", Err: err}
+	}
+	return g, nil
+}
+
+// dcRequest is in, as the data-centre code takes it, with the limits the
+// store applied (r's, when an override changed one; r may be nil).
+func dcRequest(in *Input, r *Reply) dc.Request {
+	req := dc.Request{Identity: in.Identity, Cost: in.Cost, Limits: in.GlobalLimits}
+	if r != nil {
+		req.Applied, req.Renew = r.Limits, r.Share&ShareRenew != 0
+	}
+	return req
+}
+
+// shareSig is the signature of in's global limits (dc.Sig): grants made
+// under other limits (before a reload, another placeholder value) are not
+// used under these.
+func shareSig(in *Input) string { return dc.Sig(in.GlobalLimits) }
