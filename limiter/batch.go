@@ -299,9 +299,11 @@ func allLog(ops []*batchOp) bool {
 // allFast is the kind of lua.DecideFast's script that takes every check
 // of ops, or 0.
 func allFast(ops []*batchOp) Kind {
-	k := ops[0].c.fast
-	for _, op := range ops[1:] {
-		if op.c.fast != k {
+	var k Kind
+	for i, op := range ops {
+		if i == 0 {
+			k = op.c.fast
+		} else if op.c.fast != k {
 			return 0
 		}
 	}

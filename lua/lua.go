@@ -16,7 +16,8 @@
 // algorithms is still one EVALSHA, or, on Redis 7 and Valkey, one FCALL of
 // the same code loaded as a function library (LibraryCode). EVALSHA runs
 // the whole body on each call, so a call of sliding_log checks alone goes
-// by DecideLog, the body with the log's file alone.
+// by DecideLog, the body with the log's file alone, and a call of one
+// kind's checks of the common form by that kind's DecideFast script.
 package lua
 
 import (
