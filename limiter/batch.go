@@ -254,7 +254,7 @@ func (w *worker) run(batch []*batchOp) {
 // sending it again as the store's retry says (the library loaded after
 // "function not found", EVAL after NOSCRIPT).
 func (w *worker) runOne(ops []*batchOp) {
-	cmd, name, loads := w.b.store.head(w.ctx, allPeek(ops), allLog(ops))
+	cmd, name, loads := w.b.store.head(w.ctx, allPeek(ops), allLog(ops), allFast(ops))
 	args := append(w.args[:0], cmd, name, 0)
 	for _, op := range ops {
 		for i := range op.c.keys {
@@ -294,6 +294,20 @@ func allLog(ops []*batchOp) bool {
 		}
 	}
 	return true
+}
+
+// allFast is the kind of lua.DecideFast's script that takes every check
+// of ops, or 0.
+func allFast(ops []*batchOp) Kind {
+	var k Kind
+	for i, op := range ops {
+		if i == 0 {
+			k = op.c.fast
+		} else if op.c.fast != k {
+			return 0
+		}
+	}
+	return k
 }
 
 // allPeek reports whether every check of ops only peeks (FCALL_RO).
@@ -395,7 +409,7 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 	}
 	for i := range groups {
 		g := &groups[i]
-		cmd, name, _ := w.b.store.head(w.ctx, allPeek(g.ops), allLog(g.ops))
+		cmd, name, _ := w.b.store.head(w.ctx, allPeek(g.ops), allLog(g.ops), allFast(g.ops))
 		args := append(g.args[:0], cmd, name, 0)
 		for _, op := range g.ops {
 			for j := range op.c.keys {

@@ -59,6 +59,15 @@ var (
 	peekArg    any = lua.PeekFunction
 )
 
+// fastSHA and fastSrc are the digests and sources of lua.DecideFast's
+// scripts, by kind.
+var fastSHA, fastSrc = func() (sha, src [KindShare + 1]any) {
+	for k, s := range lua.DecideFast {
+		sha[k], src[k] = redis.NewScript(s).Hash(), s
+	}
+	return sha, src
+}()
+
 // scripts is what a store knows of its Redis's way of running the script:
 // the call path, learnt at the first call (INFO server: functions from
 // Redis 7 on, Valkey included), and how many times it loaded the library.
@@ -75,14 +84,17 @@ type scripts struct {
 
 // head is the command and the script or function a call of checks starts
 // with (ro: every check only peeks; log: every check is one lua.DecideLog
-// decides), and the number of loads it was sent after.
-func (s *RedisStore) head(ctx context.Context, ro, log bool) (cmd, name any, loads uint64) {
+// decides; fast: every check is one lua.DecideFast's script of that kind
+// takes, or 0), and the number of loads it was sent after.
+func (s *RedisStore) head(ctx context.Context, ro, log bool, fast Kind) (cmd, name any, loads uint64) {
 	loads = s.scripts.loads.Load()
 	path := callPath(s.scripts.path.Load())
 	if path == pathUnknown {
 		path = s.detect(ctx)
 	}
 	switch {
+	case path != pathFunctions && fast != 0 && fastSHA[fast] != nil:
+		return evalshaArg, fastSHA[fast], loads
 	case path != pathFunctions && log:
 		return evalshaArg, shaLogArg, loads
 	case path != pathFunctions:
@@ -165,6 +177,11 @@ func (s *RedisStore) retry(ctx context.Context, err error, args []any, loads uin
 			src := srcArg
 			if args[1] == shaLogArg {
 				src = srcLogArg
+			}
+			for k, sha := range fastSHA {
+				if sha != nil && args[1] == sha {
+					src = fastSrc[k]
+				}
 			}
 			args[0], args[1] = evalArg, src
 			return true, nil

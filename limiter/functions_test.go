@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -326,21 +327,26 @@ func TestScriptsFallBackToEvalsha(t *testing.T) {
 }
 
 // TestLogChecksGoByTheLogScript: on the EVALSHA path a call whose checks
-// are all sliding_log's without a ban goes by the script that holds only
-// the log (lua.DecideLog), and answers as the full one does, after SCRIPT
-// FLUSH too (NOSCRIPT sends its own source); a call with any other check
-// (a counter, a ban) goes by the full script.
+// are all of one kind's fast form (mode 0, one part of one window, nothing
+// else) goes by that kind's fast script (lua.DecideFast), one whose checks
+// are all sliding_log's without a ban by the script that holds only the
+// log (lua.DecideLog), and any other by the full script; each answers as
+// the full one does, after SCRIPT FLUSH too (NOSCRIPT sends its own
+// source).
 func TestLogChecksGoByTheLogScript(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	exists := func() (log, full bool) {
-		v, err := c.ScriptExists(ctx, redis.NewScript(lua.DecideLog).Hash(), redis.NewScript(lua.Decide).Hash()).Result()
+	// loaded says which of the fast log script, the log's and the full one
+	// are cached.
+	loaded := func() (fast, log, full bool) {
+		v, err := c.ScriptExists(ctx, redis.NewScript(lua.DecideFast[1]).Hash(), redis.NewScript(lua.DecideLog).Hash(),
+			redis.NewScript(lua.Decide).Hash()).Result()
 		if err != nil {
 			t.Fatalf("SCRIPT EXISTS: %v", err)
 		}
-		return v[0], v[1]
+		return v[0], v[1], v[2]
 	}
 	for _, opts := range [][]limiter.RedisOption{{limiter.WithScripts(limiter.ScriptsEval)},
 		{limiter.WithScripts(limiter.ScriptsEval), limiter.WithBatching(2, 8)}} {
@@ -350,18 +356,21 @@ func TestLogChecksGoByTheLogScript(t *testing.T) {
 		for i := range 3 {
 			mustCount(t, s, key, int64(i+1), "log check")
 		}
-		if log, full := exists(); !log || full {
-			t.Errorf("after log checks: log script loaded %v, full script loaded %v; want only the log's", log, full)
+		if fast, log, full := loaded(); !fast || log || full {
+			t.Errorf("after log checks: fast script loaded %v, log script %v, full script %v; want only the fast one", fast, log, full)
 		}
 		if ttl := c.PTTL(ctx, key).Val(); ttl <= 0 || ttl > time.Minute+time.Minute/8+time.Second {
 			t.Errorf("the log's TTL is %v, want the window + an eighth + 1 s at most, and set", ttl)
 		}
-		// With a lease and an override key (still the log's script).
+		// With a lease and an override key: the log's script.
 		op := pathOp(key, false)
 		op.Lease = &limiter.LeaseOp{Key: key + ":lease", Max: 5, Timeout: time.Minute.Microseconds(), ID: randomID(t)}
 		op.Override = &limiter.OverrideRef{Key: key + ":ov"}
 		if r, err := s.Do(ctx, op); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 4 || r.InFlight != 1 {
 			t.Fatalf("log check with a lease: %+v %v, want admitted, count 4, 1 in flight", r, err)
+		}
+		if _, log, full := loaded(); !log || full {
+			t.Errorf("after a log check with a lease: log script loaded %v, full script %v; want the log's alone", log, full)
 		}
 		c.ScriptFlush(ctx)
 		mustCount(t, s, key, 5, "log check after SCRIPT FLUSH")
@@ -371,9 +380,99 @@ func TestLogChecksGoByTheLogScript(t *testing.T) {
 		if r, err := s.Do(ctx, ctr); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 1 {
 			t.Fatalf("counter check: %+v %v", r, err)
 		}
-		if _, full := exists(); !full {
+		if _, _, full := loaded(); !full {
 			t.Errorf("after a counter check the full script is not loaded")
 		}
 		s.Close()
+	}
+}
+
+// TestFastScripts: on the EVALSHA path the checks of fixed_window and
+// token_bucket in the fast form go by their kind's fast script
+// (lua.DecideFast), which answers as the full script does: on the fast path
+// and when it hands a check to the body it holds (a token bucket whose
+// state a reload of the limit left under another interval, a key holding
+// another window's fields), in a call of one check or of several, with a
+// key of the wrong type failing its own check alone.
+func TestFastScripts(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := srv.Client(t)
+	ctx := context.Background()
+	for _, kind := range []limiter.Kind{limiter.KindFixed, limiter.KindToken} {
+		sha := redis.NewScript(lua.DecideFast[int(kind)]).Hash()
+		for _, opts := range [][]limiter.RedisOption{{limiter.WithScripts(limiter.ScriptsEval)},
+			{limiter.WithScripts(limiter.ScriptsEval), limiter.WithBatching(4, 8)}} {
+			c.ScriptFlush(ctx)
+			s := limiter.NewRedisStore(srv.Client(t), opts...)
+			key := "fastscript:{" + randomID(t) + "}"
+			op := func(limit int64) *limiter.Op {
+				o := pathOp(key, false)
+				o.Parts[0].Kind, o.Parts[0].Windows[0].Limit = kind, limit
+				o.Now = 1_000_000_000_000
+				return o
+			}
+			for i := range 3 {
+				if r, err := s.Do(ctx, op(10)); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != int64(i+1) {
+					t.Fatalf("%v check %d: %+v %v, want admitted with count %d", kind, i+1, r, err, i+1)
+				}
+			}
+			if v := c.ScriptExists(ctx, sha, redis.NewScript(lua.Decide).Hash()).Val(); !v[0] || v[1] {
+				t.Errorf("%v: fast script loaded %v, full script %v; want the fast one alone", kind, v[0], v[1])
+			}
+			// A reload halves the limit: the token bucket's state is under
+			// another interval, which decide rescales (its units in use
+			// stay); the fixed window's count stays.
+			if r, err := s.Do(ctx, op(5)); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 4 {
+				t.Fatalf("%v after a reload: %+v %v, want admitted with count 4", kind, r, err)
+			}
+			if r, err := s.Do(ctx, op(5)); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 5 {
+				t.Fatalf("%v after the reload: %+v %v, want admitted with count 5", kind, r, err)
+			}
+			if r, err := s.Do(ctx, op(5)); err != nil || r.Status != limiter.StatusDenied || r.Usage[0].Count != 5 {
+				t.Fatalf("%v at the new limit: %+v %v, want denied with count 5", kind, r, err)
+			}
+			// Another window's fields in the key: decide carries them over.
+			other := key + ":other"
+			c.HSet(ctx, other, "1000000w", "0", "1000000n", "3", "1000000t", "1000018000000", "1000000i", "6000000", "1000000b", "10")
+			o := op(10)
+			o.Parts[0].Key = other
+			if r, err := s.Do(ctx, o); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count < 1 {
+				t.Fatalf("%v with another window's fields: %+v %v, want admitted", kind, r, err)
+			}
+			// A key of the wrong type fails its own check.
+			bad := key + ":bad"
+			c.Set(ctx, bad, "x", 0)
+			o = op(10)
+			o.Parts[0].Key = bad
+			if _, err := s.Do(ctx, o); err == nil || !strings.Contains(err.Error(), "WRONGTYPE") {
+				t.Errorf("%v on a string key: %v, want WRONGTYPE", kind, err)
+			}
+			if v := c.ScriptExists(ctx, redis.NewScript(lua.Decide).Hash()).Val(); v[0] {
+				t.Errorf("%v: the full script is loaded; want the fast script's body to have decided", kind)
+			}
+			s.Close()
+		}
+		// One call of three checks, the second on the string key (its
+		// error is its reply), the third handed to the body.
+		shape := `[0,1,1,0,0,0,` + strconv.Itoa(int(kind)) + `,1,0,"60000000",60000000,10,0]`
+		key := "fastscript:{" + randomID(t) + "}"
+		c.Set(ctx, key+":bad", "x", 0)
+		c.HSet(ctx, key+":old", "60000000t", "1000018000000", "60000000i", "3000000", "60000000b", "10",
+			"60000000w", "16666", "60000000n", "3")
+		out, err := c.EvalSha(ctx, sha, []string{key, key + ":bad", key + ":old"}, 3,
+			shape, "1000000000000", "0", shape, "1000000000000", "0", shape, "1000000000000", "0").Slice()
+		if err != nil || len(out) != 3 {
+			t.Fatalf("%v: a call of three checks: %v %v", kind, out, err)
+		}
+		if r, ok := out[0].([]any); !ok || len(r) != 6 || r[0] != int64(1) || r[3] != int64(1) {
+			t.Errorf("%v: the first check's reply %v, want admitted with count 1", kind, out[0])
+		}
+		if e, ok := out[1].(error); !ok || !strings.Contains(e.Error(), "WRONGTYPE") {
+			t.Errorf("%v: the second check's reply %v, want WRONGTYPE", kind, out[1])
+		}
+		if r, ok := out[2].([]any); !ok || len(r) != 6 || r[0] != int64(1) {
+			t.Errorf("%v: the third check's reply %v, want admitted", kind, out[2])
+		}
 	}
 }

@@ -160,7 +160,7 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	}
 	var c check
 	c.encode(op, deadline, s.format)
-	cmd, name, loads := s.head(ctx, c.peek, c.log)
+	cmd, name, loads := s.head(ctx, c.peek, c.log, c.fast)
 	args := make([]any, 0, 4+len(c.keys)+len(c.args))
 	args = append(args, cmd, name, len(c.keys))
 	for i := range c.keys {
@@ -306,6 +306,7 @@ type check struct {
 	shape string
 	peek  bool // the Op only peeks: it writes nothing
 	log   bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
+	fast  Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
 }
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
@@ -343,6 +344,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 			c.log = false
 		}
 	}
+	c.fast = fastKind(op, format)
 
 	c.encodeShape(op, format)
 
@@ -373,6 +375,21 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 	if o := op.Override; o != nil {
 		c.keys = append(c.keys, o.Key)
 	}
+}
+
+// fastKind is the kind whose lua.DecideFast script takes op on the
+// EVALSHA path (decide.lua's fast form: mode 0, one part of one window, no
+// ban, no lease, no override; sliding_log in format 2), or 0.
+func fastKind(op *Op, format int) Kind {
+	if op.Mode != ModeCheck || len(op.Parts) != 1 || op.Ban != nil || op.Lease != nil || op.Override != nil ||
+		len(op.Parts[0].Windows) != 1 {
+		return 0
+	}
+	switch k := op.Parts[0].Kind; {
+	case k == KindLog && format != LogFormat1, k == KindFixed, k == KindToken:
+		return k
+	}
+	return 0
 }
 
 // encodeShape sets c.shape to op's shape, the values a limiter repeats

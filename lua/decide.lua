@@ -212,6 +212,7 @@ local function shape_of(s)
   SHAPE[s], SHAPEN = v, SHAPEN + 1
   return v
 end
+-- @fast (the fast paths need nothing below: lua.go's DecideFast)
 
 -- The windows of the check being decided, numbered across its parts:
 -- name (the length's decimal string, or the calendar period), length, limit,

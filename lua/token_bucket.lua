@@ -139,6 +139,9 @@ end
 -- short form. A state written under another T or B, or a key that holds
 -- other fields while this window has none (a reload), goes to decide. A
 -- state of this T and B keeps its fields i and b: the write is t alone.
+-- What a check of a full bucket (d = 0, the common case) answers and
+-- writes but its tat, d after it, its units in use and its TTL, is worked
+-- out once per shape (V.tbd1, V.tbu1, V.tbx1).
 local function tb_fast(a, k, V)
   local now, late = fast_now(a)
   if not now then
@@ -159,21 +162,34 @@ local function tb_fast(a, k, V)
     end
     V.ft, V.fi, V.fb, V.tbb, V.tbi = ft, fi, fb, burst, interval
     V.tbbs, V.tbis = num(burst), num(interval) -- as written
+    local d1 = interval * cost
+    V.tbd1, V.tbu1, V.tbx1 = d1, tb_in_use(d1, burst, interval), num(math.ceil(d1 / 1000) + 1000)
   end
   local v = rcall("HMGET", key, ft, fi, fb)
   local tat = v[1]
   local d = 0
   if tat then
-    tat = tat + 0
     if v[2] ~= V.tbis or v[3] ~= V.tbbs then
       return nil
     end
+    tat = tat + 0
     d = tat - now
     if d < 0 then
       d = 0
     end
   elseif #rcall("HGETALL", key) > 0 then
     return nil
+  end
+  if d == 0 and cost <= burst then
+    -- A full bucket: admitted.
+    d = V.tbd1
+    if tat then
+      rcall("HSET", key, ft, sfmt(INT, now + d))
+    else
+      rcall("HSET", key, ft, sfmt(INT, now + d), fi, V.tbis, fb, V.tbbs)
+    end
+    rcall("PEXPIRE", key, V.tbx1)
+    return {1, now, now_redis or 0, V.tbu1, 0, d}
   end
   local retry = 0
   if cost > burst then

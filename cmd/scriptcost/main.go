@@ -15,7 +15,11 @@
 // The checks are those of a one-window limit of 10,000 a minute keyed over
 // -keys keys, each key getting -per checks a window (so its set holds about
 // -per entries), on a clock the tool moves (clock app), with a deadline, as
-// Caddy sends them. The baseline's sets are keys of their own, filled the
+// Caddy sends them. With -eval they go by the script the store sends such
+// checks by: the kind's fast script (lua.DecideFast: sliding_log,
+// fixed_window, token_bucket), the log's (format 1) or the full one; the
+// first line of the output names it. EVALSHA's ratio to FCALL is two runs
+// under callgrind, one with -eval (docs/bench.md). The baseline's sets are keys of their own, filled the
 // same way.
 package main
 
@@ -90,10 +94,7 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 	defer c.Close()
 	call := []any{"FCALL", lua.DecideFunction}
 	if eval {
-		src := lua.Decide
-		if kind == 1 || kind == 7 {
-			src = lua.DecideLog // as the store sends sliding_log checks without a ban
-		}
+		src := evalScript(kind)
 		sha, err := c.ScriptLoad(ctx, src).Result()
 		if err != nil {
 			return err
@@ -155,6 +156,10 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 		}
 	}
 	name := strings.ToLower(call[0].(string))
+	path := name
+	if eval {
+		path += " of " + evalName(kind)
+	}
 	var oursU, oursC, baseU, baseC []string
 	for range 5 {
 		u, cpu, err := measure(ctx, c, name, func() error { return ours(n / 5) })
@@ -171,13 +176,38 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 		}
 		baseU, baseC = append(baseU, perCheck(u, n/5)), append(baseC, perCheck(cpu, n/5))
 	}
-	fmt.Fprintf(w, "kind %d, %s, %d checks a call, %d keys of about %d entries (a key: %d, %s)\n", kind, name, batch, keys, per,
+	fmt.Fprintf(w, "kind %d, %s, %d checks a call, %d keys of about %d entries (a key: %d, %s)\n", kind, path, batch, keys, per,
 		c.ZCard(ctx, "ratelimit:bench:log:{k1}").Val(), c.ObjectEncoding(ctx, "ratelimit:bench:log:{k1}").Val())
 	fmt.Fprintf(w, "ours:     µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(oursU, " "), strings.Join(oursC, " "))
 	if base {
 		fmt.Fprintf(w, "baseline: µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(baseU, " "), strings.Join(baseC, " "))
 	}
 	return nil
+}
+
+// evalScript is the script the store sends by EVALSHA for checks of the
+// tool's form (mode 0, one part of one window, nothing else) of kind:
+// the kind's fast script where it has one (lua.DecideFast), the log's
+// (lua.DecideLog) for a log in format 1, else the full one.
+func evalScript(kind int) string {
+	if src, ok := lua.DecideFast[kind]; ok {
+		return src
+	}
+	if kind == 7 {
+		return lua.DecideLog
+	}
+	return lua.Decide
+}
+
+// evalName names evalScript's script for kind.
+func evalName(kind int) string {
+	if _, ok := lua.DecideFast[kind]; ok {
+		return "its kind's fast script"
+	}
+	if kind == 7 {
+		return "the log's script"
+	}
+	return "the full script"
 }
 
 func perCheck(us float64, checks int) string {
