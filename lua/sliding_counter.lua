@@ -63,6 +63,13 @@
 local CTR_N = 10
 local CTR_R = CTR_N + 1
 
+-- CTR3_N buckets a window, CTR3_R kept; the buckets' firsts and lasts
+-- (cfst[j][slot], clst[j][slot], µs) beside their units (cring); FMT3, the
+-- format of a window's field (after the first use of num); cenc, its values.
+local CTR3_N, CTR3_R = 20, 21
+local cfst, clst, cenc = {}, {}, {}
+local FMT3 = false
+
 -- Per window of the check: its format (cfmt), bucket length and B, the
 -- buckets (cring[j][slot], for (s1 - CTR_R, s1]), their prefix sums
 -- (cpre[j][i]: the units of buckets s1 - CTR_R + 1 .. s1 - CTR_R + i) and
@@ -246,6 +253,46 @@ local function ctr1_until(w, target, base, idx, cur, prev)
   return d
 end
 
+-- ctr3_decode is a window's field in format 3 (it begins "[3,"), decoded:
+-- {3, K, then units, first, last (µs after the bucket's start) per slot},
+-- or nil.
+local function ctr3_decode(v)
+  if v and string.sub(v, 1, 3) == "[3," then
+    return cjson.decode(v)
+  end
+  return nil
+end
+
+-- ctr3_each calls fn(units, first, last) for each bucket of a decoded
+-- window of length l holding units, from the oldest.
+local function ctr3_each(a, l, fn)
+  local bw, k = math.ceil(l / CTR3_N), a[2]
+  for m = k - CTR3_R + 1, k do
+    local o = 3 + 3 * (m % CTR3_R)
+    if a[o] > 0 then
+      fn(a[o], m * bw + a[o + 1], m * bw + a[o + 2])
+    end
+  end
+end
+
+-- ctr3_carry is ctr_carry's reading of a window of length l in format 3
+-- (decoded a): its units in the window at now, the oldest bucket whole.
+local function ctr3_carry(a, l, now)
+  local bw = math.ceil(l / CTR3_N)
+  local t = now
+  if a[2] * bw > t then
+    t = a[2] * bw
+  end
+  local m0 = math.floor((t - l) / bw)
+  local est = 0
+  for m = m0, a[2] do
+    if m > a[2] - CTR3_R then
+      est = est + a[3 + 3 * (m % CTR3_R)]
+    end
+  end
+  return est
+end
+
 -- ctr_carry is the units, rounded up, that the fields of other lengths
 -- (windows that a reload replaced) still hold at now, in either format:
 -- the most of them.
@@ -256,7 +303,10 @@ local function ctr_carry(f, now, j0, j1)
       local ls = string.sub(name, 1, -2)
       local l = tonumber(ls)
       local est = 0
-      if l and l > 0 and v == "#2" then
+      local a = l and l > 0 and ctr3_decode(v)
+      if a then
+        est = ctr3_carry(a, l, now)
+      elseif l and l > 0 and v == "#2" then
         local k = tonumber(f[ls .. "k"])
         if k then
           local bw = math.ceil(l / CTR_N)
@@ -374,6 +424,47 @@ end
 
 -- Format 2.
 
+-- ctr3_to2 puts window j's format-3 buckets (decoded a) in its format-2
+-- ring of newest k (the bucket of now, or later: it returns it), each
+-- bucket's units in the bucket of its last arrival.
+local function ctr3_to2(j, a, k)
+  local bw, ring = cbw[j], cring[j]
+  ctr3_each(a, wlen[j], function(_, _, last)
+    if math.floor(last / bw) > k then
+      k = math.floor(last / bw)
+    end
+  end)
+  ctr3_each(a, wlen[j], function(c, _, last)
+    local m = math.floor(last / bw)
+    if m > k - CTR_R then
+      ring[m % CTR_R] = ring[m % CTR_R] + c
+    end
+  end)
+  return k
+end
+
+-- ctr3_to1 is window j's format-3 buckets (decoded a) as format 1's at
+-- now: window index, cur, prev, each bucket's units in the fixed window of
+-- its last arrival.
+local function ctr3_to1(j, a, now)
+  local l = wlen[j]
+  local t = now
+  if a[2] * math.ceil(l / CTR3_N) > t then
+    t = a[2] * math.ceil(l / CTR3_N)
+  end
+  local sw = math.floor(t / l)
+  local cur, prev = 0, 0
+  ctr3_each(a, l, function(c, _, last)
+    local wi = math.floor(last / l)
+    if wi >= sw then
+      cur = cur + c
+    elseif wi == sw - 1 then
+      prev = prev + c
+    end
+  end)
+  return sw, cur, prev
+end
+
 -- ctr_map is the hash as a map.
 local function ctr_map(key)
   local raw = redis.call("HGETALL", key)
@@ -391,10 +482,12 @@ local function ctr_stale(f, j0, j1, want)
     local ls, sfx = string.match(name, "^(%d+)(.*)$")
     local ok = false
     if ls and is_window(ls, j0, j1) then
-      if want == 2 then
+      if want == 3 then
+        ok = sfx == "w" and string.sub(v, 1, 3) == "[3,"
+      elseif want == 2 then
         ok = sfx == "k" or (sfx == "w" and v == "#2") or string.sub(sfx, 1, 1) == "."
       else
-        ok = (sfx == "w" and v ~= "#2") or sfx == "c" or sfx == "p"
+        ok = (sfx == "w" and v ~= "#2" and string.sub(v, 1, 1) ~= "[") or sfx == "c" or sfx == "p"
       end
     end
     if not ok then
@@ -505,7 +598,13 @@ local function ctr_check2(v, f, j0, j1, now, cost)
         ring[i] = 0
       end
       cK[j] = false
-      if f[wname[j] .. "w"] and f[wname[j] .. "w"] ~= "#2" then
+      local a = ctr3_decode(f[wname[j] .. "w"])
+      if a then
+        k = ctr3_to2(j, a, k)
+        if k * bw > now then
+          base = k * bw
+        end
+      elseif f[wname[j] .. "w"] and f[wname[j] .. "w"] ~= "#2" then
         k = ctr_from1(j, f, now, k)
         if k * bw > now then
           base = k * bw
@@ -544,6 +643,307 @@ local function ctr_check2(v, f, j0, j1, now, cost)
   return fits
 end
 
+-- Format 3.
+
+-- ctr3_sums fills window j's prefix sums and total (as ctr_sums).
+local function ctr3_sums(j)
+  local c, s = cring[j], cpre[j]
+  local slot, acc = (s1[j] + 1) % CTR3_R, 0
+  s[0] = 0
+  for i = 1, CTR3_R do
+    acc = acc + c[slot]
+    s[i] = acc
+    slot = slot + 1
+    if slot == CTR3_R then
+      slot = 0
+    end
+  end
+  ctot[j] = acc
+end
+
+-- ctr3_le reports whether window j's estimate at t (t >= s1[j] * bw) is
+-- at most target, a whole number, compared in whole numbers.
+local function ctr3_le(j, t, target)
+  local k, st = s1[j], t - wlen[j]
+  local m0 = math.floor(st / cbw[j])
+  if m0 > k then
+    return target >= 0
+  end
+  local r = target - (ctot[j] - cpre[j][m0 - k + CTR3_R])
+  local x = m0 % CTR3_R
+  local c = cring[j][x]
+  if c == 0 then
+    return r >= 0
+  elseif c - cb[j] > r then
+    return false
+  elseif c <= r then
+    return true
+  end
+  local f, l = cfst[j][x], clst[j][x]
+  if st >= l then
+    return r >= 0
+  elseif st < f then
+    return false
+  end
+  return (c - 2) * (l - st) <= (r - 1) * (l - f)
+end
+
+-- ctr3_count is window j's estimate at t rounded up.
+local function ctr3_count(j, t)
+  local k, st = s1[j], t - wlen[j]
+  local m0 = math.floor(st / cbw[j])
+  if m0 > k then
+    return 0
+  end
+  local x = m0 % CTR3_R
+  local c = cring[j][x]
+  local part = 0
+  if c > 0 then
+    local f, l = cfst[j][x], clst[j][x]
+    if st >= l then
+      part = 0
+    elseif st < f then
+      part = c
+    else
+      part = 1 + math.ceil((c - 2) * (l - st) / (l - f))
+    end
+    if c - cb[j] > part then
+      part = c - cb[j]
+    end
+  end
+  return (ctot[j] - cpre[j][m0 - k + CTR3_R]) + part
+end
+
+-- ctr3_until is the smallest whole d >= 0 with ctr3_le(j, base + d,
+-- target), segment by segment (the oldest bucket m fixed in each).
+local function ctr3_until(j, target, base)
+  if ctr3_le(j, base, target) then
+    return 0
+  end
+  local w, bw, k, b = wlen[j], cbw[j], s1[j], cb[j]
+  local ring, pre, tot = cring[j], cpre[j], ctot[j]
+  for m = math.floor((base - w) / bw), k do
+    local lo = m * bw
+    if base - w > lo then
+      lo = base - w
+    end
+    local r = target - (tot - pre[m - k + CTR3_R])
+    local x = m % CTR3_R
+    local c = ring[x]
+    if r >= 0 and c - b <= r then
+      local at = lo
+      if c > r then
+        local f, l = cfst[j][x], clst[j][x]
+        local y = l
+        if r >= 1 and l > f then
+          y = f
+          if c > 2 then
+            y = l - math.floor((r - 1) * (l - f) / (c - 2))
+            if y < f then
+              y = f
+            end
+          end
+        end
+        if y > at then
+          at = y
+        end
+      end
+      return at + w - base
+    end
+  end
+  local at = (k + 1) * bw
+  if base - w > at then
+    at = base - w
+  end
+  return at + w - base
+end
+
+-- ctr3_put adds units at time t to window j's bucket of t, if it is one of
+-- (s1 - CTR3_R, s1].
+local function ctr3_put(j, units, t)
+  local m = math.floor(t / cbw[j])
+  if units <= 0 or m <= s1[j] - CTR3_R or m > s1[j] then
+    return
+  end
+  local x = m % CTR3_R
+  local ring, f, l = cring[j], cfst[j], clst[j]
+  if ring[x] == 0 then
+    f[x], l[x] = t, t
+  else
+    if t < f[x] then
+      f[x] = t
+    end
+    if t > l[x] then
+      l[x] = t
+    end
+  end
+  ring[x] = ring[x] + units
+end
+
+-- ctr3_from fills window j's buckets (newest s1[j], decided at s2[j]) from
+-- a key in format 2 or 1 (f, its hash): each stored bucket's or fixed
+-- window's units go to the latest time they can have been admitted (its
+-- last µs, or the time decided at if sooner), so that each counts at least
+-- as long as it can be in the window.
+local function ctr3_from(j, f)
+  local l, ls, t = wlen[j], wname[j], s2[j]
+  local v = f[ls .. "w"]
+  if v == "#2" then
+    local k = tonumber(f[ls .. "k"])
+    if k then
+      local bw = math.ceil(l / CTR_N)
+      for m = k - CTR_R + 1, k do
+        local last = (m + 1) * bw - 1
+        if last > t then
+          last = t
+        end
+        ctr3_put(j, tonumber(f[ls .. "." .. (m % CTR_R)]) or 0, last)
+      end
+    end
+    return
+  end
+  local sw = tonumber(v)
+  if sw then
+    local last = (sw + 1) * l - 1
+    if last > t then
+      last = t
+    end
+    if last < sw * l then
+      last = sw * l
+    end
+    ctr3_put(j, tonumber(f[ls .. "c"]) or 0, last)
+    ctr3_put(j, tonumber(f[ls .. "p"]) or 0, sw * l - 1)
+  end
+end
+
+-- ctr3_check fills windows j0..j1 in format 3 from their fields v (one per
+-- window), f (the whole hash, or false).
+local function ctr3_check(v, f, j0, j1, now, cost)
+  local fits = true
+  local carried = false
+  for j = j0, j1 do
+    local w, limit = wlen[j], wlim[j]
+    local bw = math.ceil(w / CTR3_N)
+    cbw[j], cb[j], cfmt[j] = bw, math.ceil(limit / CTR3_N), 3
+    local ring = cring[j]
+    if not ring or not cfst[j] then
+      ring = {}
+      cring[j], cpre[j], cfst[j], clst[j] = ring, {}, {}, {}
+    end
+    local rf, rl = cfst[j], clst[j]
+    for i = 0, CTR3_R - 1 do
+      ring[i] = 0
+    end
+    local k = math.floor(now / bw)
+    local base = now
+    local a = ctr3_decode(v[j - j0 + 1])
+    if a then
+      local sk = a[2]
+      if sk > k then
+        k = sk
+        base = k * bw
+      end
+      for m = k - CTR3_R + 1, sk do
+        if m > sk - CTR3_R then
+          local x = m % CTR3_R
+          local o = 3 + 3 * x
+          local c = a[o]
+          ring[x] = c
+          if c > 0 then
+            rf[x], rl[x] = m * bw + a[o + 1], m * bw + a[o + 2]
+          end
+        end
+      end
+      cK[j] = sk
+    else
+      cK[j] = false
+      s1[j], s2[j] = k, base
+      if f and f[wname[j] .. "w"] then
+        ctr3_from(j, f)
+      else
+        if carried == false then
+          carried = ctr_carry(f, now, j0, j1)
+        end
+        ctr3_put(j, carried, base)
+      end
+    end
+    s1[j], s2[j] = k, base
+    ctr3_sums(j)
+    local count = ctr3_count(j, base)
+    local retry = 0
+    if cost > limit then
+      retry = w
+    elseif not ctr3_le(j, base, limit - cost) then
+      retry = ctr3_until(j, limit - cost, base) + (base - now)
+    end
+    if retry > 0 then
+      fits = false
+    end
+    cnt[j], rty[j] = count, retry
+  end
+  return fits
+end
+
+-- ctr3_record adds cost to windows j0..j1 and queues their fields (each
+-- window's whole); it returns the TTL in ms when it is to be set, else 0.
+local function ctr3_record(j0, j1, cost, stale)
+  if not FMT3 then
+    if not INT then
+      formats()
+    end
+    FMT3 = "[" .. INT .. string.rep("," .. INT, 1 + 3 * CTR3_R) .. "]"
+  end
+  local ttl, start = 0, stale
+  for j = j0, j1 do
+    local w, bw, k, base = wlen[j], cbw[j], s1[j], s2[j]
+    local ring, rf, rl = cring[j], cfst[j], clst[j]
+    if cost > 0 then
+      ctr3_put(j, cost, base)
+    end
+    ctot[j] = ctot[j] + cost -- (bucket k is the last of the prefix sums)
+    cpre[j][CTR3_R] = ctot[j]
+    cnt[j] = cnt[j] + cost
+    if not cK[j] or k > cK[j] then
+      start = true
+    end
+    cenc[1], cenc[2] = 3, k
+    for m = k - CTR3_R + 1, k do
+      local x = m % CTR3_R
+      local o, c = 3 + 3 * x, ring[x]
+      cenc[o] = c
+      if c > 0 then
+        cenc[o + 1], cenc[o + 2] = rf[x] - m * bw, rl[x] - m * bw
+      else
+        cenc[o + 1], cenc[o + 2] = 0, 0
+      end
+    end
+    hf[hn + 1], hf[hn + 2] = wname[j] .. "w", string.format(FMT3, unpack(cenc, 1, 2 + 3 * CTR3_R))
+    hn = hn + 2
+    local t = math.ceil((w + bw) / 1000) + 1000
+    if t > ttl then
+      ttl = t
+    end
+  end
+  if start then
+    return ttl
+  end
+  return 0
+end
+
+-- ctr3_reset fills the windows' resets: the first µs at which the count
+-- (after any write) has dropped by one.
+local function ctr3_reset(j0, j1, now)
+  for j = j0, j1 do
+    local base = s2[j]
+    local n = ctr3_count(j, base)
+    local reset = 0
+    if n > 0 then
+      reset = ctr3_until(j, n - 1, base) + (base - now)
+    end
+    rst[j] = reset
+  end
+end
+
 -- ctr_part reads and checks a counter part's windows j0..j1 in format want
 -- (1 or 2); it reports whether the cost fits and whether the hash must be
 -- written whole (it holds the other format, or windows a reload replaced).
@@ -551,7 +951,10 @@ local function ctr_part(key, j0, j1, now, cost, want)
   local n = 0
   for j = j0, j1 do
     local fs = ctr_fields(wname[j])
-    if want == 2 then
+    if want == 3 then
+      n = n + 1
+      flist[n] = fs[2]
+    elseif want == 2 then
       n = n + 1
       flist[n] = fs[1]
       for i = 3, CTR_R + 2 do
@@ -565,12 +968,22 @@ local function ctr_part(key, j0, j1, now, cost, want)
   end
   local v = redis.call("HMGET", key, unpack(flist, 1, n))
   local f, stale = false, false
+  if want == 3 then
+    for i = 1, n do
+      if not v[i] or string.sub(v[i], 1, 3) ~= "[3," then
+        f = ctr_map(key)
+        stale = ctr_stale(f, j0, j1, 3)
+        break
+      end
+    end
+    return ctr3_check(v, f, j0, j1, now, cost), stale
+  end
   local per = 3
   if want == 2 then
     per = CTR_R + 1
   end
   for i = 1, n, per do
-    if not v[i] or (want == 1 and v[i] == "#2") then
+    if not v[i] or (want == 1 and (v[i] == "#2" or string.sub(v[i], 1, 1) == "[")) then
       f = ctr_map(key)
       stale = ctr_stale(f, j0, j1, want)
       break
@@ -582,7 +995,10 @@ local function ctr_part(key, j0, j1, now, cost, want)
   for j = j0, j1 do
     cfmt[j] = 1
     local o = (j - j0) * 3
-    if v[o + 1] == "#2" then
+    local a = ctr3_decode(v[o + 1])
+    if a then
+      v[o + 1], v[o + 2], v[o + 3] = ctr3_to1(j, a, now)
+    elseif v[o + 1] == "#2" then
       v[o + 1], v[o + 2], v[o + 3] = ctr_to1(j, f, now)
     end
   end
@@ -592,7 +1008,9 @@ end
 -- ctr_record adds cost to windows j0..j1 and queues their fields; it
 -- returns the TTL in ms when the key's TTL is to be set, else 0.
 local function ctr_record(j0, j1, cost, stale)
-  if cfmt[j0] == 1 then
+  if cfmt[j0] == 3 then
+    return ctr3_record(j0, j1, cost, stale)
+  elseif cfmt[j0] == 1 then
     return ctr1_record(j0, j1, cost)
   end
   local ttl, start = 0, false
@@ -641,7 +1059,9 @@ end
 
 -- ctr_reset fills the windows' resets from their state (after any write).
 local function ctr_reset(j0, j1, now)
-  if cfmt[j0] == 1 then
+  if cfmt[j0] == 3 then
+    return ctr3_reset(j0, j1, now)
+  elseif cfmt[j0] == 1 then
     return ctr1_reset(j0, j1, now)
   end
   for j = j0, j1 do
