@@ -63,11 +63,13 @@
 local CTR_N = 10
 local CTR_R = CTR_N + 1
 
--- CTR3_N buckets a window, CTR3_R kept; the buckets' firsts and lasts
--- (cfst[j][slot], clst[j][slot], µs) beside their units (cring); FMT3, the
--- format of a window's field (after the first use of num); cenc, its values.
+-- Format 3: CTR3_N buckets a window, CTR3_R kept. A window's state is its
+-- field decoded (ctr3_decode), ca[j] while it is checked: {3, K, T, then
+-- per slot x, at 4 + 3x: units, first, last (µs after the start of the
+-- slot's bucket)}, T the units of all the slots. FMT3 is the format of a
+-- window's field (set on the first write).
 local CTR3_N, CTR3_R = 20, 21
-local cfst, clst, cenc = {}, {}, {}
+local ca = {}
 local FMT3 = false
 
 -- Per window of the check: its format (cfmt), bucket length and B, the
@@ -268,7 +270,7 @@ end
 local function ctr3_each(a, l, fn)
   local bw, k = math.ceil(l / CTR3_N), a[2]
   for m = k - CTR3_R + 1, k do
-    local o = 3 + 3 * (m % CTR3_R)
+    local o = 4 + 3 * (m % CTR3_R)
     if a[o] > 0 then
       fn(a[o], m * bw + a[o + 1], m * bw + a[o + 2])
     end
@@ -278,17 +280,18 @@ end
 -- ctr3_carry is ctr_carry's reading of a window of length l in format 3
 -- (decoded a): its units in the window at now, the oldest bucket whole.
 local function ctr3_carry(a, l, now)
-  local bw = math.ceil(l / CTR3_N)
+  local bw, k = math.ceil(l / CTR3_N), a[2]
   local t = now
-  if a[2] * bw > t then
-    t = a[2] * bw
+  if k * bw > t then
+    t = k * bw
   end
   local m0 = math.floor((t - l) / bw)
-  local est = 0
-  for m = m0, a[2] do
-    if m > a[2] - CTR3_R then
-      est = est + a[3 + 3 * (m % CTR3_R)]
-    end
+  if m0 > k then
+    return 0
+  end
+  local est = a[3]
+  for m = k - CTR3_R + 1, m0 - 1 do
+    est = est - a[4 + 3 * (m % CTR3_R)]
   end
   return est
 end
@@ -645,33 +648,27 @@ end
 
 -- Format 3.
 
--- ctr3_sums fills window j's prefix sums and total (as ctr_sums).
-local function ctr3_sums(j)
-  local c, s = cring[j], cpre[j]
-  local slot, acc = (s1[j] + 1) % CTR3_R, 0
-  s[0] = 0
-  for i = 1, CTR3_R do
-    acc = acc + c[slot]
-    s[i] = acc
-    slot = slot + 1
-    if slot == CTR3_R then
-      slot = 0
-    end
+-- ctr3_after is the units of window j's buckets after m (m >= K - CTR3_R).
+local function ctr3_after(j, m)
+  local a = ca[j]
+  local u = a[3]
+  for i = a[2] - CTR3_R + 1, m do
+    u = u - a[4 + 3 * (i % CTR3_R)]
   end
-  ctot[j] = acc
+  return u
 end
 
--- ctr3_le reports whether window j's estimate at t (t >= s1[j] * bw) is
--- at most target, a whole number, compared in whole numbers.
+-- ctr3_le reports whether window j's estimate at t (t >= K * bw) is at
+-- most target, a whole number, compared in whole numbers.
 local function ctr3_le(j, t, target)
-  local k, st = s1[j], t - wlen[j]
-  local m0 = math.floor(st / cbw[j])
-  if m0 > k then
+  local a, bw, st = ca[j], cbw[j], t - wlen[j]
+  local m0 = math.floor(st / bw)
+  if m0 > a[2] then
     return target >= 0
   end
-  local r = target - (ctot[j] - cpre[j][m0 - k + CTR3_R])
-  local x = m0 % CTR3_R
-  local c = cring[j][x]
+  local r = target - ctr3_after(j, m0)
+  local o = 4 + 3 * (m0 % CTR3_R)
+  local c = a[o]
   if c == 0 then
     return r >= 0
   elseif c - cb[j] > r then
@@ -679,7 +676,7 @@ local function ctr3_le(j, t, target)
   elseif c <= r then
     return true
   end
-  local f, l = cfst[j][x], clst[j][x]
+  local f, l = m0 * bw + a[o + 1], m0 * bw + a[o + 2]
   if st >= l then
     return r >= 0
   elseif st < f then
@@ -690,16 +687,16 @@ end
 
 -- ctr3_count is window j's estimate at t rounded up.
 local function ctr3_count(j, t)
-  local k, st = s1[j], t - wlen[j]
-  local m0 = math.floor(st / cbw[j])
-  if m0 > k then
+  local a, bw, st = ca[j], cbw[j], t - wlen[j]
+  local m0 = math.floor(st / bw)
+  if m0 > a[2] then
     return 0
   end
-  local x = m0 % CTR3_R
-  local c = cring[j][x]
+  local o = 4 + 3 * (m0 % CTR3_R)
+  local c = a[o]
   local part = 0
   if c > 0 then
-    local f, l = cfst[j][x], clst[j][x]
+    local f, l = m0 * bw + a[o + 1], m0 * bw + a[o + 2]
     if st >= l then
       part = 0
     elseif st < f then
@@ -711,7 +708,7 @@ local function ctr3_count(j, t)
       part = c - cb[j]
     end
   end
-  return (ctot[j] - cpre[j][m0 - k + CTR3_R]) + part
+  return ctr3_after(j, m0) + part
 end
 
 -- ctr3_until is the smallest whole d >= 0 with ctr3_le(j, base + d,
@@ -720,20 +717,22 @@ local function ctr3_until(j, target, base)
   if ctr3_le(j, base, target) then
     return 0
   end
-  local w, bw, k, b = wlen[j], cbw[j], s1[j], cb[j]
-  local ring, pre, tot = cring[j], cpre[j], ctot[j]
-  for m = math.floor((base - w) / bw), k do
+  local a, w, bw, b = ca[j], wlen[j], cbw[j], cb[j]
+  local k = a[2]
+  local m = math.floor((base - w) / bw)
+  local after = ctr3_after(j, m)
+  while m <= k do
     local lo = m * bw
     if base - w > lo then
       lo = base - w
     end
-    local r = target - (tot - pre[m - k + CTR3_R])
-    local x = m % CTR3_R
-    local c = ring[x]
+    local r = target - after
+    local o = 4 + 3 * (m % CTR3_R)
+    local c = a[o]
     if r >= 0 and c - b <= r then
       local at = lo
       if c > r then
-        local f, l = cfst[j][x], clst[j][x]
+        local f, l = m * bw + a[o + 1], m * bw + a[o + 2]
         local y = l
         if r >= 1 and l > f then
           y = f
@@ -750,6 +749,10 @@ local function ctr3_until(j, target, base)
       end
       return at + w - base
     end
+    m = m + 1
+    if m <= k then
+      after = after - a[4 + 3 * (m % CTR3_R)]
+    end
   end
   local at = (k + 1) * bw
   if base - w > at then
@@ -759,32 +762,33 @@ local function ctr3_until(j, target, base)
 end
 
 -- ctr3_put adds units at time t to window j's bucket of t, if it is one of
--- (s1 - CTR3_R, s1].
+-- (K - CTR3_R, K].
 local function ctr3_put(j, units, t)
-  local m = math.floor(t / cbw[j])
-  if units <= 0 or m <= s1[j] - CTR3_R or m > s1[j] then
+  local a, bw = ca[j], cbw[j]
+  local m = math.floor(t / bw)
+  if units <= 0 or m <= a[2] - CTR3_R or m > a[2] then
     return
   end
-  local x = m % CTR3_R
-  local ring, f, l = cring[j], cfst[j], clst[j]
-  if ring[x] == 0 then
-    f[x], l[x] = t, t
+  local o, x = 4 + 3 * (m % CTR3_R), t - m * bw
+  if a[o] == 0 then
+    a[o + 1], a[o + 2] = x, x
   else
-    if t < f[x] then
-      f[x] = t
+    if x < a[o + 1] then
+      a[o + 1] = x
     end
-    if t > l[x] then
-      l[x] = t
+    if x > a[o + 2] then
+      a[o + 2] = x
     end
   end
-  ring[x] = ring[x] + units
+  a[o] = a[o] + units
+  a[3] = a[3] + units
 end
 
--- ctr3_from fills window j's buckets (newest s1[j], decided at s2[j]) from
--- a key in format 2 or 1 (f, its hash): each stored bucket's or fixed
--- window's units go to the latest time they can have been admitted (its
--- last µs, or the time decided at if sooner), so that each counts at least
--- as long as it can be in the window.
+-- ctr3_from fills window j's buckets (decided at s2[j]) from a key in
+-- format 2 or 1 (f, its hash): each stored bucket's or fixed window's units
+-- go to the latest time they can have been admitted (its last µs, or the
+-- time decided at if sooner), so that each counts at least as long as it
+-- can be in the window.
 local function ctr3_from(j, f)
   local l, ls, t = wlen[j], wname[j], s2[j]
   local v = f[ls .. "w"]
@@ -825,38 +829,37 @@ local function ctr3_check(v, f, j0, j1, now, cost)
     local w, limit = wlen[j], wlim[j]
     local bw = math.ceil(w / CTR3_N)
     cbw[j], cb[j], cfmt[j] = bw, math.ceil(limit / CTR3_N), 3
-    local ring = cring[j]
-    if not ring or not cfst[j] then
-      ring = {}
-      cring[j], cpre[j], cfst[j], clst[j] = ring, {}, {}, {}
-    end
-    local rf, rl = cfst[j], clst[j]
-    for i = 0, CTR3_R - 1 do
-      ring[i] = 0
-    end
     local k = math.floor(now / bw)
     local base = now
     local a = ctr3_decode(v[j - j0 + 1])
     if a then
       local sk = a[2]
+      cK[j] = sk
       if sk > k then
         k = sk
         base = k * bw
-      end
-      for m = k - CTR3_R + 1, sk do
-        if m > sk - CTR3_R then
-          local x = m % CTR3_R
-          local o = 3 + 3 * x
-          local c = a[o]
-          ring[x] = c
-          if c > 0 then
-            rf[x], rl[x] = m * bw + a[o + 1], m * bw + a[o + 2]
-          end
+      elseif k > sk then
+        -- The slots of buckets sk + 1 .. k start empty.
+        local m = sk + 1
+        if m < k - CTR3_R + 1 then
+          m = k - CTR3_R + 1
         end
+        for i = m, k do
+          local o = 4 + 3 * (i % CTR3_R)
+          a[3] = a[3] - a[o]
+          a[o] = 0
+        end
+        a[2] = k
       end
-      cK[j] = sk
+      ca[j] = a
+      s1[j], s2[j] = k, base
     else
       cK[j] = false
+      a = {3, k, 0}
+      for o = 4, 3 + 3 * CTR3_R do
+        a[o] = 0
+      end
+      ca[j] = a
       s1[j], s2[j] = k, base
       if f and f[wname[j] .. "w"] then
         ctr3_from(j, f)
@@ -867,8 +870,6 @@ local function ctr3_check(v, f, j0, j1, now, cost)
         ctr3_put(j, carried, base)
       end
     end
-    s1[j], s2[j] = k, base
-    ctr3_sums(j)
     local count = ctr3_count(j, base)
     local retry = 0
     if cost > limit then
@@ -891,33 +892,19 @@ local function ctr3_record(j0, j1, cost, stale)
     if not INT then
       formats()
     end
-    FMT3 = "[" .. INT .. string.rep("," .. INT, 1 + 3 * CTR3_R) .. "]"
+    FMT3 = "[" .. INT .. string.rep("," .. INT, 2 + 3 * CTR3_R) .. "]"
   end
   local ttl, start = 0, stale
   for j = j0, j1 do
-    local w, bw, k, base = wlen[j], cbw[j], s1[j], s2[j]
-    local ring, rf, rl = cring[j], cfst[j], clst[j]
+    local w, bw = wlen[j], cbw[j]
     if cost > 0 then
-      ctr3_put(j, cost, base)
+      ctr3_put(j, cost, s2[j])
     end
-    ctot[j] = ctot[j] + cost -- (bucket k is the last of the prefix sums)
-    cpre[j][CTR3_R] = ctot[j]
     cnt[j] = cnt[j] + cost
-    if not cK[j] or k > cK[j] then
+    if not cK[j] or s1[j] > cK[j] then
       start = true
     end
-    cenc[1], cenc[2] = 3, k
-    for m = k - CTR3_R + 1, k do
-      local x = m % CTR3_R
-      local o, c = 3 + 3 * x, ring[x]
-      cenc[o] = c
-      if c > 0 then
-        cenc[o + 1], cenc[o + 2] = rf[x] - m * bw, rl[x] - m * bw
-      else
-        cenc[o + 1], cenc[o + 2] = 0, 0
-      end
-    end
-    hf[hn + 1], hf[hn + 2] = wname[j] .. "w", string.format(FMT3, unpack(cenc, 1, 2 + 3 * CTR3_R))
+    hf[hn + 1], hf[hn + 2] = wname[j] .. "w", string.format(FMT3, unpack(ca[j], 1, 3 + 3 * CTR3_R))
     hn = hn + 2
     local t = math.ceil((w + bw) / 1000) + 1000
     if t > ttl then
