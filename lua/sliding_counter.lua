@@ -1,11 +1,42 @@
--- sliding_counter.lua: the sliding-window counter, one hash per bucket holding
--- every duration window of the bucket. Spliced into decide.lua (clock, units,
+-- sliding_counter.lua: the sliding-window counter, one hash per key holding
+-- every duration window of the key. Spliced into decide.lua (clock, units,
 -- the window arrays and hset are there). Numbers are Lua doubles; every
 -- value stored or returned is a whole number. The in-process store
--- (limiter/algorithms.go) repeats format 2's arithmetic operation by
+-- (limiter/algorithms.go) repeats format 3's arithmetic operation by
 -- operation, so both stores give the same answers to the microsecond.
 --
--- Format 2 (kind 2 writes it). A window of length L is split in buckets of
+-- Format 3 (kind 2 writes it). A window of length L is split in buckets of
+-- bw = ceil(L / N) µs (N = CTR3_N = 20); bucket m is [m bw, (m + 1) bw). A
+-- window's one field, "<L>w", is a JSON array (cjson.decode reads it; it
+-- begins "[3,", which says the format, and makes the releases before the
+-- format version fail on the key rather than read it as empty):
+--   [3, K, T, then per slot i = m % (N + 1), for the N + 1 buckets
+--    (K - N - 1, K]: c, f - m bw, l - m bw]
+-- K the newest bucket, T the units of all the slots, c a bucket's units,
+-- f <= l the first and last µs one of them was admitted at (a slot not
+-- written since its bucket started reads c = 0). At time t the window is
+-- (t - L, t], starting at s = t - L in bucket m0 = floor(s / bw): the
+-- buckets m0 + 1 .. K count whole (F), m0's c units by its two ends, never
+-- below c - B, B = ceil(limit / N):
+--   p = c while f > s (all in), 0 once l <= s (all out), else
+--   1 + (c - 2) (l - s) / (l - f) (the last in, the first out, the others
+--   spread evenly between them); est = F + max(p, c - B).
+-- A request fits when est <= limit - cost, compared in whole numbers
+-- (ctr3_le). Once m0's first arrival has left the window at least its
+-- units have, so the window holds at most F + c - 1 <= est + B - 1 units:
+-- the counter never admits more than limit + ceil(limit / N) - 1 in any
+-- window. count = ceil(est); retry = when denied, the first whole µs at
+-- which est <= limit - cost; reset = the first whole µs at which the count
+-- (after the request) has dropped by one, 0 when it is 0. est never grows
+-- with time. The check and the record work on the decoded array itself,
+-- which is written back whole (one string.format); the TTL, L + bw + 1 s,
+-- is set when a write starts a bucket, as in format 2. A window with no
+-- field of its own carries over the most that the fields of the lengths it
+-- replaced hold (their oldest bucket counted whole), as both the first and
+-- the last arrival of the bucket of now; a key in format 1 or 2 is turned
+-- into format 3 (ctr3_from) and back (ctr3_to1, ctr3_to2) as below.
+--
+-- Format 2 (kind 10 writes it, `state_format 2`). A window of length L is split in buckets of
 -- bw = ceil(L / N) µs (N = CTR_N = 10); bucket m is [m bw, (m + 1) bw). Its
 -- fields (named by L, so a window's state is never read under another
 -- length): "<L>k" = K, the newest bucket written; "<L>.<i>" = the units of
@@ -47,9 +78,14 @@
 -- before; est = p (L - e) / L + c at elapsed e = t - idx L; TTL 2 L + 1 s,
 -- refreshed on every write. (A ban's weighted count is this estimate too.)
 --
--- Both formats are read by every check; a check that writes (not a peek)
--- rewrites a key holding the other format in its own (DEL, then the whole
+-- Every format is read by every check; a check that writes (not a peek)
+-- rewrites a key holding another format in its own (DEL, then the whole
 -- state), never admitting more than either reading allows:
+--   format 1 or 2 -> 3: each fixed window's or bucket's units go to the
+--     latest µs they can have (its last, or now), as both ends of the
+--     format-3 bucket holding it;
+--   format 3 -> 2 or 1: each bucket's units go to the bucket or fixed
+--     window of its last arrival;
 --   format 1 -> 2: the units of window idx go to the bucket of the latest
 --     time they can have (now, within the window), those of idx - 1 to the
 --     window's last bucket: each counts at least as long as it can be in
