@@ -100,12 +100,14 @@ local CTR_N = 10
 local CTR_R = CTR_N + 1
 
 -- Format 3: CTR3_N buckets a window, CTR3_R kept. A window's state is its
--- field decoded (ctr3_decode), ca[j] while it is checked: {3, K, T, then
--- per slot x, at 4 + 3x: units, first, last (µs after the start of the
--- slot's bucket)}, T the units of all the slots. FMT3 is the format of a
--- window's field (set on the first write).
+-- field decoded (ctr3_decode), ca[j] while it is checked: {3, P, then for
+-- buckets K - 20 .. K, at 63 + 3 (m - K): units, first, last (µs after the
+-- bucket's start), then T, K}, T the units of all of them, P where bucket
+-- K's units begin in the field (cv[j], the field as read; cnew[j]: K's
+-- bucket is all that changed since). FMT3 are the formats of a window's
+-- field (set on the first write).
 local CTR3_N, CTR3_R = 20, 21
-local ca = {}
+local ca, cv, cnew = {}, {}, {}
 local FMT3 = false
 
 -- Per window of the check: its format (cfmt), bucket length and B, the
@@ -304,9 +306,9 @@ end
 -- ctr3_each calls fn(units, first, last) for each bucket of a decoded
 -- window of length l holding units, from the oldest.
 local function ctr3_each(a, l, fn)
-  local bw, k = math.ceil(l / CTR3_N), a[2]
+  local bw, k = math.ceil(l / CTR3_N), a[67]
   for m = k - CTR3_R + 1, k do
-    local o = 4 + 3 * (m % CTR3_R)
+    local o = 63 + 3 * (m - k)
     if a[o] > 0 then
       fn(a[o], m * bw + a[o + 1], m * bw + a[o + 2])
     end
@@ -316,7 +318,7 @@ end
 -- ctr3_carry is ctr_carry's reading of a window of length l in format 3
 -- (decoded a): its units in the window at now, the oldest bucket whole.
 local function ctr3_carry(a, l, now)
-  local bw, k = math.ceil(l / CTR3_N), a[2]
+  local bw, k = math.ceil(l / CTR3_N), a[67]
   local t = now
   if k * bw > t then
     t = k * bw
@@ -325,9 +327,9 @@ local function ctr3_carry(a, l, now)
   if m0 > k then
     return 0
   end
-  local est = a[3]
+  local est = a[66]
   for m = k - CTR3_R + 1, m0 - 1 do
-    est = est - a[4 + 3 * (m % CTR3_R)]
+    est = est - a[63 + 3 * (m - k)]
   end
   return est
 end
@@ -488,8 +490,8 @@ end
 local function ctr3_to1(j, a, now)
   local l = wlen[j]
   local t = now
-  if a[2] * math.ceil(l / CTR3_N) > t then
-    t = a[2] * math.ceil(l / CTR3_N)
+  if a[67] * math.ceil(l / CTR3_N) > t then
+    t = a[67] * math.ceil(l / CTR3_N)
   end
   local sw = math.floor(t / l)
   local cur, prev = 0, 0
@@ -687,9 +689,9 @@ end
 -- ctr3_after is the units of window j's buckets after m (m >= K - CTR3_R).
 local function ctr3_after(j, m)
   local a = ca[j]
-  local u = a[3]
-  for i = a[2] - CTR3_R + 1, m do
-    u = u - a[4 + 3 * (i % CTR3_R)]
+  local u, k = a[66], a[67]
+  for i = k - CTR3_R + 1, m do
+    u = u - a[63 + 3 * (i - k)]
   end
   return u
 end
@@ -699,11 +701,11 @@ end
 local function ctr3_le(j, t, target)
   local a, bw, st = ca[j], cbw[j], t - wlen[j]
   local m0 = math.floor(st / bw)
-  if m0 > a[2] then
+  if m0 > a[67] then
     return target >= 0
   end
   local r = target - ctr3_after(j, m0)
-  local o = 4 + 3 * (m0 % CTR3_R)
+  local o = 63 + 3 * (m0 - a[67])
   local c = a[o]
   if c == 0 then
     return r >= 0
@@ -725,10 +727,10 @@ end
 local function ctr3_count(j, t)
   local a, bw, st = ca[j], cbw[j], t - wlen[j]
   local m0 = math.floor(st / bw)
-  if m0 > a[2] then
+  if m0 > a[67] then
     return 0
   end
-  local o = 4 + 3 * (m0 % CTR3_R)
+  local o = 63 + 3 * (m0 - a[67])
   local c = a[o]
   local part = 0
   if c > 0 then
@@ -754,7 +756,7 @@ local function ctr3_until(j, target, base)
     return 0
   end
   local a, w, bw, b = ca[j], wlen[j], cbw[j], cb[j]
-  local k = a[2]
+  local k = a[67]
   local m = math.floor((base - w) / bw)
   local after = ctr3_after(j, m)
   while m <= k do
@@ -763,7 +765,7 @@ local function ctr3_until(j, target, base)
       lo = base - w
     end
     local r = target - after
-    local o = 4 + 3 * (m % CTR3_R)
+    local o = 63 + 3 * (m - k)
     local c = a[o]
     if r >= 0 and c - b <= r then
       local at = lo
@@ -787,7 +789,7 @@ local function ctr3_until(j, target, base)
     end
     m = m + 1
     if m <= k then
-      after = after - a[4 + 3 * (m % CTR3_R)]
+      after = after - a[63 + 3 * (m - k)]
     end
   end
   local at = (k + 1) * bw
@@ -802,10 +804,10 @@ end
 local function ctr3_put(j, units, t)
   local a, bw = ca[j], cbw[j]
   local m = math.floor(t / bw)
-  if units <= 0 or m <= a[2] - CTR3_R or m > a[2] then
+  if units <= 0 or m <= a[67] - CTR3_R or m > a[67] then
     return
   end
-  local o, x = 4 + 3 * (m % CTR3_R), t - m * bw
+  local o, x = 63 + 3 * (m - a[67]), t - m * bw
   if a[o] == 0 then
     a[o + 1], a[o + 2] = x, x
   else
@@ -817,7 +819,7 @@ local function ctr3_put(j, units, t)
     end
   end
   a[o] = a[o] + units
-  a[3] = a[3] + units
+  a[66] = a[66] + units
 end
 
 -- ctr3_from fills window j's buckets (decided at s2[j]) from a key in
@@ -869,32 +871,35 @@ local function ctr3_check(v, f, j0, j1, now, cost)
     local base = now
     local a = ctr3_decode(v[j - j0 + 1])
     if a then
-      local sk = a[2]
-      cK[j] = sk
+      local sk = a[67]
+      cK[j], cv[j], cnew[j] = sk, v[j - j0 + 1], true
       if sk > k then
         k = sk
         base = k * bw
       elseif k > sk then
-        -- The slots of buckets sk + 1 .. k start empty.
-        local m = sk + 1
-        if m < k - CTR3_R + 1 then
-          m = k - CTR3_R + 1
+        -- The buckets move down by d; those of sk + 1 .. k start empty.
+        local d = 3 * (k - sk)
+        for o = 3, 62 + 3, 3 do
+          if o < 3 + d then
+            a[66] = a[66] - a[o]
+          end
+          if o + d <= 63 then
+            a[o], a[o + 1], a[o + 2] = a[o + d], a[o + d + 1], a[o + d + 2]
+          else
+            a[o], a[o + 1], a[o + 2] = 0, 0, 0
+          end
         end
-        for i = m, k do
-          local o = 4 + 3 * (i % CTR3_R)
-          a[3] = a[3] - a[o]
-          a[o] = 0
-        end
-        a[2] = k
+        a[67], cnew[j] = k, false
       end
       ca[j] = a
       s1[j], s2[j] = k, base
     else
-      cK[j] = false
-      a = {3, k, 0}
-      for o = 4, 3 + 3 * CTR3_R do
+      cK[j], cnew[j] = false, false
+      a = {3, 0}
+      for o = 3, 65 do
         a[o] = 0
       end
+      a[66], a[67] = 0, k
       ca[j] = a
       s1[j], s2[j] = k, base
       if f and f[wname[j] .. "w"] then
@@ -928,7 +933,8 @@ local function ctr3_record(j0, j1, cost, stale)
     if not INT then
       formats()
     end
-    FMT3 = "[" .. INT .. string.rep("," .. INT, 2 + 3 * CTR3_R) .. "]"
+    FMT3 = {"[3,%6" .. string.sub(INT, 2) .. ",", string.rep(INT .. ",", 3 * CTR3_R - 3),
+      INT .. "," .. INT .. "," .. INT .. "," .. INT .. "," .. INT .. "]"}
   end
   local ttl, start = 0, stale
   for j = j0, j1 do
@@ -940,7 +946,18 @@ local function ctr3_record(j0, j1, cost, stale)
     if not cK[j] or s1[j] > cK[j] then
       start = true
     end
-    hf[hn + 1], hf[hn + 2] = wname[j] .. "w", string.format(FMT3, unpack(ca[j], 1, 3 + 3 * CTR3_R))
+    -- Bucket K's units, first, last, then T and K end the field: when
+    -- nothing else changed, the field as read is kept up to them.
+    local a = ca[j]
+    local tail = string.format(FMT3[3], a[63], a[64], a[65], a[66], a[67])
+    local field
+    if cnew[j] and not stale then
+      field = string.sub(cv[j], 1, a[2] - 1) .. tail
+    else
+      local mid = string.format(FMT3[2], unpack(a, 3, 62))
+      field = string.format(FMT3[1], 11 + #mid) .. mid .. tail
+    end
+    hf[hn + 1], hf[hn + 2] = wname[j] .. "w", field
     hn = hn + 2
     local t = math.ceil((w + bw) / 1000) + 1000
     if t > ttl then
