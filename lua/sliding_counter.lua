@@ -10,11 +10,13 @@
 -- window's one field, "<L>w", is a JSON array (cjson.decode reads it; it
 -- begins "[3,", which says the format, and makes the releases before the
 -- format version fail on the key rather than read it as empty):
---   [3, K, T, then per slot i = m % (N + 1), for the N + 1 buckets
---    (K - N - 1, K]: c, f - m bw, l - m bw]
--- K the newest bucket, T the units of all the slots, c a bucket's units,
--- f <= l the first and last µs one of them was admitted at (a slot not
--- written since its bucket started reads c = 0). At time t the window is
+--   [3, P, then for the N + 1 buckets m = K - N .. K, oldest first:
+--    c, f - m bw, l - m bw; then T, K]
+-- K the newest bucket, T the units of all of them, c a bucket's units, f
+-- <= l the first and last µs one of them was admitted at (a bucket not
+-- written reads c = 0), P (6 characters wide) the byte where bucket K's c
+-- begins: a write that changes bucket K alone keeps the field as read up
+-- to there and formats the last five numbers. At time t the window is
 -- (t - L, t], starting at s = t - L in bucket m0 = floor(s / bw): the
 -- buckets m0 + 1 .. K count whole (F), m0's c units by its two ends, never
 -- below c - B, B = ceil(limit / N):
@@ -29,7 +31,7 @@
 -- which est <= limit - cost; reset = the first whole µs at which the count
 -- (after the request) has dropped by one, 0 when it is 0. est never grows
 -- with time. The check and the record work on the decoded array itself,
--- which is written back whole (one string.format); the TTL, L + bw + 1 s,
+-- which is written back (its tail, or whole); the TTL, L + bw + 1 s,
 -- is set when a write starts a bucket, as in format 2. A window with no
 -- field of its own carries over the most that the fields of the lengths it
 -- replaced hold (their oldest bucket counted whole), as both the first and
