@@ -641,14 +641,13 @@ local function ctr_check2(v, f, j0, j1, now, cost)
         ring[i] = 0
       end
       cK[j] = false
-      local a = ctr3_decode(f[wname[j] .. "w"])
-      if a then
-        k = ctr3_to2(j, a, k)
-        if k * bw > now then
-          base = k * bw
+      local a, sw = ctr3_decode(f[wname[j] .. "w"]), f[wname[j] .. "w"]
+      if a or (sw and sw ~= "#2") then
+        if a then
+          k = ctr3_to2(j, a, k)
+        else
+          k = ctr_from1(j, f, now, k)
         end
-      elseif f[wname[j] .. "w"] and f[wname[j] .. "w"] ~= "#2" then
-        k = ctr_from1(j, f, now, k)
         if k * bw > now then
           base = k * bw
         end
