@@ -15,14 +15,15 @@ import (
 
 // winState is the stored state of one window of a hash kind, as its fields:
 //
-//	counter:  a = the newest bucket's index, ring = the buckets' units
+//	counter:  a = the newest bucket's index, ring = the buckets' units,
+//	          first and last times (N + 1 of each, by slot)
 //	fixed:    a = index, b = units
 //	token:    a = tat, b = interval, c = burst
 //	calendar: a = start, b = end, c = units
 type winState struct {
 	name    string
 	a, b, c int64
-	ring    []int64 // counter: the units of buckets a - N .. a, bucket m at m % (N + 1)
+	ring    []int64 // counter: buckets a - N .. a, bucket m at slot m % (N + 1): units, firsts, lasts
 }
 
 // winEval is one window's check, with what recording it needs (the
@@ -30,15 +31,16 @@ type winState struct {
 type winEval struct {
 	count, retry, reset int64
 	s1, s2, s3, s4      float64
-	ring                [ctrSlots]float64 // counter: its buckets (s1 the newest, s2 the time it is decided at)
+	ring                ctrRing // counter: its buckets (s1 the newest, s2 the time it is decided at)
 }
 
 // ---- sliding_counter ----------------------------------------------------
 
 // CounterBuckets is N, the buckets a sliding_counter window is split in
-// (lua/sliding_counter.lua's CTR_N): a window of length w keeps the units
-// of its N + 1 newest buckets of bw = ceil(w / N) µs each.
-const CounterBuckets = 10
+// (lua/sliding_counter.lua's CTR3_N, state format 3): a window of length w
+// keeps, for each of its N + 1 newest buckets of bw = ceil(w / N) µs, the
+// units admitted in it and the first and last µs one was.
+const CounterBuckets = 20
 
 const ctrSlots = CounterBuckets + 1
 
@@ -56,95 +58,129 @@ func ctrEst(w, t, idx, cur, prev float64) float64 {
 	return 0
 }
 
-// ctrWin is one window's buckets as ctr_sums leaves them: bucket m of
-// (k - ctrSlots, k] holds c[m % ctrSlots] units, and sfx[i] is the units of
-// buckets k - ctrSlots + 1 + i .. k (sfx[ctrSlots] = 0).
+// ctrRing is one window's buckets: bucket m of (k - ctrSlots, k] holds
+// c[m % ctrSlots] units, the first admitted at f[...] and the last at
+// l[...] (µs; meaningless while c is 0).
+type ctrRing struct {
+	c, f, l [ctrSlots]float64
+}
+
+// ctrWin is one window's buckets as ctr3_sums leaves them: sfx[i] is the
+// units of buckets k - ctrSlots + 1 + i .. k (sfx[ctrSlots] = 0).
 type ctrWin struct {
 	w, bw, b, k float64
-	c           *[ctrSlots]float64
+	r           *ctrRing
 	sfx         [ctrSlots + 1]float64
 }
 
-// ctrSums is ctr_sums.
+// sums is ctr3_sums.
 func (s *ctrWin) sums() {
 	s.sfx[ctrSlots] = 0
 	for i := ctrSlots - 1; i >= 0; i-- {
 		m := s.k - ctrSlots + 1 + float64(i)
-		s.sfx[i] = s.sfx[i+1] + s.c[int(math.Mod(m, ctrSlots))]
+		s.sfx[i] = s.sfx[i+1] + s.r.c[int(math.Mod(m, ctrSlots))]
 	}
 }
 
-// est is ctr_best: the estimate at t >= k * bw.
-func (s *ctrWin) est(t float64) float64 {
-	m0 := math.Floor((t - s.w) / s.bw)
+// after is the units of the buckets after m (m >= k - ctrSlots).
+func (s *ctrWin) after(m float64) float64 { return s.sfx[int(m-(s.k-ctrSlots+1))+1] }
+
+// le is ctr3_le: whether the estimate at t (t >= k * bw) is at most
+// target (a whole number), compared in whole numbers.
+func (s *ctrWin) le(t, target float64) bool {
+	st := t - s.w
+	m0 := math.Floor(st / s.bw)
+	if m0 > s.k {
+		return target >= 0
+	}
+	r := target - s.after(m0)
+	i := int(math.Mod(m0, ctrSlots))
+	c := s.r.c[i]
+	switch {
+	case c == 0:
+		return r >= 0
+	case c-s.b > r:
+		return false
+	case c <= r:
+		return true
+	}
+	f, l := s.r.f[i], s.r.l[i]
+	switch {
+	case st >= l:
+		return r >= 0
+	case st < f:
+		return false
+	}
+	return float64((c-2)*(l-st)) <= float64((r-1)*(l-f))
+}
+
+// count is ctr3_count: the estimate at t rounded up.
+func (s *ctrWin) count(t float64) float64 {
+	st := t - s.w
+	m0 := math.Floor(st / s.bw)
 	if m0 > s.k {
 		return 0
 	}
-	i := int(m0 - (s.k - ctrSlots + 1))
-	c := s.c[int(math.Mod(m0, ctrSlots))]
-	x := float64((m0+1)*s.bw) - (t - s.w)
-	part := float64(c*x) / s.bw
-	if c-s.b > part {
-		part = c - s.b
-	}
-	return s.sfx[i+1] + part
-}
-
-// estB is ctr_bestb: est times the bucket's length, in whole numbers (exact
-// in doubles below 2^53), which the searches compare in.
-func (s *ctrWin) estB(t float64) float64 {
-	m0 := math.Floor((t - s.w) / s.bw)
-	if m0 > s.k {
-		return 0
-	}
-	i := int(m0 - (s.k - ctrSlots + 1))
-	c := s.c[int(math.Mod(m0, ctrSlots))]
-	part := c * ((m0+1)*s.bw - (t - s.w))
-	if f := (c - s.b) * s.bw; f > part {
-		part = f
-	}
-	return s.sfx[i+1]*s.bw + part
-}
-
-// until is ctr_buntil: the smallest whole d >= 0 with estB(base + d) <=
-// target (target >= 0, times the bucket's length).
-func (s *ctrWin) until(target, base float64) float64 {
-	if s.estB(base) <= target {
-		return 0
-	}
-	m := math.Floor((base - s.w) / s.bw)
-	for m <= s.k+1 {
-		tend := float64((m+1)*s.bw) + s.w - 1
-		start := float64(m*s.bw) + s.w
-		if start < base {
-			start = base
+	i := int(math.Mod(m0, ctrSlots))
+	c := s.r.c[i]
+	part := 0.0
+	if c > 0 {
+		f, l := s.r.f[i], s.r.l[i]
+		switch {
+		case st >= l:
+		case st < f:
+			part = c
+		default:
+			part = 1 + math.Ceil(float64((c-2)*(l-st))/(l-f))
 		}
-		if s.estB(tend) <= target {
-			t := start
-			if m <= s.k {
-				c := s.c[int(math.Mod(m, ctrSlots))]
-				sf := s.sfx[int(m-(s.k-ctrSlots+1))+1] * s.bw
-				if c > 0 {
-					t = float64((m+1)*s.bw) + s.w - math.Floor((target-sf)/c)
-				}
-				if t < start {
-					t = start
-				}
-				if t > tend {
-					t = tend
-				}
-				for n := 0; n < 4 && t < tend && s.estB(t) > target; n++ {
-					t = t + 1
-				}
-				for n := 0; n < 4 && t > start && s.estB(t-1) <= target; n++ {
-					t = t - 1
+		if c-s.b > part {
+			part = c - s.b
+		}
+	}
+	return s.after(m0) + part
+}
+
+// until is ctr3_until: the smallest whole d >= 0 with le(base + d,
+// target), segment by segment (the oldest bucket m fixed in each).
+func (s *ctrWin) until(target, base float64) float64 {
+	if s.le(base, target) {
+		return 0
+	}
+	for m := math.Floor((base - s.w) / s.bw); m <= s.k; m++ {
+		lo := float64(m * s.bw)
+		if base-s.w > lo {
+			lo = base - s.w
+		}
+		r := target - s.after(m)
+		i := int(math.Mod(m, ctrSlots))
+		c := s.r.c[i]
+		if r < 0 || c-s.b > r {
+			continue
+		}
+		at := lo
+		if c > r {
+			f, l := s.r.f[i], s.r.l[i]
+			x := l
+			if r >= 1 && l > f {
+				x = f
+				if c > 2 {
+					x = l - math.Floor(float64((r-1)*(l-f))/(c-2))
+					if x < f {
+						x = f
+					}
 				}
 			}
-			return t - base
+			if x > at {
+				at = x
+			}
 		}
-		m = m + 1
+		return at + s.w - base
 	}
-	return float64((s.k+2)*s.bw) + s.w - base
+	at := float64((s.k + 1) * s.bw)
+	if base-s.w > at {
+		at = base - s.w
+	}
+	return at + s.w - base
 }
 
 // ctrBucket is a window's bucket length, ceil(w / N), and the units one
@@ -153,42 +189,48 @@ func ctrBucket(w, limit float64) (bw, b float64) {
 	return math.Ceil(w / CounterBuckets), math.Ceil(limit / CounterBuckets)
 }
 
-// ctrRing fills ring with the buckets of (k - ctrSlots, k] that a stored
-// state of newest bucket sk holds.
-func ctrRing(ring *[ctrSlots]float64, st *winState, k float64) {
+// ctrFill fills r with the buckets of (k - ctrSlots, k] that a stored
+// state of newest bucket st.a holds (st.ring: the units, then the firsts,
+// then the lasts, by slot).
+func ctrFill(r *ctrRing, st *winState, k float64) {
 	for i := 0; i < ctrSlots; i++ {
 		m := k - ctrSlots + 1 + float64(i)
-		v := 0.0
+		x := int(math.Mod(m, ctrSlots))
+		r.c[x], r.f[x], r.l[x] = 0, 0, 0
 		if m <= float64(st.a) && m > float64(st.a)-ctrSlots {
-			v = float64(st.ring[int(math.Mod(m, ctrSlots))])
+			r.c[x], r.f[x], r.l[x] = float64(st.ring[x]), float64(st.ring[ctrSlots+x]), float64(st.ring[2*ctrSlots+x])
 		}
-		ring[int(math.Mod(m, ctrSlots))] = v
 	}
 }
 
-// ctrCarry is ctr_carry: the units, rounded up, that the states of other
-// lengths (windows that a reload replaced) still hold at now, their oldest
-// bucket counted whole: the most of them.
+// ctrCarry is ctr3_carry: the units that the states of other lengths
+// (windows that a reload replaced) still hold at now, their oldest bucket
+// counted whole: the most of them.
 func ctrCarry(states []winState, wins []Win, now float64) float64 {
 	most := 0.0
 	for i := range states {
 		st := &states[i]
-		if isWindow(st.name, wins) || len(st.ring) != ctrSlots {
+		if isWindow(st.name, wins) || len(st.ring) != 3*ctrSlots {
 			continue
 		}
 		l := parseLen(st.name)
 		if l <= 0 {
 			continue
 		}
-		var ring [ctrSlots]float64
-		s := ctrWin{w: l, bw: math.Ceil(l / CounterBuckets), k: float64(st.a), c: &ring}
-		ctrRing(&ring, st, s.k)
+		var ring ctrRing
+		s := ctrWin{w: l, bw: math.Ceil(l / CounterBuckets), k: float64(st.a), r: &ring}
+		ctrFill(&ring, st, s.k)
 		s.sums()
 		t := now
 		if float64(s.k*s.bw) > t {
 			t = float64(s.k * s.bw)
 		}
-		if est := math.Ceil(s.est(t)); est > most {
+		m0 := math.Floor((t - l) / s.bw)
+		est := 0.0
+		if m0 <= s.k {
+			est = s.after(m0) + ring.c[int(math.Mod(m0, ctrSlots))]
+		}
+		if est > most {
 			most = est
 		}
 	}
@@ -205,33 +247,29 @@ func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 		*ev = winEval{}
 		k := math.Floor(now / bw)
 		base := now
-		if st := stateOf(states, wins[j].Name); st != nil && len(st.ring) == ctrSlots {
+		if st := stateOf(states, wins[j].Name); st != nil && len(st.ring) == 3*ctrSlots {
 			if float64(st.a) > k {
 				k = float64(st.a)
 				base = float64(k * bw)
 			}
-			ctrRing(&ev.ring, st, k)
+			ctrFill(&ev.ring, st, k)
 		} else {
 			if !haveCarry {
 				carried, haveCarry = ctrCarry(states, wins, now), true
 			}
-			ev.ring[int(math.Mod(k, ctrSlots))] = carried
+			if carried > 0 {
+				x := int(math.Mod(k, ctrSlots))
+				ev.ring.c[x], ev.ring.f[x], ev.ring.l[x] = carried, base, base
+			}
 		}
-		s := ctrWin{w: w, bw: bw, b: b, k: k, c: &ev.ring}
+		s := ctrWin{w: w, bw: bw, b: b, k: k, r: &ev.ring}
 		s.sums()
-		est := s.est(base)
-		count := math.Ceil(est)
-		if count > s.sfx[0] {
-			count = s.sfx[0]
-		}
-		if count < 0 {
-			count = 0
-		}
+		count := s.count(base)
 		retry := 0.0
 		if cost > limit {
 			retry = w
-		} else if s.estB(base) > (limit-cost)*bw {
-			retry = s.until((limit-cost)*bw, base) + (base - now)
+		} else if !s.le(base, limit-cost) {
+			retry = s.until(limit-cost, base) + (base - now)
 		}
 		if retry > 0 {
 			fits = false
@@ -241,7 +279,7 @@ func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 	return fits
 }
 
-// ctrRecord is ctr_record: the new states and the TTL in ms.
+// ctrRecord is ctr3_record: the new states and the TTL in ms.
 func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winState, int64) {
 	ttl := 0.0
 	for j := range wins {
@@ -249,18 +287,31 @@ func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winSt
 		w := float64(wins[j].Len)
 		bw, _ := ctrBucket(w, float64(wins[j].Limit))
 		i := int(math.Mod(ev.s1, ctrSlots))
-		ev.ring[i] = ev.ring[i] + cost
+		if cost > 0 {
+			t := ev.s2
+			if ev.ring.c[i] == 0 {
+				ev.ring.f[i], ev.ring.l[i] = t, t
+			} else {
+				if t < ev.ring.f[i] {
+					ev.ring.f[i] = t
+				}
+				if t > ev.ring.l[i] {
+					ev.ring.l[i] = t
+				}
+			}
+			ev.ring.c[i] = ev.ring.c[i] + cost
+		}
 		ev.count += int64(cost)
 		// A state rewritten in place keeps its buckets' storage.
 		var ring []int64
 		if len(out) < cap(out) {
 			ring = out[: len(out)+1 : len(out)+1][len(out)].ring
 		}
-		if len(ring) != ctrSlots {
-			ring = make([]int64, ctrSlots)
+		if len(ring) != 3*ctrSlots {
+			ring = make([]int64, 3*ctrSlots)
 		}
-		for x := range ring {
-			ring[x] = int64(ev.ring[x])
+		for x := 0; x < ctrSlots; x++ {
+			ring[x], ring[ctrSlots+x], ring[2*ctrSlots+x] = int64(ev.ring.c[x]), int64(ev.ring.f[x]), int64(ev.ring.l[x])
 		}
 		out = append(out, winState{name: wins[j].Name, a: int64(ev.s1), ring: ring})
 		if t := math.Ceil((w+bw)/1000) + 1000; t > ttl {
@@ -270,22 +321,18 @@ func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winSt
 	return out, int64(ttl)
 }
 
-// ctrReset is ctr_reset.
+// ctrReset is ctr3_reset: the first µs at which the count (the estimate
+// rounded up, after any record) has dropped by one.
 func ctrReset(wins []Win, evs []winEval, now float64) {
 	for j := range wins {
 		ev := &evs[j]
 		w := float64(wins[j].Len)
 		bw, b := ctrBucket(w, float64(wins[j].Limit))
-		s := ctrWin{w: w, bw: bw, b: b, k: ev.s1, c: &ev.ring}
+		s := ctrWin{w: w, bw: bw, b: b, k: ev.s1, r: &ev.ring}
 		s.sums()
-		estB := s.estB(ev.s2)
 		reset := 0.0
-		if estB > 0 {
-			target := estB - bw
-			if target < 0 {
-				target = 0
-			}
-			reset = s.until(target, ev.s2) + (ev.s2 - now)
+		if n := s.count(ev.s2); n > 0 {
+			reset = s.until(n-1, ev.s2) + (ev.s2 - now)
 		}
 		ev.reset = int64(reset)
 	}

@@ -191,61 +191,55 @@ var conformance = []confCase{
 	// ---- sliding_counter ------------------------------------------------
 	// b0 = t0 + 1s starts a window of every length used below (t0 is 9 s
 	// into a 10 s window and 59 s into a minute), and a bucket: a window W
-	// is split in 10 buckets of W/10. At t the window (t-W, t] starts in
-	// bucket m0, overlapping it by x; est = the units of the buckets after
-	// m0 + max(c*x/bw, c - B) for the c units of m0, B = ceil(limit/10).
+	// is split in 20 buckets of W/20, each keeping its units c and its
+	// first and last arrival f <= l. At t the window (t-W, t] starts at s =
+	// t-W in bucket m0: est = the units of the buckets after m0 + max(p, c -
+	// B) for m0's, B = ceil(limit/20), p = c while f > s, 0 once l <= s,
+	// else 1 + (c-2)(l-s)/(l-f).
 	{
 		// DESIGN.md's window-boundary case on the counter: 100 at t0 (59 s
-		// into the minute, in the bucket [54 s, 60 s)). That bucket counts
-		// whole until the window starts in it (t0 + 55 s), then by its
-		// overlap but never below 100 - B = 90: nothing gets in until
-		// 100*x/6s drops to 99 (x = 5.94 s, at t0 + 55.06 s), and at most
-		// B = 10 units until the bucket has left (t0 + 61 s): no 2x across
-		// the boundary, at most limit + B = 110 in any window.
+		// into the minute, in the bucket [57 s, 60 s)). They count whole
+		// while they are in the window (until t0 + 60 s), then, gone, still
+		// 100 - B = 95 until their bucket has left (t0 + 61 s): 5 get in at
+		// t0 + 60 s, no 2x across the boundary.
 		name: "sliding_counter/window boundary: at most limit + one bucket across a boundary", alg: limiter.SlidingCounter, limit: 100, window: time.Minute,
 		steps: []step{
-			{at: 0, n: 100, allowed: true, count: 100, reset: 55060 * time.Millisecond, chkReset: true},
-			{at: 0, allowed: false, count: 100, retry: 55060 * time.Millisecond},
-			{at: time.Second, allowed: false, count: 100, retry: 54060 * time.Millisecond},
-			{at: 55060*time.Millisecond - time.Microsecond, allowed: false, count: 100, retry: time.Microsecond},
-			{at: 55060 * time.Millisecond, allowed: true, count: 100},
-			// est = 99 + 1; 99 again at x = 5.88 s.
-			{at: 55060 * time.Millisecond, allowed: false, count: 100, retry: 60 * time.Millisecond},
-			{at: 55120 * time.Millisecond, allowed: true, count: 100},
-			// At x = 3 s the oldest bucket counts 90 (not 50): 8 more fit,
-			// and the window (t0 - 3 s, t0 + 57 s] holds 110 = limit + B.
-			{at: 57 * time.Second, n: 8, allowed: true, count: 100},
-			{at: 57 * time.Second, allowed: false, count: 100, retry: 4 * time.Second},
-			{at: 61 * time.Second, allowed: true, count: 11},
+			{at: 0, n: 100, allowed: true, count: 100, reset: time.Minute, chkReset: true},
+			{at: 0, allowed: false, count: 100, retry: time.Minute},
+			{at: time.Second, allowed: false, count: 100, retry: 59 * time.Second},
+			{at: time.Minute - time.Microsecond, allowed: false, count: 100, retry: time.Microsecond},
+			{at: time.Minute, n: 5, allowed: true, count: 100},
+			{at: time.Minute, allowed: false, count: 100, retry: time.Second},
+			{at: 61 * time.Second, allowed: true, count: 6},
 		},
 	},
 	{
-		name: "sliding_counter/oldest bucket weighted by overlap", alg: limiter.SlidingCounter, limit: 10, window: 10 * time.Second,
+		name: "sliding_counter/oldest bucket by its first and last arrival", alg: limiter.SlidingCounter, limit: 10, window: 10 * time.Second,
 		steps: []step{
-			// est 6 drops to 5 (6*x/1s, B = 1) at x = 5/6 s once the
-			// window starts in b0's bucket (b0 + 10 s).
-			{at: b0, cost: 6, allowed: true, count: 6, reset: 10166667 * time.Microsecond, chkReset: true},
+			// 6 at b0 count whole until they leave the window (b0 + 10 s),
+			// then 6 - B = 5 while their bucket is the oldest.
+			{at: b0, cost: 6, allowed: true, count: 6, reset: 10 * time.Second, chkReset: true},
 			{at: b0 + 5*time.Second, cost: 4, allowed: true, count: 10},
-			// Full; 4 + max(6*x, 5) <= 9 at b0 + 10 s + 1/6 s.
-			{at: b0 + 9*time.Second, allowed: false, count: 10, retry: 1166667 * time.Microsecond},
+			// Full; 4 + max(0, 5) <= 9 at b0 + 10 s.
+			{at: b0 + 9*time.Second, allowed: false, count: 10, retry: time.Second},
 			{at: b0 + 11*time.Second, allowed: true, count: 5},                     // b0's bucket gone: 4 + 1
 			{at: b0 + 12500*time.Millisecond, peek: true, allowed: true, count: 5}, // the window starts in an empty bucket
 			{at: b0 + 12500*time.Millisecond, cost: 5, allowed: true, count: 10},
-			// 6 + max(4*x, 3) <= 9 at x = 0.75 s into b0 + 5 s's bucket's last second.
-			{at: b0 + 12500*time.Millisecond, allowed: false, count: 10, retry: 2750 * time.Millisecond},
+			// 6 + max(0, 3) <= 9 once the 4 of b0 + 5 s have left (b0 + 15 s).
+			{at: b0 + 12500*time.Millisecond, allowed: false, count: 10, retry: 2500 * time.Millisecond},
 		},
 	},
 	{
 		name: "sliding_counter/peek, cost and rejections", alg: limiter.SlidingCounter, limit: 4, window: 10 * time.Second,
 		steps: []step{
 			{at: b0, peek: true, n: 3, allowed: true, count: 0, reset: 0, chkReset: true},
-			{at: b0, cost: 3, allowed: true, count: 3, reset: 10333334 * time.Microsecond, chkReset: true},
-			// Cost 2 needs est <= 2: max(3*x, 2) <= 2 at x = 2/3 s (rounded
-			// up to the µs) once the window starts in b0's bucket.
-			{at: b0 + 5*time.Second, cost: 2, allowed: false, count: 3, retry: 5333334 * time.Microsecond},
-			{at: b0 + 5*time.Second, cost: 2, n: 10, allowed: false, count: 3, retry: 5333334 * time.Microsecond},
+			{at: b0, cost: 3, allowed: true, count: 3, reset: 10 * time.Second, chkReset: true},
+			// Cost 2 needs est <= 2: max(0, 3 - B) = 2 once the 3 have left
+			// the window (b0 + 10 s).
+			{at: b0 + 5*time.Second, cost: 2, allowed: false, count: 3, retry: 5 * time.Second},
+			{at: b0 + 5*time.Second, cost: 2, n: 10, allowed: false, count: 3, retry: 5 * time.Second},
 			{at: b0 + 5*time.Second, allowed: true, count: 4},
-			{at: b0 + 5*time.Second, peek: true, allowed: false, count: 4, retry: 5333334 * time.Microsecond},
+			{at: b0 + 5*time.Second, peek: true, allowed: false, count: 4, retry: 5 * time.Second},
 			{at: b0 + 12500*time.Millisecond, allowed: true, count: 2}, // 1 + 1
 		},
 	},
@@ -256,7 +250,7 @@ var conformance = []confCase{
 		name: "sliding_counter/stale state reads as empty", alg: limiter.SlidingCounter, limit: 5, window: 10 * time.Second,
 		steps: []step{
 			{at: b0, n: 5, allowed: true, count: 5},
-			{at: b0 + 10*time.Second, allowed: false, count: 5, retry: 200 * time.Millisecond},
+			{at: b0 + 10*time.Second - time.Microsecond, allowed: false, count: 5, retry: time.Microsecond},
 			{at: b0 + 20*time.Second, allowed: true, count: 1},
 		},
 	},
@@ -264,12 +258,12 @@ var conformance = []confCase{
 		name: "sliding_counter/global ceiling", alg: limiter.SlidingCounter, limit: 5, window: 10 * time.Second, region: true, globalLimit: 7,
 		steps: []step{
 			{at: b0, region: "us", n: 5, allowed: true, count: 5, global: 5},
-			// max(5*x, 4) <= 4 at x = 0.8 s once the window starts in b0's bucket.
-			{at: b0, region: "us", allowed: false, count: 5, global: 5, retry: 10200 * time.Millisecond},
+			// max(0, 5 - B) <= 4 once the 5 have left the window.
+			{at: b0, region: "us", allowed: false, count: 5, global: 5, retry: 10 * time.Second},
 			{at: b0 + time.Second, region: "gb", n: 2, allowed: true, count: 2, global: 7},
-			// The global 2 + max(5*x, 4) <= 6 at the same time.
-			{at: b0 + 2*time.Second, region: "gb", allowed: false, count: 2, global: 7, globalDen: true, retry: 8200 * time.Millisecond},
-			{at: b0 + 2*time.Second, region: "us", allowed: false, count: 5, global: 7, globalDen: true, retry: 8200 * time.Millisecond},
+			// The global 2 + max(0, 4) <= 6 at the same time.
+			{at: b0 + 2*time.Second, region: "gb", allowed: false, count: 2, global: 7, globalDen: true, retry: 8 * time.Second},
+			{at: b0 + 2*time.Second, region: "us", allowed: false, count: 5, global: 7, globalDen: true, retry: 8 * time.Second},
 			{at: b0 + 20*time.Second, region: "gb", allowed: true, count: 1, global: 1},
 			{at: b0 + 20*time.Second, region: "us", n: 5, allowed: true, count: 5, global: 6},
 			{at: b0 + 20*time.Second, region: "gb", allowed: true, count: 2, global: 7},

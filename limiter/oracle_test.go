@@ -14,6 +14,7 @@ package limiter_test
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -264,36 +265,72 @@ func evalSpan(log []oEntry, s, e, limit, now, cost int64) (fits bool, count, ret
 	return
 }
 
-// evalCounter: sliding_counter (lua/sliding_counter.lua's header). The
-// window W is split in buckets of bw = ceil(W/10) µs, bucket m holding the
-// units admitted in [m*bw, (m+1)*bw). At t the window (t-W, t] starts in
-// bucket m0 = floor((t-W)/bw), overlapping it by x = (m0+1)*bw - (t-W);
-// with F the units of the later buckets and c those of m0, the estimate is
-// F + max(c*x/bw, c - B), B = ceil(limit/10) (kept here times bw, in
-// integers); a request fits when it is at most limit - cost. count:
-// ceil(est); retry: the first whole µs at which est is at most limit -
-// cost; reset: the first whole µs at which est has dropped by one (to 0
-// when below 1). Worked out from the log at each instant, by a search of
-// the first such µs (est never grows with time).
+// evalCounter: sliding_counter in state format 3 (lua/sliding_counter.lua's
+// header). The window W is split in buckets of bw = ceil(W/20) µs, bucket m
+// holding the c units admitted in [m*bw, (m+1)*bw), the first of them at f
+// and the last at l. At t the window (t-W, t] starts at s = t-W in bucket
+// m0 = floor(s/bw); with F the units of the later buckets, the estimate is
+// F + max(p, c - B), B = ceil(limit/20), where p, m0's part, is 0 once l
+// <= s, c while f > s, else 1 + (c-2)(l-s)/(l-f) (the two ends are
+// requests, the rest spread evenly between them). A request fits when the
+// estimate is at most limit - cost (compared here in whole numbers);
+// count: the estimate rounded up; retry: the first whole µs at which it is
+// at most limit - cost; reset: the first whole µs at which the count has
+// dropped by one. Worked out from the log at each instant, by a search of
+// the first such µs (the estimate never grows with time).
 func evalCounter(log []oEntry, W, limit, now, cost int64) (fits bool, count, retry, reset int64) {
-	bw, B := ceilDiv(W, 10), ceilDiv(limit, 10)
-	est := func(t int64) int64 { // × bw
-		m0 := floorDiv(t-W, bw)
-		var f, c int64
+	bw, B := ceilDiv(W, 20), ceilDiv(limit, 20)
+	bucket := func(t int64) (m0, F, c, f, l int64) { // the window at t
+		m0 = floorDiv(t-W, bw)
+		f, l = math.MaxInt64, math.MinInt64
 		for _, x := range log {
 			switch m := floorDiv(x.t, bw); {
 			case m > m0:
-				f += x.cost
-			case m == m0:
+				F += x.cost
+			case m == m0 && x.cost > 0:
 				c += x.cost
+				f, l = min(f, x.t), max(l, x.t)
 			}
 		}
-		return f*bw + max(c*((m0+1)*bw-(t-W)), (c-B)*bw)
+		return
 	}
-	until := func(target int64) int64 { // the first d >= 0 with est(now+d) <= target
+	le := func(t, target int64) bool { // estimate at t <= target
+		_, F, c, f, l := bucket(t)
+		s, r := t-W, target-F
+		if c == 0 {
+			return r >= 0
+		}
+		if c-B > r {
+			return false
+		}
+		switch {
+		case c <= r:
+			return true
+		case s >= l:
+			return r >= 0
+		case s < f:
+			return false
+		}
+		return (c-2)*(l-s) <= (r-1)*(l-f)
+	}
+	est := func(t int64) int64 { // rounded up
+		_, F, c, f, l := bucket(t)
+		s, p := t-W, int64(0)
+		if c > 0 {
+			switch {
+			case s >= l:
+			case s < f:
+				p = c
+			default:
+				p = 1 + ceilDiv((c-2)*(l-s), l-f)
+			}
+		}
+		return F + max(p, c-B)
+	}
+	until := func(target int64) int64 { // the first d >= 0 with le(now+d, target)
 		lo, hi := int64(0), W+2*bw
 		for lo < hi {
-			if mid := (lo + hi) / 2; est(now+mid) <= target {
+			if mid := (lo + hi) / 2; le(now+mid, target) {
 				hi = mid
 			} else {
 				lo = mid + 1
@@ -301,18 +338,17 @@ func evalCounter(log []oEntry, W, limit, now, cost int64) (fits bool, count, ret
 		}
 		return lo
 	}
-	e := est(now)
-	fits = cost <= limit && e <= (limit-cost)*bw
-	count = ceilDiv(e, bw)
+	fits = cost <= limit && le(now, limit-cost)
+	count = est(now)
 	if !fits {
 		if cost > limit {
 			retry = W
 		} else {
-			retry = until((limit - cost) * bw)
+			retry = until(limit - cost)
 		}
 	}
-	if e > 0 {
-		reset = until(max(e-bw, 0))
+	if count > 0 {
+		reset = until(count - 1)
 	}
 	return
 }

@@ -70,15 +70,34 @@ const (
 )
 
 // WithStateFormat sets the format the store writes sliding_log and
-// sliding_counter keys in (LogFormat2 unless set): LogFormat1 while nodes
-// of a release before the state format version share the Redis (a rolling
-// upgrade from one, or a rollback to one: docs/redis.md, "Upgrading").
+// sliding_counter keys in (each one's newest unless set): LogFormat1 while
+// nodes of a release before the state format version share the Redis (a
+// rolling upgrade from one, or a rollback to one: docs/redis.md,
+// "Upgrading"); 2, each one's format 2 (sliding_counter's before
+// CounterFormat3); CounterFormat3 (or more), the newest.
 func WithStateFormat(f int) RedisOption {
 	return func(s *RedisStore) {
-		if f == LogFormat1 {
-			s.format = LogFormat1
+		if f == LogFormat1 || f == LogFormat2 {
+			s.format = f
 		}
 	}
+}
+
+// CounterFormat3 is sliding_counter's state format 3 (lua/sliding_counter.lua:
+// 20 buckets a window, each with its first and last arrival), written unless
+// WithStateFormat names an older one; the store reads formats 1 to 3.
+const CounterFormat3 = 3
+
+// counterKind is the kind decide.lua is given for a sliding_counter part
+// written in format: 8 (format 1), 10 (format 2) or 2 (format 3).
+func counterKind(format int) int64 {
+	switch format {
+	case LogFormat1:
+		return 8
+	case LogFormat2:
+		return 10
+	}
+	return int64(KindCounter)
 }
 
 // RedisOption configures a RedisStore.
@@ -411,8 +430,8 @@ func (c *check) encodeShape(op *Op, format int) {
 		kind := int64(p.Kind)
 		if p.Kind == KindLog && format == LogFormat1 {
 			kind = 7
-		} else if format == LogFormat1 && p.Kind == KindCounter {
-			kind = 8
+		} else if p.Kind == KindCounter {
+			kind = counterKind(format)
 		}
 		b = appendValue(b, kind)
 		b = appendValue(b, int64(len(p.Windows)))

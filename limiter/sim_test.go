@@ -813,10 +813,11 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	}
 	newClient := s.Client || s.Format != 0
 	if cfg.Alg == "sliding_counter" && cfg.Format == limiter.LogFormat1 {
-		// The oracle models the counter in its own format only: in the
-		// previous release's (two counters) it is an estimate of another
-		// shape, which TestMixedVersions holds across the upgrade. A
-		// node switched to the counter writes format 2 (a new client).
+		// The oracle models the counter in its own format only (format
+		// 3): in the previous release's (two counters) and in format 2 it
+		// is an estimate of another shape, which TestMixedVersions holds
+		// across the upgrade. A node switched to the counter writes its
+		// newest format (a new client).
 		cfg.Format, newClient = 2, true
 	}
 	old := n.l

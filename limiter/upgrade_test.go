@@ -260,26 +260,52 @@ func TestMixedVersions(t *testing.T) {
 	if seen["allowed"] < 100 || seen["denied"] < 50 || seen["peek"] < 50 {
 		t.Errorf("too easy: %v", seen)
 	}
-	mixedCounters(t, old, engines, phases)
+	mixedCounters(t, old, newStore)
 }
 
-// mixedCounters runs TestMixedVersions's phases on sliding_counter keys (a
+// counterPhases are mixedCounters's nodes, phase by phase: the previous
+// release (old), this one under state_format 1 (f1) and 2 (f2), and as it
+// comes (f3, the counter's format 3).
+var counterPhases = [][3]string{
+	{"old", "old", "old"},
+	{"f1", "old", "old"}, {"f1", "f1", "old"}, {"f1", "f1", "f1"}, // the rolling upgrade, state_format 1
+	{"f2", "f1", "f1"}, {"f3", "f2", "f1"}, {"f3", "f3", "f2"}, // state_format 2, then removed, node by node
+	{"f3", "f3", "f3"}, {"f3", "f3", "f3"}, {"f3", "f3", "f3"},
+	{"f2", "f3", "f3"}, {"f2", "f2", "f3"}, {"f2", "f2", "f2"}, // rollback: state_format 2,
+	{"f1", "f3", "f2"}, {"f1", "f1", "f2"}, {"f1", "f1", "f1"}, // then 1 (one node still in format 3),
+	{"old", "f1", "f1"}, {"old", "old", "f1"}, {"old", "old", "old"}, // then the previous release
+}
+
+// mixedCounters runs TestMixedVersions's upgrade on sliding_counter keys (a
 // bucket in one of two regions and the global ceiling, windows of 10 s and
-// 30 s): the previous release's two counters (format 1), this release's
-// buckets (format 2), and its state_format 1. The counter is an estimate,
-// so what each reply must be is a bound of the exact log, not the log:
+// 30 s) through counterPhases: the previous release's two counters (format
+// 1), this release's 10 buckets (format 2, state_format 2) and its 20
+// buckets with their first and last arrivals (format 3), each node reading
+// every format and writing its own. The counter is an estimate, so what each
+// reply must be is a bound of the exact log, not the log:
 //   - while every node reads and writes format 1 (phases 0-3), exactly the
 //     previous release's two-counter estimate from the log (the new
 //     release's state_format 1 decides as the old one did);
 //   - never read as empty: every window's count at least the units the
 //     log holds since both the current fixed window and the window's
-//     first bucket (t - L + L/10) started, which both formats count whole;
-//   - never more admitted in a window (t - L, t] than limit + B (B =
-//     ceil(limit / 10)) while every node writes format 2, and than twice
-//     the limit (the two counters' own bound) while any writes format 1.
+//     first bucket of format 2 (t - L + L/10) started, which every format
+//     counts whole;
+//   - never more admitted in a window (t - L, t] than twice the limit (the
+//     two counters' own bound) if a node in format 1 served a request in
+//     it, else than format 2's limit + ceil(limit / 10) if a node in format
+//     2 did, else than format 3's limit + ceil(limit / 20) - 1.
 //
-// After the switch to format 2, the previous release fails on a key in it.
-func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.Store, phases [][3]string) {
+// Once every node writes format 3, the previous release fails on a key in
+// it (an error, not a key read as empty).
+func mixedCounters(t *testing.T, old *oldEngine, newStore func(...limiter.RedisOption) limiter.Store) {
+	f1, f2 := limiter.WithStateFormat(limiter.LogFormat1), limiter.WithStateFormat(limiter.LogFormat2)
+	eval := limiter.WithScripts(limiter.ScriptsEval)
+	engines := map[string][2]limiter.Store{ // by version, for even and odd nodes (FCALL, EVALSHA)
+		"old": {old, old},
+		"f1":  {newStore(f1), newStore(f1, eval)},
+		"f2":  {newStore(f2), newStore(f2, eval)},
+		"f3":  {newStore(), newStore(eval)},
+	}
 	kb, _ := limiter.NewKeyBuilder("upc:", "api")
 	rng := rand.New(rand.NewPCG(29, 3))
 	oracle := upgradeOracle{}
@@ -290,14 +316,15 @@ func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.S
 	ctx := context.Background()
 	seen := map[string]int{}
 	ids := []string{"id0", "id1", "id2", "id3"}
-	for ph, nodes := range phases {
-		allF2 := nodes == [3]string{"f2", "f2", "f2"}
+	last := map[string]int64{} // the last request a node of each format served
+	allF1 := 15                // the phase every node of this release writes format 1 in, before the previous release comes back
+	for ph, nodes := range counterPhases {
 		for i := range 80 {
 			now += rng.Int64N(300_000)
 			node := i % 3
 			id := ids[rng.IntN(len(ids))]
 			region := fmt.Sprint("r", rng.IntN(2))
-			if ph == 9 && i < 2*len(ids) {
+			if ph == allF1 && i < 2*len(ids) {
 				// Before the previous release comes back, every key is
 				// checked by a node writing format 1.
 				id, node, region = ids[i/2], 0, fmt.Sprint("r", i%2)
@@ -305,7 +332,7 @@ func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.S
 			op := &limiter.Op{Now: now, Cost: 1 + rng.Int64N(3), Mode: limiter.ModeCheck, Parts: []limiter.Part{
 				{Key: kb.Key("ctr", id, true, region), Kind: limiter.KindCounter, Windows: wins},
 				{Key: kb.Global("ctr", id), Kind: limiter.KindCounter, Global: true, Windows: global}}}
-			if rng.IntN(8) == 0 && !(ph == 9 && i < 2*len(ids)) {
+			if rng.IntN(8) == 0 && !(ph == allF1 && i < 2*len(ids)) {
 				op.Mode = limiter.ModePeek
 			}
 			where := fmt.Sprintf("counter phase %d %v, node %d (%s), request %d", ph, nodes, node, nodes[node], i)
@@ -313,6 +340,8 @@ func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.S
 			if err != nil {
 				t.Fatalf("%s: %v", where, err)
 			}
+			format := map[string]string{"old": "f1", "f1": "f1", "f2": "f2", "f3": "f3"}[nodes[node]]
+			last[format] = now
 			admitted := r.Status == limiter.StatusAllowed
 			if ph <= 3 {
 				fits := true
@@ -339,8 +368,10 @@ func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.S
 					if least := oracle.count(p.Key, op.Now-since+1, op.Now); r.Usage[j].Count < least {
 						t.Fatalf("%s: %s window %d s counts %d, below the %d units since %d µs ago (%+v)", where, p.Key, w.Len/1e6, r.Usage[j].Count, least, op.Now-since, r)
 					}
-					bound := 2 * w.Limit
-					if allF2 {
+					bound := w.Limit + (w.Limit+19)/20 - 1
+					if last["f1"] > op.Now-w.Len {
+						bound = 2 * w.Limit
+					} else if last["f2"] > op.Now-w.Len {
 						bound = w.Limit + (w.Limit+9)/10
 					}
 					if n := oracle.count(p.Key, w.Len, op.Now); n > bound {
@@ -358,11 +389,11 @@ func mixedCounters(t *testing.T, old *oldEngine, engines map[string][2]limiter.S
 				seen["denied"]++
 			}
 		}
-		if ph == 6 {
+		if ph == 9 {
 			op := &limiter.Op{Now: now, Cost: 1, Mode: limiter.ModeCheck, Parts: []limiter.Part{
 				{Key: kb.Global("ctr", ids[0]), Kind: limiter.KindCounter, Global: true, Windows: global}}}
 			if r, err := old.Do(ctx, op); err == nil {
-				t.Fatalf("the previous release read a format-2 counter key and answered %+v, want an error", r)
+				t.Fatalf("the previous release read a format-3 counter key and answered %+v, want an error", r)
 			}
 		}
 	}

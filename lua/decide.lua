@@ -57,8 +57,8 @@
 --        are recorded, nothing checked); 4 release the lease.
 -- kind:  1 sliding_log (its state in format 2; 7: in format 1, the format of
 --        releases before the state format version, see sliding_log.lua),
---        2 sliding_counter (format 2; 8: in format 1, see
---        sliding_counter.lua), 3 fixed_window, 4 token_bucket,
+--        2 sliding_counter (format 3; 10: in format 2, 8: in format 1,
+--        see sliding_counter.lua), 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
 --        centre's share of the global ceiling (share.lua): its lead and
 --        claim (µs) and the limits' signature come with the changing values,
@@ -468,6 +468,10 @@ local function decide(a, k, V)
       kind, pwant[p] = 1, 1 -- sliding_log in format 1 (sliding_log.lua)
     elseif kind == 8 then
       kind, pwant[p] = 2, 1 -- sliding_counter in format 1 (sliding_counter.lua)
+    elseif kind == 10 then
+      kind, pwant[p] = 2, 2 -- sliding_counter in format 2
+    elseif kind == 2 then
+      pwant[p] = 3 -- sliding_counter in format 3
     else
       pwant[p] = 2
     end

@@ -3,7 +3,7 @@
 // window, replies, batches of checks), with one file per algorithm spliced in:
 //
 //	sliding_log.lua       the exact log on a sorted set
-//	sliding_counter.lua   two counters per window, the previous weighted
+//	sliding_counter.lua   20 buckets per window, each with its first and last arrival
 //	fixed_window.lua      a counter per window, and calendar periods
 //	token_bucket.lua      GCRA: one theoretical arrival time per window
 //	share.lua             a data centre's share of a global ceiling kept in

@@ -1,11 +1,44 @@
--- sliding_counter.lua: the sliding-window counter, one hash per bucket holding
--- every duration window of the bucket. Spliced into decide.lua (clock, units,
+-- sliding_counter.lua: the sliding-window counter, one hash per key holding
+-- every duration window of the key. Spliced into decide.lua (clock, units,
 -- the window arrays and hset are there). Numbers are Lua doubles; every
 -- value stored or returned is a whole number. The in-process store
--- (limiter/algorithms.go) repeats format 2's arithmetic operation by
+-- (limiter/algorithms.go) repeats format 3's arithmetic operation by
 -- operation, so both stores give the same answers to the microsecond.
 --
--- Format 2 (kind 2 writes it). A window of length L is split in buckets of
+-- Format 3 (kind 2 writes it). A window of length L is split in buckets of
+-- bw = ceil(L / N) µs (N = CTR3_N = 20); bucket m is [m bw, (m + 1) bw). A
+-- window's one field, "<L>w", is a JSON array (cjson.decode reads it; it
+-- begins "[3,", which says the format, and makes the releases before the
+-- format version fail on the key rather than read it as empty):
+--   [3, P, then for the N + 1 buckets m = K - N .. K, oldest first:
+--    c, f - m bw, l - m bw; then T, K]
+-- K the newest bucket, T the units of all of them, c a bucket's units, f
+-- <= l the first and last µs one of them was admitted at (a bucket not
+-- written reads c = 0), P (6 characters wide) the byte where bucket K's c
+-- begins: a write that changes bucket K alone keeps the field as read up
+-- to there and formats the last five numbers. At time t the window is
+-- (t - L, t], starting at s = t - L in bucket m0 = floor(s / bw): the
+-- buckets m0 + 1 .. K count whole (F), m0's c units by its two ends, never
+-- below c - B, B = ceil(limit / N):
+--   p = c while f > s (all in), 0 once l <= s (all out), else
+--   1 + (c - 2) (l - s) / (l - f) (the last in, the first out, the others
+--   spread evenly between them); est = F + max(p, c - B).
+-- A request fits when est <= limit - cost, compared in whole numbers
+-- (ctr3_le). Once m0's first arrival has left the window at least its
+-- units have, so the window holds at most F + c - 1 <= est + B - 1 units:
+-- the counter never admits more than limit + ceil(limit / N) - 1 in any
+-- window. count = ceil(est); retry = when denied, the first whole µs at
+-- which est <= limit - cost; reset = the first whole µs at which the count
+-- (after the request) has dropped by one, 0 when it is 0. est never grows
+-- with time. The check and the record work on the decoded array itself,
+-- which is written back (its tail, or whole); the TTL, L + bw + 1 s,
+-- is set when a write starts a bucket, as in format 2. A window with no
+-- field of its own carries over the most that the fields of the lengths it
+-- replaced hold (their oldest bucket counted whole), as both the first and
+-- the last arrival of the bucket of now; a key in format 1 or 2 is turned
+-- into format 3 (ctr3_from) and back (ctr3_to1, ctr3_to2) as below.
+--
+-- Format 2 (kind 10 writes it, `state_format 2`). A window of length L is split in buckets of
 -- bw = ceil(L / N) µs (N = CTR_N = 10); bucket m is [m bw, (m + 1) bw). Its
 -- fields (named by L, so a window's state is never read under another
 -- length): "<L>k" = K, the newest bucket written; "<L>.<i>" = the units of
@@ -47,9 +80,14 @@
 -- before; est = p (L - e) / L + c at elapsed e = t - idx L; TTL 2 L + 1 s,
 -- refreshed on every write. (A ban's weighted count is this estimate too.)
 --
--- Both formats are read by every check; a check that writes (not a peek)
--- rewrites a key holding the other format in its own (DEL, then the whole
+-- Every format is read by every check; a check that writes (not a peek)
+-- rewrites a key holding another format in its own (DEL, then the whole
 -- state), never admitting more than either reading allows:
+--   format 1 or 2 -> 3: each fixed window's or bucket's units go to the
+--     latest µs they can have (its last, or now), as both ends of the
+--     format-3 bucket holding it;
+--   format 3 -> 2 or 1: each bucket's units go to the bucket or fixed
+--     window of its last arrival;
 --   format 1 -> 2: the units of window idx go to the bucket of the latest
 --     time they can have (now, within the window), those of idx - 1 to the
 --     window's last bucket: each counts at least as long as it can be in
@@ -62,6 +100,17 @@
 
 local CTR_N = 10
 local CTR_R = CTR_N + 1
+
+-- Format 3: CTR3_N buckets a window, CTR3_R kept. A window's state is its
+-- field decoded (ctr3_decode), ca[j] while it is checked: {3, P, then for
+-- buckets K - 20 .. K, at 63 + 3 (m - K): units, first, last (µs after the
+-- bucket's start), then T, K}, T the units of all of them, P where bucket
+-- K's units begin in the field (cv[j], the field as read; cnew[j]: K's
+-- bucket is all that changed since). FMT3 are the formats of a window's
+-- field (set on the first write).
+local CTR3_N, CTR3_R = 20, 21
+local ca, cv, cnew = {}, {}, {}
+local FMT3 = false
 
 -- Per window of the check: its format (cfmt), bucket length and B, the
 -- buckets (cring[j][slot], for (s1 - CTR_R, s1]), their prefix sums
@@ -246,6 +295,47 @@ local function ctr1_until(w, target, base, idx, cur, prev)
   return d
 end
 
+-- ctr3_decode is a window's field in format 3 (it begins "[3,"), decoded:
+-- {3, K, then units, first, last (µs after the bucket's start) per slot},
+-- or nil.
+local function ctr3_decode(v)
+  if v and string.sub(v, 1, 3) == "[3," then
+    return cjson.decode(v)
+  end
+  return nil
+end
+
+-- ctr3_each calls fn(units, first, last) for each bucket of a decoded
+-- window of length l holding units, from the oldest.
+local function ctr3_each(a, l, fn)
+  local bw, k = math.ceil(l / CTR3_N), a[67]
+  for m = k - CTR3_R + 1, k do
+    local o = 63 + 3 * (m - k)
+    if a[o] > 0 then
+      fn(a[o], m * bw + a[o + 1], m * bw + a[o + 2])
+    end
+  end
+end
+
+-- ctr3_carry is ctr_carry's reading of a window of length l in format 3
+-- (decoded a): its units in the window at now, the oldest bucket whole.
+local function ctr3_carry(a, l, now)
+  local bw, k = math.ceil(l / CTR3_N), a[67]
+  local t = now
+  if k * bw > t then
+    t = k * bw
+  end
+  local m0 = math.floor((t - l) / bw)
+  if m0 > k then
+    return 0
+  end
+  local est = a[66]
+  for m = k - CTR3_R + 1, m0 - 1 do
+    est = est - a[63 + 3 * (m - k)]
+  end
+  return est
+end
+
 -- ctr_carry is the units, rounded up, that the fields of other lengths
 -- (windows that a reload replaced) still hold at now, in either format:
 -- the most of them.
@@ -256,7 +346,10 @@ local function ctr_carry(f, now, j0, j1)
       local ls = string.sub(name, 1, -2)
       local l = tonumber(ls)
       local est = 0
-      if l and l > 0 and v == "#2" then
+      local a = l and l > 0 and ctr3_decode(v)
+      if a then
+        est = ctr3_carry(a, l, now)
+      elseif l and l > 0 and v == "#2" then
         local k = tonumber(f[ls .. "k"])
         if k then
           local bw = math.ceil(l / CTR_N)
@@ -374,6 +467,47 @@ end
 
 -- Format 2.
 
+-- ctr3_to2 puts window j's format-3 buckets (decoded a) in its format-2
+-- ring of newest k (the bucket of now, or later: it returns it), each
+-- bucket's units in the bucket of its last arrival.
+local function ctr3_to2(j, a, k)
+  local bw, ring = cbw[j], cring[j]
+  ctr3_each(a, wlen[j], function(_, _, last)
+    if math.floor(last / bw) > k then
+      k = math.floor(last / bw)
+    end
+  end)
+  ctr3_each(a, wlen[j], function(c, _, last)
+    local m = math.floor(last / bw)
+    if m > k - CTR_R then
+      ring[m % CTR_R] = ring[m % CTR_R] + c
+    end
+  end)
+  return k
+end
+
+-- ctr3_to1 is window j's format-3 buckets (decoded a) as format 1's at
+-- now: window index, cur, prev, each bucket's units in the fixed window of
+-- its last arrival.
+local function ctr3_to1(j, a, now)
+  local l = wlen[j]
+  local t = now
+  if a[67] * math.ceil(l / CTR3_N) > t then
+    t = a[67] * math.ceil(l / CTR3_N)
+  end
+  local sw = math.floor(t / l)
+  local cur, prev = 0, 0
+  ctr3_each(a, l, function(c, _, last)
+    local wi = math.floor(last / l)
+    if wi >= sw then
+      cur = cur + c
+    elseif wi == sw - 1 then
+      prev = prev + c
+    end
+  end)
+  return sw, cur, prev
+end
+
 -- ctr_map is the hash as a map.
 local function ctr_map(key)
   local raw = redis.call("HGETALL", key)
@@ -391,10 +525,12 @@ local function ctr_stale(f, j0, j1, want)
     local ls, sfx = string.match(name, "^(%d+)(.*)$")
     local ok = false
     if ls and is_window(ls, j0, j1) then
-      if want == 2 then
+      if want == 3 then
+        ok = sfx == "w" and string.sub(v, 1, 3) == "[3,"
+      elseif want == 2 then
         ok = sfx == "k" or (sfx == "w" and v == "#2") or string.sub(sfx, 1, 1) == "."
       else
-        ok = (sfx == "w" and v ~= "#2") or sfx == "c" or sfx == "p"
+        ok = (sfx == "w" and v ~= "#2" and string.sub(v, 1, 1) ~= "[") or sfx == "c" or sfx == "p"
       end
     end
     if not ok then
@@ -505,8 +641,13 @@ local function ctr_check2(v, f, j0, j1, now, cost)
         ring[i] = 0
       end
       cK[j] = false
-      if f[wname[j] .. "w"] and f[wname[j] .. "w"] ~= "#2" then
-        k = ctr_from1(j, f, now, k)
+      local a, sw = ctr3_decode(f[wname[j] .. "w"]), f[wname[j] .. "w"]
+      if a or (sw and sw ~= "#2") then
+        if a then
+          k = ctr3_to2(j, a, k)
+        else
+          k = ctr_from1(j, f, now, k)
+        end
         if k * bw > now then
           base = k * bw
         end
@@ -544,6 +685,306 @@ local function ctr_check2(v, f, j0, j1, now, cost)
   return fits
 end
 
+-- Format 3.
+
+-- ctr3_after is the units of window j's buckets after m (m >= K - CTR3_R).
+local function ctr3_after(j, m)
+  local a = ca[j]
+  local u, k = a[66], a[67]
+  for i = k - CTR3_R + 1, m do
+    u = u - a[63 + 3 * (i - k)]
+  end
+  return u
+end
+
+-- ctr3_le reports whether window j's estimate at t (t >= K * bw) is at
+-- most target, a whole number, compared in whole numbers.
+local function ctr3_le(j, t, target)
+  local a, bw, st = ca[j], cbw[j], t - wlen[j]
+  local m0 = math.floor(st / bw)
+  if m0 > a[67] then
+    return target >= 0
+  end
+  local r = target - ctr3_after(j, m0)
+  local o = 63 + 3 * (m0 - a[67])
+  local c = a[o]
+  if c == 0 then
+    return r >= 0
+  elseif c - cb[j] > r then
+    return false
+  elseif c <= r then
+    return true
+  end
+  local f, l = m0 * bw + a[o + 1], m0 * bw + a[o + 2]
+  if st >= l then
+    return r >= 0
+  elseif st < f then
+    return false
+  end
+  return (c - 2) * (l - st) <= (r - 1) * (l - f)
+end
+
+-- ctr3_count is window j's estimate at t rounded up.
+local function ctr3_count(j, t)
+  local a, bw, st = ca[j], cbw[j], t - wlen[j]
+  local m0 = math.floor(st / bw)
+  if m0 > a[67] then
+    return 0
+  end
+  local o = 63 + 3 * (m0 - a[67])
+  local c = a[o]
+  local part = 0
+  if c > 0 then
+    local f, l = m0 * bw + a[o + 1], m0 * bw + a[o + 2]
+    if st >= l then
+      part = 0
+    elseif st < f then
+      part = c
+    else
+      part = 1 + math.ceil((c - 2) * (l - st) / (l - f))
+    end
+    if c - cb[j] > part then
+      part = c - cb[j]
+    end
+  end
+  return ctr3_after(j, m0) + part
+end
+
+-- ctr3_until is the smallest whole d >= 0 with ctr3_le(j, base + d,
+-- target), segment by segment (the oldest bucket m fixed in each).
+local function ctr3_until(j, target, base)
+  if ctr3_le(j, base, target) then
+    return 0
+  end
+  local a, w, bw, b = ca[j], wlen[j], cbw[j], cb[j]
+  local k = a[67]
+  local m = math.floor((base - w) / bw)
+  local after = ctr3_after(j, m)
+  while m <= k do
+    local lo = m * bw
+    if base - w > lo then
+      lo = base - w
+    end
+    local r = target - after
+    local o = 63 + 3 * (m - k)
+    local c = a[o]
+    if r >= 0 and c - b <= r then
+      local at = lo
+      if c > r then
+        local f, l = m * bw + a[o + 1], m * bw + a[o + 2]
+        local y = l
+        if r >= 1 and l > f then
+          y = f
+          if c > 2 then
+            y = l - math.floor((r - 1) * (l - f) / (c - 2))
+            if y < f then
+              y = f
+            end
+          end
+        end
+        if y > at then
+          at = y
+        end
+      end
+      return at + w - base
+    end
+    m = m + 1
+    if m <= k then
+      after = after - a[63 + 3 * (m - k)]
+    end
+  end
+  local at = (k + 1) * bw
+  if base - w > at then
+    at = base - w
+  end
+  return at + w - base
+end
+
+-- ctr3_put adds units at time t to window j's bucket of t, if it is one of
+-- (K - CTR3_R, K].
+local function ctr3_put(j, units, t)
+  local a, bw = ca[j], cbw[j]
+  local m = math.floor(t / bw)
+  if units <= 0 or m <= a[67] - CTR3_R or m > a[67] then
+    return
+  end
+  local o, x = 63 + 3 * (m - a[67]), t - m * bw
+  if a[o] == 0 then
+    a[o + 1], a[o + 2] = x, x
+  else
+    if x < a[o + 1] then
+      a[o + 1] = x
+    end
+    if x > a[o + 2] then
+      a[o + 2] = x
+    end
+  end
+  a[o] = a[o] + units
+  a[66] = a[66] + units
+end
+
+-- ctr3_from fills window j's buckets (decided at s2[j]) from a key in
+-- format 2 or 1 (f, its hash): each stored bucket's or fixed window's units
+-- go to the latest time they can have been admitted (its last µs, or the
+-- time decided at if sooner), so that each counts at least as long as it
+-- can be in the window.
+local function ctr3_from(j, f)
+  local l, ls, t = wlen[j], wname[j], s2[j]
+  local v = f[ls .. "w"]
+  if v == "#2" then
+    local k = tonumber(f[ls .. "k"])
+    if k then
+      local bw = math.ceil(l / CTR_N)
+      for m = k - CTR_R + 1, k do
+        local last = (m + 1) * bw - 1
+        if last > t then
+          last = t
+        end
+        ctr3_put(j, tonumber(f[ls .. "." .. (m % CTR_R)]) or 0, last)
+      end
+    end
+    return
+  end
+  local sw = tonumber(v)
+  if sw then
+    local last = (sw + 1) * l - 1
+    if last > t then
+      last = t
+    end
+    if last < sw * l then
+      last = sw * l
+    end
+    ctr3_put(j, tonumber(f[ls .. "c"]) or 0, last)
+    ctr3_put(j, tonumber(f[ls .. "p"]) or 0, sw * l - 1)
+  end
+end
+
+-- ctr3_check fills windows j0..j1 in format 3 from their fields v (one per
+-- window), f (the whole hash, or false).
+local function ctr3_check(v, f, j0, j1, now, cost)
+  local fits = true
+  local carried = false
+  for j = j0, j1 do
+    local w, limit = wlen[j], wlim[j]
+    local bw = math.ceil(w / CTR3_N)
+    cbw[j], cb[j], cfmt[j] = bw, math.ceil(limit / CTR3_N), 3
+    local k = math.floor(now / bw)
+    local base = now
+    local a = ctr3_decode(v[j - j0 + 1])
+    if a then
+      local sk = a[67]
+      cK[j], cv[j], cnew[j] = sk, v[j - j0 + 1], true
+      if sk > k then
+        k = sk
+        base = k * bw
+      elseif k > sk then
+        -- The buckets move down by d; those of sk + 1 .. k start empty.
+        local d = 3 * (k - sk)
+        for o = 3, 62 + 3, 3 do
+          if o < 3 + d then
+            a[66] = a[66] - a[o]
+          end
+          if o + d <= 63 then
+            a[o], a[o + 1], a[o + 2] = a[o + d], a[o + d + 1], a[o + d + 2]
+          else
+            a[o], a[o + 1], a[o + 2] = 0, 0, 0
+          end
+        end
+        a[67], cnew[j] = k, false
+      end
+      ca[j] = a
+      s1[j], s2[j] = k, base
+    else
+      cK[j], cnew[j] = false, false
+      a = {3, 0}
+      for o = 3, 65 do
+        a[o] = 0
+      end
+      a[66], a[67] = 0, k
+      ca[j] = a
+      s1[j], s2[j] = k, base
+      if f and f[wname[j] .. "w"] then
+        ctr3_from(j, f)
+      else
+        if carried == false then
+          carried = ctr_carry(f, now, j0, j1)
+        end
+        ctr3_put(j, carried, base)
+      end
+    end
+    local count = ctr3_count(j, base)
+    local retry = 0
+    if cost > limit then
+      retry = w
+    elseif not ctr3_le(j, base, limit - cost) then
+      retry = ctr3_until(j, limit - cost, base) + (base - now)
+    end
+    if retry > 0 then
+      fits = false
+    end
+    cnt[j], rty[j] = count, retry
+  end
+  return fits
+end
+
+-- ctr3_record adds cost to windows j0..j1 and queues their fields (each
+-- window's whole); it returns the TTL in ms when it is to be set, else 0.
+local function ctr3_record(j0, j1, cost, stale)
+  if not FMT3 then
+    if not INT then
+      formats()
+    end
+    FMT3 = {"[3,%6" .. string.sub(INT, 2) .. ",", string.rep(INT .. ",", 3 * CTR3_R - 3),
+      INT .. "," .. INT .. "," .. INT .. "," .. INT .. "," .. INT .. "]"}
+  end
+  local ttl, start = 0, stale
+  for j = j0, j1 do
+    local w, bw = wlen[j], cbw[j]
+    if cost > 0 then
+      ctr3_put(j, cost, s2[j])
+    end
+    cnt[j] = cnt[j] + cost
+    if not cK[j] or s1[j] > cK[j] then
+      start = true
+    end
+    -- Bucket K's units, first, last, then T and K end the field: when
+    -- nothing else changed, the field as read is kept up to them.
+    local a = ca[j]
+    local tail = string.format(FMT3[3], a[63], a[64], a[65], a[66], a[67])
+    local field
+    if cnew[j] and not stale then
+      field = string.sub(cv[j], 1, a[2] - 1) .. tail
+    else
+      local mid = string.format(FMT3[2], unpack(a, 3, 62))
+      field = string.format(FMT3[1], 11 + #mid) .. mid .. tail
+    end
+    hf[hn + 1], hf[hn + 2] = wname[j] .. "w", field
+    hn = hn + 2
+    local t = math.ceil((w + bw) / 1000) + 1000
+    if t > ttl then
+      ttl = t
+    end
+  end
+  if start then
+    return ttl
+  end
+  return 0
+end
+
+-- ctr3_reset fills the windows' resets: the first µs at which the count
+-- (after any write) has dropped by one.
+local function ctr3_reset(j0, j1, now)
+  for j = j0, j1 do
+    local base = s2[j]
+    local n = ctr3_count(j, base)
+    local reset = 0
+    if n > 0 then
+      reset = ctr3_until(j, n - 1, base) + (base - now)
+    end
+    rst[j] = reset
+  end
+end
+
 -- ctr_part reads and checks a counter part's windows j0..j1 in format want
 -- (1 or 2); it reports whether the cost fits and whether the hash must be
 -- written whole (it holds the other format, or windows a reload replaced).
@@ -551,7 +992,10 @@ local function ctr_part(key, j0, j1, now, cost, want)
   local n = 0
   for j = j0, j1 do
     local fs = ctr_fields(wname[j])
-    if want == 2 then
+    if want == 3 then
+      n = n + 1
+      flist[n] = fs[2]
+    elseif want == 2 then
       n = n + 1
       flist[n] = fs[1]
       for i = 3, CTR_R + 2 do
@@ -565,12 +1009,22 @@ local function ctr_part(key, j0, j1, now, cost, want)
   end
   local v = redis.call("HMGET", key, unpack(flist, 1, n))
   local f, stale = false, false
+  if want == 3 then
+    for i = 1, n do
+      if not v[i] or string.sub(v[i], 1, 3) ~= "[3," then
+        f = ctr_map(key)
+        stale = ctr_stale(f, j0, j1, 3)
+        break
+      end
+    end
+    return ctr3_check(v, f, j0, j1, now, cost), stale
+  end
   local per = 3
   if want == 2 then
     per = CTR_R + 1
   end
   for i = 1, n, per do
-    if not v[i] or (want == 1 and v[i] == "#2") then
+    if not v[i] or (want == 1 and (v[i] == "#2" or string.sub(v[i], 1, 1) == "[")) then
       f = ctr_map(key)
       stale = ctr_stale(f, j0, j1, want)
       break
@@ -582,7 +1036,10 @@ local function ctr_part(key, j0, j1, now, cost, want)
   for j = j0, j1 do
     cfmt[j] = 1
     local o = (j - j0) * 3
-    if v[o + 1] == "#2" then
+    local a = ctr3_decode(v[o + 1])
+    if a then
+      v[o + 1], v[o + 2], v[o + 3] = ctr3_to1(j, a, now)
+    elseif v[o + 1] == "#2" then
       v[o + 1], v[o + 2], v[o + 3] = ctr_to1(j, f, now)
     end
   end
@@ -592,7 +1049,9 @@ end
 -- ctr_record adds cost to windows j0..j1 and queues their fields; it
 -- returns the TTL in ms when the key's TTL is to be set, else 0.
 local function ctr_record(j0, j1, cost, stale)
-  if cfmt[j0] == 1 then
+  if cfmt[j0] == 3 then
+    return ctr3_record(j0, j1, cost, stale)
+  elseif cfmt[j0] == 1 then
     return ctr1_record(j0, j1, cost)
   end
   local ttl, start = 0, false
@@ -641,7 +1100,9 @@ end
 
 -- ctr_reset fills the windows' resets from their state (after any write).
 local function ctr_reset(j0, j1, now)
-  if cfmt[j0] == 1 then
+  if cfmt[j0] == 3 then
+    return ctr3_reset(j0, j1, now)
+  elseif cfmt[j0] == 1 then
     return ctr1_reset(j0, j1, now)
   end
   for j = j0, j1 do

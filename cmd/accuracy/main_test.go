@@ -51,8 +51,8 @@ func TestTraceDeterministic(t *testing.T) {
 	}
 }
 
-// TestModelIsTheBuiltCounter: the model of the counter as built (overlap,
-// 10 buckets) decides every request of a 100k trace as the in-process
+// TestModelIsTheBuiltCounter: the model of the counter as built (endpoints,
+// 20 buckets, to the µs: state format 3) decides every request of a 100k trace as the in-process
 // sliding_counter does, with the same count, so the candidates' figures (-candidates) are
 // measured by the same rules as the counter's own.
 func TestModelIsTheBuiltCounter(t *testing.T) {
@@ -61,8 +61,8 @@ func TestModelIsTheBuiltCounter(t *testing.T) {
 	cfg.Requests = 100_000
 	tr := buildTrace(cfg)
 	md := candidates[0]
-	if md.name != "overlap" || md.n != limiter.CounterBuckets || md.q != 0 {
-		t.Fatalf("candidates[0] is %+v, want the built counter: overlap, %d buckets", md, limiter.CounterBuckets)
+	if md.name != "endpoints" || md.n != limiter.CounterBuckets || md.q != 0 {
+		t.Fatalf("candidates[0] is %+v, want the built counter: endpoints, %d buckets", md, limiter.CounterBuckets)
 	}
 	got := runModel(cfg, tr, md, true)
 	differ, first := 0, -1

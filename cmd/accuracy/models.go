@@ -22,11 +22,12 @@ import (
 // limit - 1 (every request of the trace costs 1). They differ in what a
 // bucket keeps and how m0's part is estimated:
 //
-//	overlap    c: c x / bw, x the µs of m0 inside the window (as built)
+//	overlap    c: c x / bw, x the µs of m0 inside the window (state format 2)
 //	firstlast  c, the first and last arrival f <= l: 0 once l is out of the
 //	           window, c while f is in, else c spread evenly over [f, l]
 //	endpoints  as firstlast, but the two ends are requests: once f is out
-//	           and l still in, 1 + (c - 2) spread evenly over [f, l]
+//	           and l still in, 1 + (c - 2) spread evenly over [f, l] (as
+//	           built at N = 20, to the µs: state format 3)
 //
 // q > 0 keeps f rounded down and l rounded up to steps of bw / q (a byte
 // each at q = 256), as a packed layout would store them.
@@ -101,7 +102,8 @@ func (md model) add(k mkey, t, bw float64) {
 
 // candidates are the models measured, the built counter's first.
 var candidates = []model{
-	{"overlap", 10, 0, false}, {"overlap", 16, 0, false}, {"overlap", 24, 0, false}, {"overlap", 60, 0, false},
+	{"endpoints", 20, 0, false}, // as built (state format 3)
+	{"overlap", 10, 0, false},   // state format 2 {"overlap", 16, 0, false}, {"overlap", 24, 0, false}, {"overlap", 60, 0, false},
 	{"overlap", 100, 0, false},
 	{"firstlast", 10, 0, false}, {"firstlast", 16, 0, false}, {"firstlast", 24, 0, false},
 	{"endpoints", 10, 0, false}, {"endpoints", 12, 0, false}, {"endpoints", 16, 0, false}, {"endpoints", 20, 0, false},
