@@ -416,6 +416,22 @@ func TestHarnesses(t *testing.T) {
 	if _, err := selectHarnesses("inside", &o); err == nil {
 		t.Error("unknown harness: want an error")
 	}
+	// The sweep: bench, then each of outside's choices alone on bench's, then outside.
+	hs, err = selectHarnesses("sweep", &o)
+	if err != nil || len(hs) != 5 {
+		t.Fatalf("sweep: %+v %v", hs, err)
+	}
+	for i, want := range []harness{
+		{Name: "bench", Conns: 64, Admin: true},
+		{Name: "conns32", Conns: 32, Admin: true, PinnedOnly: true},
+		{Name: "quiet", Conns: 64, LogLevel: "ERROR", PinnedOnly: true},
+		{Name: "rate100", Conns: 64, Admin: true, Rate: "100/1s", PinnedOnly: true},
+		outsideHarness,
+	} {
+		if hs[i] != want {
+			t.Errorf("sweep[%d] = %+v, want %+v", i, hs[i], want)
+		}
+	}
 	for _, bad := range []string{"100", "x/1s", "100/", "/1s", "100/1s }"} {
 		if _, _, err := parseRate(bad); err == nil {
 			t.Errorf("parseRate(%q): want an error", bad)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -16,8 +17,11 @@ import (
 //     log level ERROR, and every many-key limiter, ours as the peer's, at
 //     100 a second.
 //
-// The flags -admin, -log-level and -rate change the bench setting one
-// choice at a time, to find which of them moves a ratio.
+// Between them, three settings each change one choice of bench's to
+// outside's, pinned only, to find which of them moves a ratio in one run:
+// conns32 (32 connections), quiet (admin off, log level ERROR) and rate100
+// (our many-key limits at 100 a second). The flags -admin, -log-level and
+// -rate change the bench setting itself.
 type harness struct {
 	Name string
 	// Conns is the load's connections.
@@ -60,8 +64,31 @@ func (h harness) describe() string {
 	return fmt.Sprintf("%d connections, %s, %s, %s", h.Conns, admin, level, rate)
 }
 
-// selectHarnesses parses -harness: "all", or a comma-separated list of
-// bench and outside.
+// harnessNames are the settings -harness knows, in the order they run.
+var harnessNames = []string{"bench", "conns32", "quiet", "rate100", "outside"}
+
+// harnessByName is the setting of that name, from the bench one.
+func harnessByName(name string, o *options) harness {
+	h := benchHarness(o)
+	switch name {
+	case "outside":
+		return outsideHarness
+	case "conns32":
+		h.Conns = outsideHarness.Conns
+	case "quiet":
+		h.Admin, h.LogLevel = outsideHarness.Admin, outsideHarness.LogLevel
+	case "rate100":
+		h.Rate = outsideHarness.Rate
+	}
+	if name != "bench" {
+		h.Name, h.PinnedOnly = name, true
+	}
+	return h
+}
+
+// selectHarnesses parses -harness: "all" (bench and outside), "sweep" (every
+// setting), or a comma-separated list of them. The result keeps
+// harnessNames' order.
 func selectHarnesses(flagVal string, o *options) ([]harness, error) {
 	want := map[string]bool{}
 	for _, n := range strings.Split(flagVal, ",") {
@@ -69,21 +96,25 @@ func selectHarnesses(flagVal string, o *options) ([]harness, error) {
 		case "":
 		case "all":
 			want["bench"], want["outside"] = true, true
-		case "bench", "outside":
-			want[n] = true
+		case "sweep":
+			for _, k := range harnessNames {
+				want[k] = true
+			}
 		default:
-			return nil, fmt.Errorf("unknown harness %q in -harness (known: bench, outside, all)", n)
+			if !slices.Contains(harnessNames, n) {
+				return nil, fmt.Errorf("unknown harness %q in -harness (known: %s, all, sweep)", n, strings.Join(harnessNames, ", "))
+			}
+			want[n] = true
 		}
 	}
 	if len(want) == 0 {
 		return nil, fmt.Errorf("-harness selects no setting")
 	}
 	var hs []harness
-	if want["bench"] {
-		hs = append(hs, benchHarness(o))
-	}
-	if want["outside"] {
-		hs = append(hs, outsideHarness)
+	for _, n := range harnessNames {
+		if want[n] {
+			hs = append(hs, harnessByName(n, o))
+		}
 	}
 	return hs, nil
 }

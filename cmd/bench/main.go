@@ -22,6 +22,7 @@
 //	go run ./cmd/bench -quick                   # smoke test: 1 pair of 300ms, no micro-benchmark
 //	go run ./cmd/bench -layouts pinned -sites none,redis_log,redis_log_10000 -pairs 9
 //	go run ./cmd/bench -harness outside -sites none,memory_log   # issue 29's outside harness alone
+//	go run ./cmd/bench -layouts pinned -harness sweep -sites none,memory_log,peer_memory -peer DIR
 //
 // Each layout runs in the bench harness setting (-conns, -admin,
 // -log-level, -rate), and the pinned layout once more in the outside one
@@ -111,7 +112,7 @@ func run() (code int) {
 	flag.IntVar(&o.keys, "keys", 100000, "distinct X-Key values for the many-key sites (hot_* sites use one key, the at-limit sites 10)")
 	flag.StringVar(&o.sites, "sites", "all", "comma-separated sites to run: "+strings.Join(siteNames(), ","))
 	flag.StringVar(&o.layouts, "layouts", "shared,pinned", "comma-separated CPU layouts: shared, pinned (or all)")
-	flag.StringVar(&o.harnesses, "harness", "bench,outside", "comma-separated harness settings: bench (this benchmark's: -conns, -admin, -log-level, -rate, in each of -layouts) and outside (issue 29's: pinned, 32 connections, admin off, log level ERROR, many-key limits 100/1s), or all")
+	flag.StringVar(&o.harnesses, "harness", "bench,outside", "comma-separated harness settings: bench (this benchmark's: -conns, -admin, -log-level, -rate, in each of -layouts), outside (issue 29's: pinned, 32 connections, admin off, log level ERROR, many-key limits 100/1s), or one of outside's choices alone on bench's, pinned: conns32, quiet (admin off, ERROR), rate100; all = bench,outside; sweep = every one")
 	flag.BoolVar(&o.admin, "admin", true, "bench setting: Caddy's admin endpoint on (false: admin off)")
 	flag.StringVar(&o.logLevel, "log-level", "", "bench setting: Caddy's default log level (DEBUG, INFO, WARN, ERROR; empty: Caddy's default, INFO)")
 	flag.StringVar(&o.rate, "rate", "", "bench setting: the limit and window of our many-key sites, LIMIT/WINDOW (as 100/1s; empty: each site's own, 10000 or 10^9 a minute)")
