@@ -10,7 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
@@ -25,17 +27,28 @@ import (
 //	go test -run '^$' -bench BenchmarkHandlerCPU -cpu 1 -benchtime 50000x .
 func BenchmarkHandlerCPU(b *testing.B) {
 	srv := redistest.Start(b)
-	b.Run("baseline", func(b *testing.B) { runCPUBench(b, nil) })
+	b.Run("baseline", func(b *testing.B) { runCPUBench(b, nil, benchKeys) })
 	for _, store := range []string{"memory", "redis"} {
 		for _, alg := range []string{"sliding_log", "sliding_counter"} {
 			b.Run(store+"/"+alg, func(b *testing.B) {
-				runCPUBench(b, benchHandler(b, store, alg, srv, "10000"))
+				runCPUBench(b, benchHandler(b, store, alg, srv, "10000"), benchKeys)
 			})
 		}
 	}
+	// cmd/bench's two harness settings of the in-process log, over 10,000
+	// keys: 10,000 a minute (bench: no entry gets old within a run) and 100
+	// a second (outside: entries expire while the keys come back).
+	for _, rate := range []struct {
+		name, limit string
+		window      time.Duration
+	}{{"10000_a_minute", "10000", time.Minute}, {"100_a_second", "100", time.Second}} {
+		b.Run("memory/sliding_log/"+rate.name, func(b *testing.B) {
+			runCPUBench(b, memoryLogHandler(b, rate.limit, rate.window), 10000)
+		})
+	}
 }
 
-func runCPUBench(b *testing.B, h *Handler) {
+func runCPUBench(b *testing.B, h *Handler, keys int64) {
 	next := caddyhttp.HandlerFunc(func(w http.ResponseWriter, r *http.Request) error { return nil })
 	var seq atomic.Int64
 	b.SetParallelism(64)
@@ -45,7 +58,7 @@ func runCPUBench(b *testing.B, h *Handler) {
 	b.RunParallel(func(pb *testing.PB) {
 		w := httptest.NewRecorder()
 		for pb.Next() {
-			r := newBenchRequest("k" + strconv.FormatInt(seq.Add(1)%benchKeys, 10))
+			r := newBenchRequest("k" + strconv.FormatInt(seq.Add(1)%keys, 10))
 			for k := range w.Header() {
 				delete(w.Header(), k)
 			}
@@ -79,4 +92,21 @@ func newBenchRequest(key string) *http.Request {
 	r.Header.Set("X-Key", key)
 	caddyhttp.NewTestReplacer(r)
 	return r
+}
+
+// memoryLogHandler is benchHandler's in-process sliding_log with its own
+// window.
+func memoryLogHandler(b *testing.B, limit string, window time.Duration) *Handler {
+	h := &Handler{Name: "bench_cpu_sliding_log_" + limit, Algorithm: "sliding_log",
+		Key: "{http.request.header.X-Key}", Limit: Amount(limit), Window: caddy.Duration(window), WarnAt: -1}
+	ctx, cancel := caddy.NewContext(caddy.Context{Context: context.Background()})
+	b.Cleanup(func() { h.Cleanup(); cancel() })
+	if err := h.Provision(ctx); err != nil {
+		b.Fatal(err)
+	}
+	if err := h.Validate(); err != nil {
+		b.Fatal(err)
+	}
+	h.rt.logger = zap.NewNop()
+	return h
 }
