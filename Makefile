@@ -54,7 +54,8 @@ first-hour:
 
 # bench: the end-to-end benchmark (builds Caddy, starts its own redis-server,
 # prints req/s, p50, p99 and each site's ratio to Caddy without a limiter),
-# 10,000 keys as in issue #22's layout. PEER_SRC=<a clone of
+# 10,000 keys as in issue #22's layout, in both harness settings (its own,
+# and issue 29's outside one: pinned, 32 connections, admin off, ERROR logs). PEER_SRC=<a clone of
 # mholt/caddy-ratelimit> measures the peer in the same run; docs/bench.png
 # draws the ratios. Then cmd/rlsbench: cmd/rls (Envoy's rate limit service)
 # beside envoyproxy/ratelimit on one redis-server of its own, the same

@@ -97,7 +97,7 @@ func (b *batcher) do(ctx context.Context, op *Op, deadline int64, sent time.Time
 	}
 	var expired <-chan time.Time
 	if !bo.until.IsZero() {
-		expired = bo.arm()
+		expired = bo.arm(sent)
 	}
 	select {
 	case b.queue <- bo:
@@ -127,12 +127,13 @@ func (b *batcher) do(ctx context.Context, op *Op, deadline int64, sent time.Time
 	}
 }
 
-// arm starts bo's timer for until and returns its channel.
-func (bo *batchOp) arm() <-chan time.Time {
+// arm starts bo's timer for until, counted from now (the Op's send time,
+// read just before: no clock reading of its own), and returns its channel.
+func (bo *batchOp) arm(now time.Time) <-chan time.Time {
 	if bo.timer == nil {
-		bo.timer = time.NewTimer(time.Until(bo.until))
+		bo.timer = time.NewTimer(bo.until.Sub(now))
 	} else {
-		bo.timer.Reset(time.Until(bo.until))
+		bo.timer.Reset(bo.until.Sub(now))
 	}
 	return bo.timer.C
 }

@@ -95,7 +95,7 @@ func (r *respReader) header() (typ byte, n int64, ok bool) {
 	if !ok {
 		return 0, 0, false
 	}
-	n, err := strconv.ParseInt(string(l[1:]), 10, 64)
+	n, err := respInt(l[1:])
 	return l[0], n, err == nil
 }
 
@@ -135,7 +135,7 @@ func (r *respReader) check(vals []int64) (_ []int64, _ error, ok bool) {
 	case '-':
 		return nil, replyError(l[1:]), true
 	case '*':
-		n, err := strconv.ParseInt(string(l[1:]), 10, 64)
+		n, err := respInt(l[1:])
 		if err != nil || n < 0 {
 			break
 		}
@@ -215,7 +215,7 @@ func (r *respReader) skip() bool {
 		_, ok := r.blob()
 		return ok
 	case '*', '~', '>', '%', '|':
-		n, err := strconv.ParseInt(string(l[1:]), 10, 64)
+		n, err := respInt(l[1:])
 		if err != nil || n > int64(len(r.buf)) {
 			return false
 		}
@@ -233,4 +233,30 @@ func (r *respReader) skip() bool {
 		}
 	}
 	return true // a value of one line
+}
+
+// respInt is strconv.ParseInt(string(b), 10, 64) without the conversion
+// and, for the integers RESP replies carry (a sign and up to 18 digits),
+// without its general path: a batch's reply is a few such lines per check.
+// Anything else goes to strconv, so the two agree on every input.
+func respInt(b []byte) (int64, error) {
+	d := b
+	neg := len(d) > 0 && d[0] == '-'
+	if neg || len(d) > 0 && d[0] == '+' {
+		d = d[1:]
+	}
+	if len(d) == 0 || len(d) > 18 {
+		return strconv.ParseInt(string(b), 10, 64)
+	}
+	var n int64
+	for _, c := range d {
+		if c < '0' || c > '9' {
+			return strconv.ParseInt(string(b), 10, 64)
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if neg {
+		n = -n
+	}
+	return n, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -180,4 +181,45 @@ func TestBatchCtx(t *testing.T) {
 		t.Fatalf("a batch without a deadline: deadline %v, err %v", ok, ctx.Err())
 	}
 	c.end()
+}
+
+// TestRespInt: the RESP integer reader agrees with strconv.ParseInt on
+// every input, the fast path's (a sign, up to 18 digits) and the rest.
+func TestRespInt(t *testing.T) {
+	t.Parallel()
+	cases := []string{"0", "1", "-1", "+7", "42", "-0", "1700000000000000", "999999999999999999", "-999999999999999999",
+		"9223372036854775807", "-9223372036854775808", "9223372036854775808", "99999999999999999999",
+		"", "-", "+", "--1", "1a", " 1", "1 ", "0x10", "1_000", "+-1", "00012", "-00012"}
+	for i := int64(1); i < 1<<62; i *= 7 {
+		cases = append(cases, strconv.FormatInt(i, 10), strconv.FormatInt(-i, 10), strconv.FormatInt(i, 10)+"0")
+	}
+	for _, c := range cases {
+		got, gerr := respInt([]byte(c))
+		want, werr := strconv.ParseInt(c, 10, 64)
+		if got != want || (gerr == nil) != (werr == nil) {
+			t.Errorf("respInt(%q) = %d, %v; strconv says %d, %v", c, got, gerr, want, werr)
+		}
+	}
+}
+
+// BenchmarkReadReplies reads a batch's raw reply of 16 admitted
+// sliding_log checks (the short form: status, now, offset, a window's
+// count, retry and reset).
+func BenchmarkReadReplies(b *testing.B) {
+	var buf []byte
+	buf = append(buf, "*16\r\n"...)
+	for i := range 16 {
+		buf = append(buf, "*6\r\n:0\r\n:1764700000123456\r\n:1764700000123456\r\n"...)
+		buf = append(buf, ":"+strconv.Itoa(i+1)+"\r\n:0\r\n:59999123\r\n"...)
+	}
+	ops := make([]*batchOp, 16)
+	for i := range ops {
+		ops[i] = &batchOp{vals: make([]int64, 0, 8)}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := readReplies(buf, ops); err != nil || ops[15].err != nil {
+			b.Fatal(err, ops[15].err)
+		}
+	}
 }

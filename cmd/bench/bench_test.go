@@ -403,3 +403,86 @@ func TestWritePlot(t *testing.T) {
 		t.Error("a report without ratios: no error")
 	}
 }
+
+func TestHarnesses(t *testing.T) {
+	o := options{conns: 64, admin: true}
+	hs, err := selectHarnesses("bench,outside", &o)
+	if err != nil || len(hs) != 2 || hs[0].Name != "bench" || hs[0].Conns != 64 || !hs[0].Admin || hs[1] != outsideHarness {
+		t.Fatalf("bench,outside: %+v %v", hs, err)
+	}
+	if o := outsideHarness; o.Conns != 32 || o.Admin || o.LogLevel != "ERROR" || o.Rate != "100/1s" || !o.PinnedOnly {
+		t.Errorf("outside harness: %+v, want issue 29's (32 connections, admin off, ERROR, 100/1s, pinned)", o)
+	}
+	if _, err := selectHarnesses("inside", &o); err == nil {
+		t.Error("unknown harness: want an error")
+	}
+	// The sweep: bench, then each of outside's choices alone on bench's, then outside.
+	hs, err = selectHarnesses("sweep", &o)
+	if err != nil || len(hs) != 5 {
+		t.Fatalf("sweep: %+v %v", hs, err)
+	}
+	for i, want := range []harness{
+		{Name: "bench", Conns: 64, Admin: true},
+		{Name: "conns32", Conns: 32, Admin: true, PinnedOnly: true},
+		{Name: "quiet", Conns: 64, LogLevel: "ERROR", PinnedOnly: true},
+		{Name: "rate100", Conns: 64, Admin: true, Rate: "100/1s", PinnedOnly: true},
+		outsideHarness,
+	} {
+		if hs[i] != want {
+			t.Errorf("sweep[%d] = %+v, want %+v", i, hs[i], want)
+		}
+	}
+	for _, bad := range []string{"100", "x/1s", "100/", "/1s", "100/1s }"} {
+		if _, _, err := parseRate(bad); err == nil {
+			t.Errorf("parseRate(%q): want an error", bad)
+		}
+	}
+
+	all, _ := selectSites("all", true)
+	ports := map[string]int{}
+	for i, s := range all {
+		ports[s.Name] = 20000 + i
+	}
+	cf := caddyfileFor(outsideHarness, 19999, all, ports, "redis://127.0.0.1:1234")
+	for _, want := range []string{
+		"\tadmin off\n", "\tlog {\n\t\tlevel ERROR\n\t}\n",
+		// Our many-key sites at the peer's 100 a second, the peer's zone as it was.
+		"name bench_memory_log\n\t\talgorithm sliding_log\n\t\tkey {http.request.header.X-Key}\n\t\tlimit 100\n\t\twindow 1s\n",
+		"name bench_redis_counter\n\t\talgorithm sliding_counter\n\t\tkey {http.request.header.X-Key}\n\t\tlimit 100\n\t\twindow 1s\n",
+		"zone bench_peer {\n\t\tkey {http.request.header.X-Key}\n\t\tevents 100\n\t\twindow 1s\n",
+		// The hot key and the at-limit sites keep theirs.
+		"name bench_hot_denied\n\t\talgorithm sliding_log\n\t\tkey {http.request.header.X-Key}\n\t\tlimit 10\n\t\twindow 1h\n",
+		"name bench_redis_log_10000\n\t\talgorithm sliding_log\n\t\tkey {http.request.header.X-Key}\n\t\tlimit 10000\n\t\twindow 1m\n",
+	} {
+		if !strings.Contains(cf, want) {
+			t.Errorf("outside Caddyfile lacks %q:\n%s", want, cf)
+		}
+	}
+	if strings.Contains(cf, "admin 127.0.0.1") {
+		t.Errorf("outside Caddyfile has an admin endpoint:\n%s", cf)
+	}
+	if bench := caddyfile(19999, all, ports, "redis://127.0.0.1:1234"); strings.Contains(bench, "admin off") || strings.Contains(bench, "level ERROR") ||
+		!strings.Contains(bench, "name bench_memory_log\n\t\talgorithm sliding_log\n\t\tkey {http.request.header.X-Key}\n\t\tlimit 10000\n\t\twindow 1m\n") {
+		t.Errorf("bench Caddyfile changed:\n%s", bench)
+	}
+}
+
+func TestPrintHarnesses(t *testing.T) {
+	ratio := func(m float64) *spread { return &spread{Median: m, Min: m - 0.01, Max: m + 0.01} }
+	rep := &report{Layouts: []layoutReport{
+		{Name: "pinned", Harness: "bench", Sites: []siteReport{{Site: "none", Ratio: ratio(1)}, {Site: "memory_log", Ratio: ratio(0.8)}}},
+		{Name: "pinned", Harness: "outside", Sites: []siteReport{{Site: "none", Ratio: ratio(0.99)}, {Site: "memory_log", Ratio: ratio(0.77)}}},
+	}}
+	var b strings.Builder
+	printHarnesses(&b, rep)
+	for _, want := range []string{"| site | bench | outside |", "| memory_log | 0.80 (0.79–0.81) | 0.77 (0.76–0.78) |"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	printHarnesses(&b, &report{Layouts: rep.Layouts[:1]})
+	if b.Len() != 0 {
+		t.Errorf("one setting: want no table, got\n%s", b.String())
+	}
+}

@@ -21,6 +21,14 @@
 //	go run ./cmd/bench                          # every site, both layouts, 7 pairs of 2s
 //	go run ./cmd/bench -quick                   # smoke test: 1 pair of 300ms, no micro-benchmark
 //	go run ./cmd/bench -layouts pinned -sites none,redis_log,redis_log_10000 -pairs 9
+//	go run ./cmd/bench -harness outside -sites none,memory_log   # issue 29's outside harness alone
+//	go run ./cmd/bench -layouts pinned -harness sweep -sites none,memory_log,peer_memory -peer DIR
+//
+// Each layout runs in the bench harness setting (-conns, -admin,
+// -log-level, -rate), and the pinned layout once more in the outside one
+// (issue 29's: 32 connections, admin off, log level ERROR, many-key limits
+// 100 a second); with both, the report ends with the sites' ratios in each,
+// side by side.
 //
 // It needs redis-server on PATH (unless no selected site uses Redis) and
 // sends traffic only to 127.0.0.1; every process it starts is stopped on
@@ -61,6 +69,10 @@ type options struct {
 	fillMax         time.Duration
 	conns, keys     int
 	sites, layouts  string
+	harnesses       string
+	admin           bool
+	logLevel        string
+	rate            string
 	keep            bool
 	jsonPath        string
 	plotPath        string
@@ -100,6 +112,10 @@ func run() (code int) {
 	flag.IntVar(&o.keys, "keys", 100000, "distinct X-Key values for the many-key sites (hot_* sites use one key, the at-limit sites 10)")
 	flag.StringVar(&o.sites, "sites", "all", "comma-separated sites to run: "+strings.Join(siteNames(), ","))
 	flag.StringVar(&o.layouts, "layouts", "shared,pinned", "comma-separated CPU layouts: shared, pinned (or all)")
+	flag.StringVar(&o.harnesses, "harness", "bench,outside", "comma-separated harness settings: bench (this benchmark's: -conns, -admin, -log-level, -rate, in each of -layouts), outside (issue 29's: pinned, 32 connections, admin off, log level ERROR, many-key limits 100/1s), or one of outside's choices alone on bench's, pinned: conns32, quiet (admin off, ERROR), rate100; all = bench,outside; sweep = every one")
+	flag.BoolVar(&o.admin, "admin", true, "bench setting: Caddy's admin endpoint on (false: admin off)")
+	flag.StringVar(&o.logLevel, "log-level", "", "bench setting: Caddy's default log level (DEBUG, INFO, WARN, ERROR; empty: Caddy's default, INFO)")
+	flag.StringVar(&o.rate, "rate", "", "bench setting: the limit and window of our many-key sites, LIMIT/WINDOW (as 100/1s; empty: each site's own, 10000 or 10^9 a minute)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (Caddyfile, logs, binary)")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.plotPath, "plot", "", "also draw each site's ratio to bare Caddy (median and min–max of the pairs, per layout, the peer's beside ours) into this PNG file")
@@ -147,6 +163,10 @@ func run() (code int) {
 	if err != nil {
 		return fail(err)
 	}
+	harnesses, err := selectHarnesses(o.harnesses, &o)
+	if err != nil {
+		return fail(err)
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	defer stop()
@@ -169,7 +189,7 @@ func run() (code int) {
 	if layoutNote != "" {
 		logf("%s", layoutNote)
 	}
-	if err := b.run(sites, layouts); err != nil {
+	if err := b.run(sites, layouts, harnesses); err != nil {
 		if ctx.Err() != nil {
 			return 130
 		}
@@ -184,6 +204,16 @@ func (o *options) check() error {
 	}
 	if o.warmup < 0 || o.fillMax < 0 || o.halfRate < 0 {
 		return errors.New("-warmup, -fill-max and -half-rate must not be negative")
+	}
+	if o.rate != "" {
+		if _, _, err := parseRate(o.rate); err != nil {
+			return err
+		}
+	}
+	switch o.logLevel {
+	case "", "DEBUG", "INFO", "WARN", "ERROR":
+	default:
+		return fmt.Errorf("-log-level must be DEBUG, INFO, WARN or ERROR, got %q", o.logLevel)
 	}
 	switch o.generator {
 	case "auto", "go", "wrk":
@@ -250,9 +280,11 @@ type bench struct {
 	validated bool
 }
 
-// layoutResult is one layout's pass over the sites.
+// layoutResult is one layout's pass over the sites, in one harness
+// setting.
 type layoutResult struct {
 	Layout     layout
+	Harness    harness
 	Sites      []siteResult
 	Trivial    *trivial
 	TrivialErr string
@@ -275,7 +307,7 @@ type fillResult struct {
 	Reached   bool
 }
 
-func (b *bench) run(sites []site, layouts []layout) error {
+func (b *bench) run(sites []site, layouts []layout, harnesses []harness) error {
 	ctx := b.ctx
 	dir, err := os.MkdirTemp("", "sliding-ratelimit-bench-")
 	if err != nil {
@@ -344,12 +376,23 @@ func (b *bench) run(sites []site, layouts []layout) error {
 	}
 
 	var results []*layoutResult
-	for _, l := range layouts {
-		r, err := b.runLayout(l, sites)
-		if err != nil {
-			return fmt.Errorf("%s layout: %w", l.Name, err)
+	for _, h := range harnesses {
+		ls := layouts
+		if h.PinnedOnly {
+			p, err := pinnedLayout()
+			if err != nil {
+				logf("harness %s skipped: it runs pinned, and the pinned layout is unavailable: %v", h.Name, err)
+				continue
+			}
+			ls = []layout{p}
 		}
-		results = append(results, r)
+		for _, l := range ls {
+			r, err := b.runLayout(h, l, sites)
+			if err != nil {
+				return fmt.Errorf("%s layout, harness %s: %w", l.Name, h.Name, err)
+			}
+			results = append(results, r)
+		}
 	}
 
 	var micro *microResult
@@ -388,6 +431,7 @@ func (b *bench) run(sites []site, layouts []layout) error {
 // layoutRun is what one layout's pass has running.
 type layoutRun struct {
 	l      layout
+	h      harness
 	redis  *redistest.Proc
 	client *redis.Client
 	caddy  *proc
@@ -396,11 +440,11 @@ type layoutRun struct {
 
 // runLayout starts redis-server and Caddy placed as l says, measures every
 // site in pairs with the bare Caddy, and stops them.
-func (b *bench) runLayout(l layout, sites []site) (res *layoutResult, err error) {
+func (b *bench) runLayout(h harness, l layout, sites []site) (res *layoutResult, err error) {
 	ctx := b.ctx
-	logf("=== %s layout: %s", l.Name, l.describe(runtime.NumCPU()))
-	res = &layoutResult{Layout: l}
-	lr := &layoutRun{l: l}
+	logf("=== %s layout, harness %s (%s): %s", l.Name, h.Name, h.describe(), l.describe(runtime.NumCPU()))
+	res = &layoutResult{Layout: l, Harness: h}
+	lr := &layoutRun{l: l, h: h}
 
 	// Redis, if a site uses it.
 	redisURL := "redis://127.0.0.1:1" // never dialled when no site uses Redis
@@ -426,7 +470,7 @@ func (b *bench) runLayout(l layout, sites []site) (res *layoutResult, err error)
 		}
 		b.validated = true
 	}
-	cfgPath, ports, err := b.writeConfig(withBare(b.sites), redisURL, l.Name)
+	cfgPath, ports, err := b.writeConfigFor(h, withBare(b.sites), redisURL, h.Name+"-"+l.Name)
 	if err != nil {
 		return nil, err
 	}
@@ -443,7 +487,7 @@ func (b *bench) runLayout(l layout, sites []site) (res *layoutResult, err error)
 		}
 		args = append(append(w[1:], b.caddyBin), args...)
 	}
-	lr.caddy, err = startProc("caddy", filepath.Join(b.dir, "caddy-"+l.Name+".log"), b.dir, env, bin, args...)
+	lr.caddy, err = startProc("caddy", filepath.Join(b.dir, "caddy-"+h.Name+"-"+l.Name+".log"), b.dir, env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -632,7 +676,7 @@ func (b *bench) sample(lr *layoutRun, s site, d time.Duration) (sample, error) {
 // drive runs the load generator against a site for d (closed loop).
 func (b *bench) drive(lr *layoutRun, s site, d time.Duration) (measurement, error) {
 	ctx := b.ctx
-	spec := b.spec(s, lr.ports[s.Name])
+	spec := b.spec(lr, s)
 	spec.Duration = d
 	var m measurement
 	if b.wrk != "" {
@@ -731,8 +775,14 @@ func (b *bench) validateSites(sites []site, redisURL string) (kept []site, skipp
 }
 
 // writeConfig writes the Caddyfile of sites, each on a fresh free port, as
-// Caddyfile.<tag> in the temp dir.
+// Caddyfile.<tag> in the temp dir, in the bench harness setting.
 func (b *bench) writeConfig(sites []site, redisURL, tag string) (path string, ports map[string]int, err error) {
+	return b.writeConfigFor(benchHarness(&b.o), sites, redisURL, tag)
+}
+
+// writeConfigFor is writeConfig in harness setting h (its admin, log level
+// and many-key rate).
+func (b *bench) writeConfigFor(h harness, sites []site, redisURL, tag string) (path string, ports map[string]int, err error) {
 	pl, err := redistest.FreePorts(len(sites) + 1)
 	if err != nil {
 		return "", nil, err
@@ -742,7 +792,7 @@ func (b *bench) writeConfig(sites []site, redisURL, tag string) (path string, po
 		ports[s.Name] = pl[i+1]
 	}
 	path = filepath.Join(b.dir, "Caddyfile."+tag)
-	return path, ports, os.WriteFile(path, []byte(caddyfile(pl[0], sites, ports, redisURL)), 0o644)
+	return path, ports, os.WriteFile(path, []byte(caddyfileFor(h, pl[0], sites, ports, redisURL)), 0o644)
 }
 
 // withBare returns sites with the bare site first, added if missing (every
@@ -754,8 +804,8 @@ func withBare(sites []site) []site {
 	return append([]site{siteByName(bareSite)}, sites...)
 }
 
-func (b *bench) spec(s site, port int) loadSpec {
-	spec := loadSpec{Addr: fmt.Sprintf("127.0.0.1:%d", port), Keys: b.o.keys, Conns: b.o.conns}
+func (b *bench) spec(lr *layoutRun, s site) loadSpec {
+	spec := loadSpec{Addr: fmt.Sprintf("127.0.0.1:%d", lr.ports[s.Name]), Keys: b.o.keys, Conns: lr.h.Conns}
 	if s.Keys > 0 {
 		spec.Keys = s.Keys
 	}
@@ -801,7 +851,7 @@ func (b *bench) halfLoad(lr *layoutRun, rate float64) (*halfLoad, error) {
 	h := &halfLoad{Rate: rate}
 	for _, name := range []string{bareSite, "redis_log"} {
 		settle()
-		spec := b.spec(siteByName(name), lr.ports[name])
+		spec := b.spec(lr, siteByName(name))
 		spec.Rate = rate
 		spec.Warmup = b.o.warmup
 		spec.Duration = b.o.halfDuration

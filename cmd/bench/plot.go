@@ -74,7 +74,11 @@ func writePlot(path string, rep *report) error {
 			if len(pts.XYs) == 0 {
 				continue
 			}
-			if err := addRatios(p, pts, col, peer, l.Name); err != nil {
+			name := l.Name
+			if l.Harness != "" && l.Harness != "bench" {
+				name += ", " + l.Harness
+			}
+			if err := addRatios(p, pts, col, peer, name); err != nil {
 				return err
 			}
 		}

@@ -47,6 +47,9 @@ type reportConfig struct {
 type layoutReport struct {
 	Name        string          `json:"name"`
 	Description string          `json:"description"`
+	Harness     string          `json:"harness"`
+	HarnessDesc string          `json:"harness_description"`
+	Conns       int             `json:"conns"`
 	CaddyCPU    *int            `json:"caddy_cpu,omitempty"`
 	LoadCPU     *int            `json:"load_and_redis_cpu,omitempty"`
 	Verified    string          `json:"pinning_checked,omitempty"`
@@ -152,7 +155,8 @@ func buildReport(b *bench, layouts []*layoutResult, micro *microResult) *report 
 
 func layoutReportOf(lr *layoutResult, ncpu int) layoutReport {
 	l := lr.Layout
-	out := layoutReport{Name: l.Name, Description: l.describe(ncpu), Verified: lr.Verified, TrivialErr: lr.TrivialErr}
+	out := layoutReport{Name: l.Name, Description: l.describe(ncpu), Verified: lr.Verified, TrivialErr: lr.TrivialErr,
+		Harness: lr.Harness.Name, HarnessDesc: lr.Harness.describe(), Conns: lr.Harness.Conns}
 	if l.pinned() {
 		out.CaddyCPU, out.LoadCPU = ptr(l.CaddyCPU), ptr(l.LoadCPU)
 	}
@@ -266,6 +270,7 @@ func printReport(w io.Writer, rep *report) {
 	for _, l := range rep.Layouts {
 		printLayout(w, l)
 	}
+	printHarnesses(w, rep)
 
 	if len(rep.Skipped) > 0 {
 		fmt.Fprintln(w, "\nSkipped (this Caddy build rejects their config):")
@@ -305,7 +310,14 @@ func cellOr[T any](v *T, format, none string) string {
 }
 
 func printLayout(w io.Writer, l layoutReport) {
-	fmt.Fprintf(w, "\n### Layout %s: %s\n\n", l.Name, l.Description)
+	if l.Harness == "" || l.Harness == "bench" {
+		fmt.Fprintf(w, "\n### Layout %s: %s\n\n", l.Name, l.Description)
+	} else {
+		fmt.Fprintf(w, "\n### Layout %s, harness %s: %s\n\n", l.Name, l.Harness, l.Description)
+	}
+	if l.HarnessDesc != "" {
+		fmt.Fprintf(w, "Harness %s: %s.\n", l.Harness, l.HarnessDesc)
+	}
 	if l.Verified != "" {
 		fmt.Fprintf(w, "Pinning %s.\n", l.Verified)
 	}
@@ -471,4 +483,45 @@ func redisVersion() string {
 		}
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// printHarnesses prints, when the run measured the pinned layout in more
+// than one harness setting, each site's ratio to bare in each, side by
+// side (the same run, the same Caddy binary).
+func printHarnesses(w io.Writer, rep *report) {
+	var pinned []layoutReport
+	for _, l := range rep.Layouts {
+		if l.Name == "pinned" {
+			pinned = append(pinned, l)
+		}
+	}
+	if len(pinned) < 2 {
+		return
+	}
+	fmt.Fprintf(w, "\n### Pinned, both harness settings (ratio to bare, median of the pairs)\n\n| site |")
+	for _, l := range pinned {
+		fmt.Fprintf(w, " %s |", l.Harness)
+	}
+	fmt.Fprintf(w, "\n| --- |%s\n", strings.Repeat(" ---: |", len(pinned)))
+	var names []string
+	for _, l := range pinned {
+		for _, s := range l.Sites {
+			if !slices.Contains(names, s.Site) {
+				names = append(names, s.Site)
+			}
+		}
+	}
+	for _, name := range names {
+		fmt.Fprintf(w, "| %s |", name)
+		for _, l := range pinned {
+			cell := "–"
+			for _, s := range l.Sites {
+				if s.Site == name && s.Ratio != nil {
+					cell = fmt.Sprintf("%.2f (%.2f–%.2f)", s.Ratio.Median, s.Ratio.Min, s.Ratio.Max)
+				}
+			}
+			fmt.Fprintf(w, " %s |", cell)
+		}
+		fmt.Fprintln(w)
+	}
 }
