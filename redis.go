@@ -83,10 +83,10 @@ type RedisConfig struct {
 	// "eval" always uses EVALSHA.
 	Scripts string `json:"scripts,omitempty"`
 
-	// StateFormat is the format sliding_log keys are written in: 2 (the
-	// default) or 1, the format of releases before the state format
+	// StateFormat is the format sliding_log keys are written in: 3 (the
+	// default), 2, or 1, the format of releases before the state format
 	// version, while nodes of such a release share the Redis (a rolling
-	// upgrade from one, a rollback to one). Every key of either format is
+	// upgrade from one, a rollback to one). Every key of any of them is
 	// read, and turned into this one as it is written. docs/redis.md,
 	// "Upgrading".
 	StateFormat int `json:"state_format,omitempty"`

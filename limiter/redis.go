@@ -69,21 +69,25 @@ type RedisStore struct {
 
 // The state formats of a sliding_log key (lua/sliding_log.lua) and of a
 // sliding_counter key (lua/sliding_counter.lua): LogFormat1 is the previous
-// releases', LogFormat2 this one's. A store reads both and writes one,
-// turning a key of the other format into it as it writes.
+// releases', LogFormat2 the first with a format version, LogFormat3 the
+// log's cheapest (a sliding_counter key is written in format 2 under it). A
+// store reads every one and writes one, turning a key of another format
+// into it as it writes.
 const (
 	LogFormat1 = 1
 	LogFormat2 = 2
+	LogFormat3 = 3
 )
 
 // WithStateFormat sets the format the store writes sliding_log and
-// sliding_counter keys in (LogFormat2 unless set): LogFormat1 while nodes
+// sliding_counter keys in (LogFormat3 unless set): LogFormat1 while nodes
 // of a release before the state format version share the Redis (a rolling
-// upgrade from one, or a rollback to one: docs/redis.md, "Upgrading").
+// upgrade from one, or a rollback to one: docs/redis.md, "Upgrading"),
+// LogFormat2 for the same with nodes that write format 2.
 func WithStateFormat(f int) RedisOption {
 	return func(s *RedisStore) {
-		if f == LogFormat1 {
-			s.format = LogFormat1
+		if f == LogFormat1 || f == LogFormat2 || f == LogFormat3 {
+			s.format = f
 		}
 	}
 }
@@ -317,7 +321,8 @@ type check struct {
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
 // and sliding_counter parts to be written in format (LogFormat1: kinds 7
-// and 8; else kinds 1 and 2, format 2): the values a limiter repeats in one
+// and 8; LogFormat2: kinds 1 and 2; else, format 3, the log as kind 11 and
+// the counter as kind 2): the values a limiter repeats in one
 // string, its shape (decide.lua's header), and the ones that change as
 // arguments of their own.
 func (c *check) encode(op *Op, deadline int64, format int) {
@@ -401,6 +406,8 @@ func (c *check) encodeShape(op *Op, format int) {
 		kind := int64(p.Kind)
 		if p.Kind == KindLog && format == LogFormat1 {
 			kind = 7
+		} else if p.Kind == KindLog && format != LogFormat2 {
+			kind = 11 // format 3, the default
 		} else if format == LogFormat1 && p.Kind == KindCounter {
 			kind = 8
 		}

@@ -73,7 +73,7 @@ type Config struct {
 	// Scripts is "functions" (the default) or "eval".
 	Scripts string
 	// StateFormat is the sliding_log state format written: 0 (the
-	// default, 2), 1 or 2.
+	// default, 3), 1, 2 or 3.
 	StateFormat int
 }
 
@@ -146,8 +146,8 @@ func (c *Config) Check() *Error {
 	if c.Scripts != "" && c.Scripts != "functions" && c.Scripts != "eval" {
 		return errf("scripts", "scripts must be functions or eval, got '%s'", c.Scripts)
 	}
-	if c.StateFormat != 0 && c.StateFormat != limiter.LogFormat1 && c.StateFormat != limiter.LogFormat2 {
-		return errf("state_format", "state_format must be 1 or 2, got %d", c.StateFormat)
+	if c.StateFormat != 0 && c.StateFormat != limiter.LogFormat1 && c.StateFormat != limiter.LogFormat2 && c.StateFormat != limiter.LogFormat3 {
+		return errf("state_format", "state_format must be 1, 2 or 3, got %d", c.StateFormat)
 	}
 	if c.Pipeline < -1 || c.Pipeline > 64 {
 		return errf("pipeline", "pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
