@@ -85,12 +85,12 @@ type RedisConfig struct {
 
 	// StateFormat is the format sliding_log and sliding_counter keys are
 	// written in, for each algorithm its newest up to this number: 3 (the
-	// default; sliding_counter's format 3, sliding_log's 2), 2 (the
-	// counter's format 2, while nodes of a release writing it share the
-	// Redis) or 1, the format of releases before the state format version,
-	// while nodes of such a release share the Redis (a rolling upgrade from
-	// one, a rollback to one). Every key of any of these formats is read,
-	// and turned into this one as it is written. docs/redis.md,
+	// default; both algorithms' format 3), 2 (each one's format 2, while
+	// nodes of a build writing it share the Redis) or 1, the format of
+	// releases before the state format version, while nodes of such a
+	// release share the Redis (a rolling upgrade from one, a rollback to
+	// one). Every key of any of these formats is read, and turned into this
+	// one as it is written. docs/redis.md,
 	// "Upgrading".
 	StateFormat int `json:"state_format,omitempty"`
 }

@@ -62,22 +62,25 @@ type RedisStore struct {
 
 // The state formats of a sliding_log key (lua/sliding_log.lua) and of a
 // sliding_counter key (lua/sliding_counter.lua): LogFormat1 is the previous
-// releases', LogFormat2 this one's. A store reads both and writes one,
-// turning a key of the other format into it as it writes.
+// releases', LogFormat2 the first with a format version, LogFormat3 the
+// log's cheapest (and, as CounterFormat3, the counter's endpoints in 20
+// buckets). A store reads every one and writes one, turning a key of another
+// format into it as it writes.
 const (
 	LogFormat1 = 1
 	LogFormat2 = 2
+	LogFormat3 = 3
 )
 
 // WithStateFormat sets the format the store writes sliding_log and
 // sliding_counter keys in (each one's newest unless set): LogFormat1 while
 // nodes of a release before the state format version share the Redis (a
 // rolling upgrade from one, or a rollback to one: docs/redis.md,
-// "Upgrading"); 2, each one's format 2 (sliding_counter's before
-// CounterFormat3); CounterFormat3 (or more), the newest.
+// "Upgrading"); LogFormat2, each one's format 2 (for nodes of a build that
+// writes it); LogFormat3 (= CounterFormat3), each one's newest.
 func WithStateFormat(f int) RedisOption {
 	return func(s *RedisStore) {
-		if f == LogFormat1 || f == LogFormat2 {
+		if f == LogFormat1 || f == LogFormat2 || f == LogFormat3 {
 			s.format = f
 		}
 	}
@@ -330,7 +333,8 @@ type check struct {
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
 // and sliding_counter parts to be written in format (LogFormat1: kinds 7
-// and 8; else kinds 1 and 2, format 2): the values a limiter repeats in one
+// and 8; LogFormat2: kinds 1 and 2; else, format 3, the log as kind 11 and
+// the counter as kind 2): the values a limiter repeats in one
 // string, its shape (decide.lua's header), and the ones that change as
 // arguments of their own.
 func (c *check) encode(op *Op, deadline int64, format int) {
@@ -430,6 +434,8 @@ func (c *check) encodeShape(op *Op, format int) {
 		kind := int64(p.Kind)
 		if p.Kind == KindLog && format == LogFormat1 {
 			kind = 7
+		} else if p.Kind == KindLog && format != LogFormat2 {
+			kind = 11 // format 3, the default
 		} else if p.Kind == KindCounter {
 			kind = counterKind(format)
 		}

@@ -197,6 +197,7 @@ func TestSlidingLogRebase(t *testing.T) {
 		name  string
 		store limiter.Store
 	}{{"redis-server", limiter.NewRedisStore(client)}, {"redis-server format 1", limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.LogFormat1))},
+		{"redis-server format 2", limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.LogFormat2))},
 		{"memory", limiter.NewMemoryStore()}} {
 		key := "rebase:{" + s.name + "}"
 		now := t0.UnixMicro()
@@ -211,10 +212,14 @@ func TestSlidingLogRebase(t *testing.T) {
 		}
 		op(1, 0)
 		first := int64(2) // the rank of a log's first entry: format 1 has "#n" and "#t" before it
-		if s.name == "redis-server" {
+		if s.name == "redis-server format 2" {
 			first = 1 // format 2: "#2"
 		}
-		if s.name != "memory" {
+		if s.name == "redis-server" {
+			// Format 3: the newest entry (ZRANGE 0 0) says T, in its bytes.
+			client.ZRemRangeByRank(ctx, key, 0, 0)
+			client.ZAdd(ctx, key, redis.Z{Score: -float64(now), Member: log3Member(1<<52-6, 1, now)})
+		} else if s.name != "memory" {
 			// Bring T (the units ever admitted) to just under 2^52: in format
 			// 1 "#n" holds it, in format 2 the newest entry's B and cost.
 			if first == 2 {
@@ -232,7 +237,13 @@ func TestSlidingLogRebase(t *testing.T) {
 		if r.Status != limiter.StatusAllowed || r.Usage[0].Count != before+4 {
 			t.Fatalf("%s: across the rebase: %+v, want count %d", s.name, r, before+4)
 		}
-		if s.name != "memory" {
+		if s.name == "redis-server" {
+			// The oldest entry (ZREVRANGE 1 1, after "#3") has B 0.
+			members := client.ZRevRange(ctx, key, 1, -1).Val()
+			if len(members) == 0 || members[0][:7] != log3Member(0, 1, 0)[:7] {
+				t.Fatalf("members after the rebase: %q, want them counted from 0", members)
+			}
+		} else if s.name != "memory" {
 			members := client.ZRange(ctx, key, first, -1).Val()
 			if len(members) == 0 || !strings.HasPrefix(members[0], "0000000000000000") {
 				t.Fatalf("members after the rebase: %v, want them counted from 0", members)
@@ -444,4 +455,19 @@ func TestRedisFixedWindowTTL(t *testing.T) {
 	if ttl := decide(70*time.Second, 1); ttl < 50*time.Second || ttl > 51*time.Second+10*time.Millisecond {
 		t.Errorf("after an admission in the next window PTTL %s, want about 51 s", ttl)
 	}
+}
+
+// log3Member is a format-3 log member (lua/sliding_log.lua): 2^53 - 1 - B
+// and t in 7 bytes each, big-endian, then the cost's digits unless 1.
+func log3Member(b, cost, t int64) string {
+	var m [14]byte
+	d := int64(1)<<53 - 1 - b
+	for i := 6; i >= 0; i-- {
+		m[i], m[7+i] = byte(d), byte(t)
+		d, t = d>>8, t>>8
+	}
+	if cost != 1 {
+		return string(m[:]) + strconv.FormatInt(cost, 10)
+	}
+	return string(m[:])
 }

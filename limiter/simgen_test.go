@@ -158,10 +158,10 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 				s.Conc = []int64{-1, 1, 2}[len(steps)/4%3]
 			}
 			if c.Stack == "redis" && s.Client {
-				// The node's new client writes the state format 1 or 2
-				// (drawn from the step's place, not the generator, so
+				// The node's new client writes the state format 1, 2 or
+				// 3 (drawn from the step's place, not the generator, so
 				// that the seeds' histories stay as they were).
-				s.Format = 1 + len(steps)%2
+				s.Format = 1 + len(steps)%3
 			}
 		default:
 			if c.Stack != "redis" {
@@ -243,7 +243,7 @@ func genCase(seed uint64, stack string, steps int) simCase {
 // are taken and given back (a banned request must take none), leases
 // given back while the circuit is open (the key's next check must not
 // count them), nodes of the Redis stack switching between the state
-// formats (reloads that write sliding_log keys in format 1 or 2). A random
+// formats (reloads that write sliding_log keys in format 1, 2 or 3). A random
 // history reaches each only now and then; make test runs a few focused ones
 // on Redis after the random ones.
 var simFoci = map[string][]string{
@@ -294,7 +294,7 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 		c.Cfg.Queue, c.Cfg.CountOnly = "", false
 	case "format":
 		// The log, with its global ceiling when drawn, keys written in
-		// turn by nodes of either state format.
+		// turn by nodes of any state format (1, 2, 3).
 		c.Cfg.Alg, c.Cfg.Burst, c.Cfg.BanAfter, c.Cfg.Queue, c.Cfg.Conc, c.Cfg.CountOnly = "sliding_log", 0, 0, "", 0, false
 	case "missed-notice":
 		c.Cfg.BanAfter, c.Cfg.Queue = 0, ""
@@ -373,7 +373,7 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 				}
 			}
 		case x < 90 && focus == "format":
-			s.Op, s.Client, s.Format = "reload", true, 1+rng.IntN(2)
+			s.Op, s.Client, s.Format = "reload", true, 1+rng.IntN(3)
 		case x < 90 && focus == "outage-ban":
 			s.Op, s.Fault = "fault", []string{"stall", "stall", "kill", "heal"}[rng.IntN(4)]
 		case x < 90:

@@ -115,11 +115,11 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			if i%2 == 1 {
 				opts = append(opts, limiter.WithScripts(limiter.ScriptsEval))
 			}
-			if cfg.Format == limiter.LogFormat1 {
-				// A node switched to the state format of the previous
-				// release (a reload with a Format): the keys it writes
-				// go back and forth between the formats.
-				opts = append(opts, limiter.WithStateFormat(limiter.LogFormat1))
+			if cfg.Format != 0 {
+				// A node switched to another state format (a reload with
+				// a Format: 1, the previous release's, 2 or 3): the keys
+				// it writes go back and forth between the formats.
+				opts = append(opts, limiter.WithStateFormat(cfg.Format))
 			}
 			s := limiter.NewRedisStore(c, opts...)
 			var local *limiter.MemoryStore

@@ -174,14 +174,15 @@ func (o upgradeOracle) count(key string, w, now int64) int64 {
 
 // TestMixedVersions: three nodes share one redis-server through a rolling
 // upgrade from the previous release (built from this repository's history)
-// to this one, a switch of the state format from 1 to 2, and the way back
-// (format 1 again, then the previous release), as docs/redis.md's
-// "Upgrading" says. Requests of the same keys (a bucket in one of two
+// to this one, a switch of the log's state format from 1 to 3 (the
+// default; the counter's from 1 to 2), nodes writing the log's format 2
+// among them, and the way back (format 1 again, then the previous
+// release), as docs/redis.md's "Upgrading" says. Requests of the same keys (a bucket in one of two
 // regions and the identity's global ceiling, two windows, costs 1 to 3, some
 // peeks) go to the nodes in turn, on one clock; every reply must be the
 // exact log's: admitted exactly when every window has room (over-admission
 // 0), and every window's count the oracle's (no key read as empty). After
-// the switch to format 2, the previous release must fail on a key in it
+// the switch to format 3, the previous release must fail on a key in it
 // rather than read it as empty. Not parallel: the build takes both cores
 // for seconds, and the parallel tests (timing-sensitive ones among them)
 // start only once the sequential ones are done.
@@ -196,18 +197,25 @@ func TestMixedVersions(t *testing.T) {
 	}
 	f1 := limiter.WithStateFormat(limiter.LogFormat1)
 	eval := limiter.WithScripts(limiter.ScriptsEval)
+	f2 := limiter.WithStateFormat(limiter.LogFormat2)
 	engines := map[string][2]limiter.Store{ // by version, for even and odd nodes (FCALL, EVALSHA)
 		"old": {old, old},
 		"f1":  {newStore(f1), newStore(f1, eval)},
-		"f2":  {newStore(), newStore(eval)},
+		"f2":  {newStore(), newStore(eval)}, // the default: the log and the counter in format 3
+		"f2x": {newStore(f2), newStore(f2, eval)},
 	}
-	phases := [][3]string{
+	// The log's phases: the upgrade to format 3 (the default, "f2" above)
+	// as docs/redis.md says it, nodes writing format 2 among them (state_format
+	// 2: every format meets every other on one key), and the rollback.
+	logPhases := [][3]string{
 		{"old", "old", "old"},
 		{"f1", "old", "old"}, {"f1", "f1", "old"}, {"f1", "f1", "f1"}, // the rolling upgrade, state_format 1
-		{"f2", "f1", "f1"}, {"f2", "f2", "f1"}, {"f2", "f2", "f2"}, // state_format removed, node by node
+		{"f2", "f1", "f1"}, {"f2", "f2", "f1"}, {"f2", "f2", "f2"}, // state_format removed, node by node: format 3
+		{"f2x", "f2", "f2"}, {"f2x", "f2x", "f1"}, {"f2", "f2x", "f2"}, // nodes writing format 2 among them
 		{"f1", "f2", "f2"}, {"f1", "f1", "f2"}, {"f1", "f1", "f1"}, // rollback: state_format 1 first
 		{"old", "f1", "f1"}, {"old", "old", "f1"}, {"old", "old", "old"},
 	}
+	const allNew, allF1 = 6, 12 // every node writes format 3; every node writes format 1 before the previous release comes back
 	kb, _ := limiter.NewKeyBuilder("up:", "api")
 	rng := rand.New(rand.NewPCG(29, 2))
 	oracle := upgradeOracle{}
@@ -217,7 +225,7 @@ func TestMixedVersions(t *testing.T) {
 	global := []limiter.Win{{Name: limiter.WindowName(10 * time.Second), Len: 10e6, Limit: 12}}
 	ctx := context.Background()
 	seen := map[string]int{}
-	for ph, nodes := range phases {
+	for ph, nodes := range logPhases {
 		var ids []string
 		for i := range 4 {
 			ids = append(ids, fmt.Sprint("id", i))
@@ -226,33 +234,33 @@ func TestMixedVersions(t *testing.T) {
 			now += rng.Int64N(300_000)
 			node := i % 3
 			id := ids[rng.IntN(len(ids))]
-			if ph == 9 && i < 2*len(ids) {
+			if ph == allF1 && i < 2*len(ids) {
 				// Before the previous release comes back, every key is
 				// checked by a node writing format 1 (or has expired).
 				id, node = ids[i/2], 0
 			}
 			region := fmt.Sprint("r", rng.IntN(2))
-			if ph == 9 && i < 2*len(ids) {
+			if ph == allF1 && i < 2*len(ids) {
 				region = fmt.Sprint("r", i%2)
 			}
 			op := &limiter.Op{Now: now, Cost: 1 + rng.Int64N(3), Mode: limiter.ModeCheck, Parts: []limiter.Part{
 				{Key: kb.Key("log", id, true, region), Kind: limiter.KindLog, Windows: wins},
 				{Key: kb.Global("log", id), Kind: limiter.KindLog, Global: true, Windows: global}}}
-			if rng.IntN(8) == 0 && !(ph == 9 && i < 2*len(ids)) {
+			if rng.IntN(8) == 0 && !(ph == allF1 && i < 2*len(ids)) {
 				op.Mode = limiter.ModePeek
 			}
 			checkAgainstOracle(t, oracle, engines[nodes[node]][node%2], op, fmt.Sprintf("phase %d %v, node %d (%s), request %d", ph, nodes, node, nodes[node], i), seen)
 		}
-		if ph == 6 {
-			// Every node writes format 2 now: the previous release, were it
+		if ph == allNew {
+			// Every node writes format 3 now: the previous release, were it
 			// still running, must fail on such a key, not read it as empty.
 			op := &limiter.Op{Now: now, Cost: 1, Mode: limiter.ModeCheck, Parts: []limiter.Part{
 				{Key: kb.Global("log", ids[0]), Kind: limiter.KindLog, Global: true, Windows: global}}}
 			if oracle.count(op.Parts[0].Key, global[0].Len, now) == 0 {
-				t.Fatalf("the key %s holds nothing in format 2 to try the previous release on", op.Parts[0].Key)
+				t.Fatalf("the key %s holds nothing in format 3 to try the previous release on", op.Parts[0].Key)
 			}
 			if r, err := old.Do(ctx, op); err == nil {
-				t.Fatalf("the previous release read a format-2 key and answered %+v, want an error", r)
+				t.Fatalf("the previous release read a format-3 key and answered %+v, want an error", r)
 			}
 		}
 	}

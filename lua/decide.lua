@@ -56,7 +56,8 @@
 --        not recorded); 3 record (count_only after the response: the units
 --        are recorded, nothing checked); 4 release the lease.
 -- kind:  1 sliding_log (its state in format 2; 7: in format 1, the format of
---        releases before the state format version, see sliding_log.lua),
+--        releases before the state format version; 11: in format 3, see
+--        sliding_log.lua),
 --        2 sliding_counter (format 3; 10: in format 2, 8: in format 1,
 --        see sliding_counter.lua), 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
@@ -464,7 +465,9 @@ local function decide(a, k, V)
       sh_lead[p], sh_claim[p], sh_sig[p] = tonumber(ARGV[x]), tonumber(ARGV[x + 1]), ARGV[x + 2]
       x = x + 3
     end
-    if kind == 7 then
+    if kind == 11 then
+      kind, pwant[p] = 1, 3 -- sliding_log in format 3 (sliding_log.lua)
+    elseif kind == 7 then
       kind, pwant[p] = 1, 1 -- sliding_log in format 1 (sliding_log.lua)
     elseif kind == 8 then
       kind, pwant[p] = 2, 1 -- sliding_counter in format 1 (sliding_counter.lua)

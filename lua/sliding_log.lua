@@ -26,22 +26,38 @@
 --     ZRANGE 0 1 reads the format and the oldest entry, ZRANGE -1 -1 the
 --     newest. A format-2 key whose entries are all pruned holds "#2" alone
 --     (T and tn start again from nothing: no entry is left to order after).
--- Both formats are read by every check; a check that writes (not a peek)
--- first turns a key of the other format into the one it writes (ZREM of
--- the other's members, ZADD of its own: the entries stay as they are), so
--- nodes of this release writing either format stay exact on one key. A
--- release before the format version reads a format-2 key's "#2" as its
+--   format 3 (kind 11 writes it; the default): the entries newest first
+--     and carrying their time, so that a check's reads format no score and
+--     its ZADD lands at the head of a listpack instead of walking it:
+--       <D, 7 bytes><t, 7 bytes>[<cost>] score -t
+--     D = 2^53 - 1 - B and t big-endian (D's first byte is 0x10-0x1f, never
+--     "#"; members of one score sort by D, so newest first too), the cost
+--     in decimal digits when not 1; "#3" score +inf, written once, says the
+--     format and sorts last. ZRANGE 0 0 reads the newest entry (or "#3": no
+--     entry); ZREVRANGE ranks are format 2's ZRANGE ranks (0: "#3", 1: the
+--     oldest entry). Its fast path (log3_fast) prunes lazily: the entries
+--     out of the window go on the first admission in each span of the TTL
+--     (below) and on every check decide takes, so a check finds the
+--     window's first entry by ZREVRANGEBYSCORE from the tail.
+-- Every format is read by every check; a check that writes (not a peek)
+-- first turns a key of another format into the one it writes (1 and 2:
+-- ZREM of the other's members, ZADD of its own, the entries as they are;
+-- to or from 3: every entry rewritten, log_convert3), so nodes of this
+-- release writing any of them stay exact on one key. A release before the
+-- format version reads a format-2 or format-3 key's first members as its
 -- oldest entry and fails on it (its B is not a number): that check errors
 -- and the node's fail mode answers, rather than reading the key as empty.
 -- See docs/redis.md, "Upgrading".
 --
 -- TTL: format 1 refreshes it on every write (the longest window + 1 s).
--- Format 2 sets it to the longest window + S + 1 s (S = an eighth of the
+-- Formats 2 and 3 set it to the longest window + S + 1 s (S = an eighth of the
 -- longest window, at least 1 µs) on the first admission in each span of S µs
 -- (floor(at / S) differs from the newest entry's) and leaves it on the
 -- others: an entry admitted at at lies within S after the one whose write
 -- set the TTL, so it still has its window and a second. (A key turned from
--- format 1 into format 2 gets format 2's TTL then.)
+-- another format into 2 or 3 gets that TTL then.) Format 3's lazy prune
+-- leaves at most the entries of one span past the window (and the check
+-- that finds the log near its cap goes to decide, which prunes).
 --
 -- The log holds at most LOG_MAX_ENTRIES requests (one entry each) in its
 -- longest window: a request beyond them is denied until the oldest leaves,
@@ -105,6 +121,95 @@ local function log_retry(key, r0, b0, x, w, now)
   return tonumber(redis.call("ZRANGE", key, num(lo), num(lo), "WITHSCORES")[2]) + w - now
 end
 
+-- Format 3's members (see the header): log3_member writes one, log3_read
+-- reads B, t and the cost of one. D and t are below 2^53, so the bytes are
+-- exact in Lua's numbers.
+local LOG3_D = 9007199254740991 -- 2^53 - 1
+local function log3_bytes(x)
+  local x7 = x % 256
+  x = (x - x7) / 256
+  local x6 = x % 256
+  x = (x - x6) / 256
+  local x5 = x % 256
+  x = (x - x5) / 256
+  local x4 = x % 256
+  x = (x - x4) / 256
+  local x3 = x % 256
+  x = (x - x3) / 256
+  local x2 = x % 256
+  return (x - x2) / 256, x2, x3, x4, x5, x6, x7
+end
+local function log3_member(b, cost, t)
+  local d1, d2, d3, d4, d5, d6, d7 = log3_bytes(LOG3_D - b)
+  local t1, t2, t3, t4, t5, t6, t7 = log3_bytes(t)
+  local m = string.char(d1, d2, d3, d4, d5, d6, d7, t1, t2, t3, t4, t5, t6, t7)
+  if cost ~= 1 then
+    return m .. num(cost)
+  end
+  return m
+end
+local function log3_read(m)
+  local d1, d2, d3, d4, d5, d6, d7, t1, t2, t3, t4, t5, t6, t7 = string.byte(m, 1, 14)
+  local b = LOG3_D - ((((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6) * 256 + d7)
+  local t = (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+  if #m > 14 then
+    return b, t, tonumber(string.sub(m, 15))
+  end
+  return b, t, 1
+end
+
+-- log3_retry is log_retry on a format-3 key: the same ranks, by ZREVRANGE.
+local function log3_retry(key, r0, b0, x, w, now)
+  local g = r0 + x - 1 - b0
+  local e = redis.call("ZREVRANGE", key, num(g), num(g + 1))
+  if e[1] then
+    local b, t = log3_read(e[1])
+    if b < x and (not e[2] or log3_read(e[2]) >= x) then
+      return t + w - now
+    end
+  end
+  local lo, hi = r0, g
+  if not e[1] then
+    hi = redis.call("ZCARD", key)
+  end
+  while hi - lo > 1 do
+    local mid = math.floor((lo + hi) / 2)
+    if log3_read(redis.call("ZREVRANGE", key, num(mid), num(mid))[1]) < x then
+      lo = mid
+    else
+      hi = mid
+    end
+  end
+  local _, t = log3_read(redis.call("ZREVRANGE", key, num(lo), num(lo))[1])
+  return t + w - now
+end
+
+-- log3_head is log_head of a format-3 key whose first member (ZRANGE 0 1)
+-- is m: the entries out of the longest window pruned first unless peek. A
+-- peek, which writes nothing, reads the longest window's first entry past
+-- those a lazy prune left, and counts ranks from it (the "first entry").
+local function log3_head(key, m, now, maxw, peek)
+  if m == "#3" then
+    return 3, 0, false, false, false, 1
+  end
+  local nb, nt, nc = log3_read(m)
+  if peek then
+    local om = redis.call("ZREVRANGEBYSCORE", key, "(" .. num(maxw - now), "-inf", "LIMIT", "0", "1")[1]
+    if not om then
+      return 3, nb + nc, nt, false, false, 1
+    end
+    local _, ot = log3_read(om)
+    return 3, nb + nc, nt, om, ot, redis.call("ZREVRANK", key, om)
+  end
+  redis.call("ZREMRANGEBYSCORE", key, num(maxw - now), "0")
+  if nt <= now - maxw then
+    return 3, 0, false, false, false, 1 -- every entry went
+  end
+  local om = redis.call("ZREVRANGE", key, "1", "1")[1]
+  local _, ot = log3_read(om)
+  return 3, nb + nc, nt, om, ot, 1
+end
+
 -- log_cost is the cost of a member: after its 16 digits and ':', else 1.
 local function log_cost(m)
   if #m > 16 then
@@ -115,12 +220,17 @@ end
 
 -- log_head reads a log's format (0: no key), T, tn (false when it holds no
 -- entry), its oldest entry and that entry's score, and the rank of the
--- first entry (the members before it are the format's).
-local function log_head(key)
+-- first entry (the members before it are the format's; in format 3 by
+-- ZREVRANGE). A format-3 key is pruned here (log3_head), the others by
+-- log_check before.
+local function log_head(key, now, maxw, peek)
   local h = redis.call("ZRANGE", key, "0", "1", "WITHSCORES")
   local m = h[1]
   if not m then
     return 0, 0, false, false, false, 0
+  end
+  if m == "#3" or string.byte(m) < 32 then
+    return log3_head(key, m, now, maxw, peek)
   end
   if m == "#2" then
     local om = h[3]
@@ -166,6 +276,59 @@ local function log_ttl2(maxw)
   return math.ceil((maxw + log_span(maxw)) / 1000) + 1000
 end
 
+-- log_convert3 turns a log of format fmt into format want, one of them 3:
+-- every entry rewritten (its B, cost and time as they were), the other
+-- format's members gone, the TTL set as want's. It returns the key's format
+-- and the rank of its first entry after.
+local function log_convert3(key, fmt, want, total, newest, maxw)
+  local eb, et, ec, n = {}, {}, {}, 0
+  if fmt == 3 then
+    local all = redis.call("ZREVRANGE", key, "1", "-1")
+    for i = 1, #all do
+      n = n + 1
+      eb[n], et[n], ec[n] = log3_read(all[i])
+    end
+  else
+    local all = redis.call("ZRANGE", key, (fmt == 2 and "1") or "2", "-1", "WITHSCORES")
+    for i = 1, #all, 2 do
+      n = n + 1
+      eb[n], et[n], ec[n] = log_b(all[i]), all[i + 1] + 0, log_cost(all[i])
+    end
+  end
+  redis.call("DEL", key)
+  local args, na = {}, 0
+  if want == 3 then
+    args[1], args[2], na = "+inf", "#3", 2
+  elseif want == 2 then
+    args[1], args[2], na = "-inf", "#2", 2
+  elseif n > 0 then
+    args[1], args[2], args[3], args[4], na = num(-total - 1), "#n", num(-newest - 1), "#t", 4
+  else
+    return 0, 0 -- nothing was left: the key is gone
+  end
+  for i = 1, n do
+    if want == 3 then
+      args[na + 1], args[na + 2] = num(-et[i]), log3_member(eb[i], ec[i], et[i])
+    else
+      args[na + 1], args[na + 2] = num(et[i]), log_member(eb[i], ec[i])
+    end
+    na = na + 2
+    if na >= 1000 or i == n then
+      redis.call("ZADD", key, unpack(args, 1, na))
+      na = 0
+    end
+  end
+  if na > 0 then
+    redis.call("ZADD", key, unpack(args, 1, na))
+  end
+  if want == 1 then
+    redis.call("PEXPIRE", key, num(math.ceil(maxw / 1000) + 1000))
+    return 1, 2
+  end
+  redis.call("PEXPIRE", key, num(log_ttl2(maxw)))
+  return want, 1
+end
+
 -- log_convert turns a log of format fmt into format want (both 1 or 2), in
 -- place: the entries stay, the members of the format go. It returns the
 -- key's format and the rank of its first entry after.
@@ -196,11 +359,15 @@ local function log_check(key, j0, j1, now, cost, peek, want)
   if not peek then
     redis.call("ZREMRANGEBYSCORE", key, "0", num(now - maxw))
   end
-  local read, total, newest, om, ot, base = log_head(key)
+  local read, total, newest, om, ot, base = log_head(key, now, maxw, peek)
   local fmt = read
   if read ~= 0 and read ~= want and not peek then
-    fmt, base = log_convert(key, read, want, total, newest)
-    if fmt == 2 then
+    if read == 3 or want == 3 then
+      fmt, base = log_convert3(key, read, want, total, newest, maxw)
+    else
+      fmt, base = log_convert(key, read, want, total, newest)
+    end
+    if fmt == 2 and read == 1 then
       -- Format 1's TTL has no span: format 2's admissions in the newest
       -- entry's span would leave it (log_record).
       redis.call("PEXPIRE", key, num(log_ttl2(maxw)))
@@ -208,7 +375,7 @@ local function log_check(key, j0, j1, now, cost, peek, want)
   end
   local fits = true
   local full = 0
-  local ob = om and log_b(om)
+  local ob = om and ((read == 3 and log3_read(om)) or log_b(om))
   if om and total - ob >= LOG_MAX_ENTRIES then
     -- Enough units for the entry cap to matter: count the entries.
     if redis.call("ZCARD", key) - base >= LOG_MAX_ENTRIES then
@@ -220,11 +387,19 @@ local function log_check(key, j0, j1, now, cost, peek, want)
     local m, t, r0, b0 = om, ot, base, ob
     if m and t <= now - w then
       -- The oldest entry is older than this window: find the window's first.
-      local f = redis.call("ZRANGEBYSCORE", key, "(" .. num(now - w), "+inf", "WITHSCORES", "LIMIT", "0", "1")
-      m, t = f[1] or false, tonumber(f[2])
-      if m then
-        r0 = redis.call("ZRANK", key, m)
-        b0 = log_b(m)
+      if fmt == 3 then
+        m = redis.call("ZREVRANGEBYSCORE", key, "(" .. num(w - now), "-inf", "LIMIT", "0", "1")[1] or false
+        if m then
+          r0 = redis.call("ZREVRANK", key, m)
+          b0, t = log3_read(m)
+        end
+      else
+        local f = redis.call("ZRANGEBYSCORE", key, "(" .. num(now - w), "+inf", "WITHSCORES", "LIMIT", "0", "1")
+        m, t = f[1] or false, tonumber(f[2])
+        if m then
+          r0 = redis.call("ZRANK", key, m)
+          b0 = log_b(m)
+        end
       end
     end
     local count, retry, reset = 0, 0, 0
@@ -239,7 +414,7 @@ local function log_check(key, j0, j1, now, cost, peek, want)
       if cost > limit then
         retry = w
       else
-        retry = log_retry(key, r0, b0, total + cost - limit, w, now)
+        retry = ((fmt == 3 and log3_retry) or log_retry)(key, r0, b0, total + cost - limit, w, now)
       end
     end
     if full > 0 and w == maxw then
@@ -270,6 +445,21 @@ local function log_rebase(key, total, base)
   return total - b0
 end
 
+-- log_rebase3 is log_rebase on a format-3 key.
+local function log_rebase3(key, total)
+  local all = redis.call("ZREVRANGE", key, "1", "-1")
+  local b0 = total
+  if all[1] then
+    b0 = log3_read(all[1])
+  end
+  redis.call("ZREMRANGEBYRANK", key, "0", "-2")
+  for i = 1, #all do
+    local b, t, c = log3_read(all[i])
+    redis.call("ZADD", key, num(-t), log3_member(b - b0, c, t))
+  end
+  return total - b0
+end
+
 -- log_record adds the request's member in format want (read: the key's
 -- format as log_check read it, fmt: after), sets the TTL as that format
 -- does and brings the windows' counts and resets to after the request.
@@ -279,9 +469,23 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt
     at = newest
   end
   if total + cost >= LOG_MAX_T then
-    total = log_rebase(key, total, (fmt == 2 and 1) or 2)
+    if want == 3 then
+      total = log_rebase3(key, total)
+    else
+      total = log_rebase(key, total, (fmt == 2 and 1) or 2)
+    end
   end
-  if want == 1 then
+  if want == 3 then
+    if fmt == 3 then
+      redis.call("ZADD", key, num(-at), log3_member(total, cost, at))
+    else
+      redis.call("ZADD", key, "+inf", "#3", num(-at), log3_member(total, cost, at))
+    end
+    local span = log_span(maxw)
+    if not (read == 3 and newest and at - at % span == newest - newest % span) then
+      redis.call("PEXPIRE", key, num(log_ttl2(maxw)))
+    end
+  elseif want == 1 then
     redis.call("ZADD", key, num(at), log_member(total, cost), num(-(total + cost) - 1), "#n", num(-at - 1), "#t")
     redis.call("PEXPIRE", key, num(math.ceil(maxw / 1000) + 1000))
   else
@@ -386,3 +590,123 @@ local function log_fast(a, k, V)
   return {1, now, now_redis or 0, count + cost, 0, ot + w - now}
 end
 FAST[1] = log_fast
+
+-- log3_fast is the fast path of a check of one log of one window, in format
+-- 3, mode 0, as log_fast is format 2's. Its reads format no score: the
+-- newest entry (ZRANGE 0 0), then the window's first (ZREVRANGEBYSCORE from
+-- the tail, past the entries a lazy prune left); it prunes on the first
+-- admission of a span, with the TTL. A key of another format, a log near
+-- its entry cap or near the rebase of B go to decide. What repeats from
+-- check to check (the span, the TTL, the bound's format) is kept in the
+-- shape V; a score at now is the argument's digits after "-".
+local sbyte, schar = false, false
+local function log3_fast(a, k, V)
+  local now, late = fast_now(a)
+  if not now then
+    return late
+  end
+  local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
+  local span, ttl = V.span3, V.ttl3
+  if not span then
+    span, ttl = log_span(w), sfmt(INT, log_ttl2(w))
+    V.span3, V.ttl3, V.excl3 = span, ttl, "(" .. INT
+    sbyte, schar = string.byte, string.char
+  end
+  local nm = rcall("ZRANGE", key, "0", "0")[1]
+  local nowarg = ARGV[a + 1]
+  if not nm or nm == "#3" then
+    -- No entry: the check's cost alone.
+    if cost > limit then
+      return {0, now, now_redis or 0, 0, w, 0}
+    end
+    local sc = (nowarg ~= "0" and "-" .. nowarg) or sfmt(INT, -now)
+    if nm then
+      rcall("ZADD", key, sc, log3_member(0, cost, now))
+    else
+      rcall("ZADD", key, "+inf", "#3", sc, log3_member(0, cost, now))
+    end
+    rcall("PEXPIRE", key, ttl)
+    return {1, now, now_redis or 0, cost, 0, w}
+  end
+  if sbyte(nm) >= 32 then
+    return nil
+  end
+  local d1, d2, d3, d4, d5, d6, d7, t1, t2, t3, t4, t5, t6, t7 = sbyte(nm, 1, 14)
+  local total = LOG3_D + 1 - ((((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6) * 256 + d7)
+  local newest = (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+  if #nm > 14 then
+    total = total - 1 + tonum(string.sub(nm, 15))
+  end
+  local count, ot = 0, false
+  if newest > now - w then
+    local om = rcall("ZREVRANGEBYSCORE", key, sfmt(V.excl3, w - now), "-inf", "LIMIT", "0", "1")[1]
+    d1, d2, d3, d4, d5, d6, d7, t1, t2, t3, t4, t5, t6, t7 = sbyte(om, 1, 14)
+    local ob = LOG3_D - ((((((d1 * 256 + d2) * 256 + d3) * 256 + d4) * 256 + d5) * 256 + d6) * 256 + d7)
+    ot = (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+    count = total - ob
+    if count >= LOG_MAX_ENTRIES then
+      return nil
+    end
+    if count + cost > limit then
+      local retry = w
+      if cost <= limit then
+        retry = log3_retry(key, rcall("ZREVRANK", key, om), ob, total + cost - limit, w, now)
+      end
+      return {0, now, now_redis or 0, count, retry, ot + w - now}
+    end
+  elseif cost > limit then
+    return {0, now, now_redis or 0, 0, w, 0}
+  end
+  if total + cost >= LOG_MAX_T then
+    return nil
+  end
+  local at, sc = now, nil
+  if newest > now then
+    at, sc = newest, sfmt(INT, -newest)
+  elseif nowarg ~= "0" then
+    sc = "-" .. nowarg
+  else
+    sc = sfmt(INT, -now)
+  end
+  -- log3_member(total, cost, at), its bytes in line.
+  local x = LOG3_D - total
+  d7 = x % 256
+  x = (x - d7) / 256
+  d6 = x % 256
+  x = (x - d6) / 256
+  d5 = x % 256
+  x = (x - d5) / 256
+  d4 = x % 256
+  x = (x - d4) / 256
+  d3 = x % 256
+  x = (x - d3) / 256
+  d2 = x % 256
+  d1 = (x - d2) / 256
+  x = at
+  t7 = x % 256
+  x = (x - t7) / 256
+  t6 = x % 256
+  x = (x - t6) / 256
+  t5 = x % 256
+  x = (x - t5) / 256
+  t4 = x % 256
+  x = (x - t4) / 256
+  t3 = x % 256
+  x = (x - t3) / 256
+  t2 = x % 256
+  t1 = (x - t2) / 256
+  local m = schar(d1, d2, d3, d4, d5, d6, d7, t1, t2, t3, t4, t5, t6, t7)
+  if cost ~= 1 then
+    m = m .. sfmt(INT, cost)
+  end
+  rcall("ZADD", key, sc, m)
+  if at - at % span ~= newest - newest % span then
+    rcall("ZREMRANGEBYSCORE", key, sfmt(INT, w - now), "0")
+    rcall("PEXPIRE", key, ttl)
+  end
+  if ot then
+    return {1, now, now_redis or 0, count + cost, 0, ot + w - now}
+  end
+  return {1, now, now_redis or 0, cost, 0, at + w - now}
+end
+FAST[11] = log3_fast

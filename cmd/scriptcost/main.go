@@ -7,7 +7,7 @@
 //
 //	go run ./cmd/scriptcost                          # sliding_log, FCALL, batches of 16
 //	go run ./cmd/scriptcost -kind 3 -batch 1 -eval   # fixed_window, one check per EVALSHA
-//	go run ./cmd/scriptcost -format 1                # sliding_log written in the previous releases' format
+//	go run ./cmd/scriptcost -format 1                # sliding_log written in the previous releases' format (2: the one before 3)
 //	go run ./cmd/scriptcost -kind 20                 # go-redis/redis_rate's GCRA script, by the library (a peer)
 //	valgrind --tool=callgrind --toggle-collect=fcallCommand redis-server --port 46887 &
 //	go run ./cmd/scriptcost -addr 127.0.0.1:46887 -keys 500 -fill 1 -n 10000 -baseline=false
@@ -61,7 +61,7 @@ func main() {
 	eval := flag.Bool("eval", false, "EVALSHA of the script (Redis 5, 6) instead of FCALL of the library")
 	fill := flag.Float64("fill", 2, "windows of checks sent before measuring")
 	base := flag.Bool("baseline", true, "measure the baseline script too, in turns with ours")
-	format := flag.Int("format", 2, "the state format sliding_log keys are written in (1: as redis { state_format 1 })")
+	format := flag.Int("format", 3, "the state format sliding_log keys are written in (1, 2: as redis { state_format 1 }, { state_format 2 })")
 	flag.Parse()
 	k := *kind
 	if k == kindRedisRate {
@@ -73,6 +73,8 @@ func main() {
 	}
 	if k == 1 && *format == 1 {
 		k = 7 // decide.lua's kind of the log written in format 1
+	} else if k == 1 && *format == 3 {
+		k = 11 // in format 3, the default
 	}
 	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *eval, *fill, *base); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptcost:", err)
@@ -190,6 +192,9 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 // the kind's fast script where it has one (lua.DecideFast), the log's
 // (lua.DecideLog) for a log in format 1, else the full one.
 func evalScript(kind int) string {
+	if kind == 11 {
+		kind = 1 // the log's format 3 goes by the log's fast script, as the store sends it
+	}
 	if src, ok := lua.DecideFast[kind]; ok {
 		return src
 	}
@@ -201,6 +206,9 @@ func evalScript(kind int) string {
 
 // evalName names evalScript's script for kind.
 func evalName(kind int) string {
+	if kind == 11 {
+		kind = 1
+	}
 	if _, ok := lua.DecideFast[kind]; ok {
 		return "its kind's fast script"
 	}
