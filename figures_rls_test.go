@@ -76,7 +76,7 @@ func instructionsFigure(t *testing.T) string {
 	for _, kind := range []string{"`sliding_log`", "`sliding_counter` (buckets)", "`fixed_window`", "`token_bucket`"} {
 		found := ""
 		for _, l := range strings.Split(sec, "\n") {
-			if c := mdCells(l); len(c) >= 5 && c[0] == kind+", FCALL, 16 a call" {
+			if c := mdCells(l); len(c) >= 4 && c[0] == kind+", FCALL, 16 a call" {
 				found = strings.Fields(c[len(c)-2])[0]
 			}
 		}
