@@ -2,11 +2,14 @@ package slidingratelimit
 
 import (
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/caddyserver/caddy/v2/caddytest"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
 // newTester is caddytest.NewTester that, at the end of t, loads a config
@@ -45,4 +48,21 @@ func unloadCaddy(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("unloading the test Caddy's config: status %d", resp.StatusCode)
 	}
+}
+
+// logEntries is the number of entries of the sliding_log key at srv
+// admitted after since (µs; 0: every one), in the key's state format:
+// format 3 scores an entry -t and says its format with "#3" at +inf; the
+// formats before score it t and keep their bookkeeping below zero.
+func logEntries(t *testing.T, srv *redistest.Server, key string, since int64) int {
+	t.Helper()
+	args := []string{"ZCOUNT", key, "(" + strconv.FormatInt(since, 10), "+inf"}
+	if srv.CLI(t, "ZSCORE", key, "#3") != "" {
+		args = []string{"ZCOUNT", key, "-inf", "(" + strconv.FormatInt(-since, 10)}
+	}
+	n, err := strconv.Atoi(srv.CLI(t, args...))
+	if err != nil {
+		t.Fatalf("%v: %v", args, err)
+	}
+	return n
 }

@@ -56,11 +56,12 @@ func TestCountOnlyDeniesWhenCountPlusCostExceeds(t *testing.T) {
 	}
 }
 
-// TestSlidingCounterTPastW: one request 50 s into a minute gets t=64 beside
-// w=60 (its bucket is [48 s, 54 s): it weighs in full until the window
-// starts in that bucket, 58 s later, then decays over the bucket's 6 s);
-// the reference says why, where the header is described.
-func TestSlidingCounterTPastW(t *testing.T) {
+// TestSlidingCounterTWithinW: one request 50 s into a minute gets t=60
+// beside w=60: in format 3 a bucket's units count whole while its first
+// arrival is in the window, so the estimate drops by one once that arrival
+// leaves it, never later; the reference says so, and when t can exceed w
+// (the counter's format 2).
+func TestSlidingCounterTWithinW(t *testing.T) {
 	t.Parallel()
 	h := &Handler{Name: uniqueName(), Algorithm: "sliding_counter", Key: "{http.request.header.X-API-Key}", Limit: "10",
 		Window: caddy.Duration(time.Minute), Headers: "ietf"}
@@ -68,10 +69,10 @@ func TestSlidingCounterTPastW(t *testing.T) {
 	clock.Set(time.Date(2026, 11, 29, 12, 0, 50, 0, time.UTC))
 	provision(t, h, clock)
 	o := mustServe(t, h, map[string]string{"X-API-Key": "K"})
-	if p, rl := o.header.Get("RateLimit-Policy"), o.header.Get("RateLimit"); !strings.HasSuffix(p, ";w=60") || !strings.HasSuffix(rl, ";t=64") {
-		t.Fatalf("RateLimit-Policy %q, RateLimit %q: want w=60 and t=64", p, rl)
+	if p, rl := o.header.Get("RateLimit-Policy"), o.header.Get("RateLimit"); !strings.HasSuffix(p, ";w=60") || !strings.HasSuffix(rl, ";t=60") {
+		t.Fatalf("RateLimit-Policy %q, RateLimit %q: want w=60 and t=60", p, rl)
 	}
-	if want := "For a sliding counter `t` may exceed `w` (`t=64` beside `w=60`), and that is no bug"; !strings.Contains(readReference(t), want) {
+	if want := "For a sliding counter `t` is at most `w`"; !strings.Contains(readReference(t), want) {
 		t.Errorf("docs/reference.md does not say %q", want)
 	}
 }

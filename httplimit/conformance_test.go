@@ -119,15 +119,16 @@ var httpConformance = []hcase{
 	{
 		name: "sliding_counter/window boundary: at most limit + one bucket across a boundary", alg: "sliding_counter", limits: []httplimit.Limit{lim(100, time.Minute)},
 		steps: []hstep{
+			// The counter's format 3 (limiter's conformance table): the 100
+			// count whole until they leave the window, then 100 - B = 95
+			// until their bucket has left.
 			{at: 0, n: 100, status: ok, remaining: 0},
-			{at: 0, status: no, remaining: 0, retry: 55060 * time.Millisecond},
-			{at: time.Second, status: no, remaining: 0, retry: 54060 * time.Millisecond},
-			{at: 55060 * time.Millisecond, status: ok, remaining: 0},
-			{at: 55060 * time.Millisecond, status: no, remaining: 0, retry: 60 * time.Millisecond},
-			{at: 55120 * time.Millisecond, status: ok, remaining: 0},
-			{at: 57 * time.Second, n: 8, status: ok, remaining: 0},
-			{at: 57 * time.Second, status: no, remaining: 0, retry: 4 * time.Second},
-			{at: 61 * time.Second, status: ok, remaining: 89},
+			{at: 0, status: no, remaining: 0, retry: time.Minute},
+			{at: time.Second, status: no, remaining: 0, retry: 59 * time.Second},
+			{at: time.Minute - time.Microsecond, status: no, remaining: 0, retry: time.Microsecond},
+			{at: time.Minute, n: 5, status: ok, remaining: 0},
+			{at: time.Minute, status: no, remaining: 0, retry: time.Second},
+			{at: 61 * time.Second, status: ok, remaining: 94},
 		},
 	},
 	{
@@ -135,10 +136,10 @@ var httpConformance = []hcase{
 		globals: []httplimit.Limit{lim(7, 10*time.Second)}, region: true,
 		steps: []hstep{
 			{at: b0, region: "us", n: 5, status: ok, remaining: 0},
-			{at: b0, region: "us", status: no, remaining: 0, retry: 10200 * time.Millisecond},
+			{at: b0, region: "us", status: no, remaining: 0, retry: 10 * time.Second},
 			{at: b0 + time.Second, region: "gb", n: 2, status: ok, remaining: 0},
-			{at: b0 + 2*time.Second, region: "gb", status: no, remaining: 0, retry: 8200 * time.Millisecond},
-			{at: b0 + 2*time.Second, region: "us", status: no, remaining: 0, retry: 8200 * time.Millisecond},
+			{at: b0 + 2*time.Second, region: "gb", status: no, remaining: 0, retry: 8 * time.Second},
+			{at: b0 + 2*time.Second, region: "us", status: no, remaining: 0, retry: 8 * time.Second},
 			{at: b0 + 20*time.Second, region: "gb", status: ok, remaining: 4},
 		},
 	},
