@@ -63,9 +63,14 @@ first-hour:
 # p99 per check and the ratios, at 1x8 and 4x64 gRPC connections x checks
 # in flight. ENVOY_RLS=<a clone of envoyproxy/ratelimit (built with go build)
 # or its binary> measures it; without it, ours alone, and the run says so.
+# Last, cmd/scriptcost -redis_rate: Redis CPU per check of ours (sliding_log,
+# then token_bucket), the original four-command script and
+# go-redis/redis_rate's GCRA, in turns on one redis-server of its own.
 bench:
 	$(GO) run ./cmd/bench -keys 10000 -plot docs/bench.png
 	$(GO) run ./cmd/rlsbench -keys 10000
+	$(GO) run ./cmd/scriptcost -kind 1 -redis_rate
+	$(GO) run ./cmd/scriptcost -kind 4 -redis_rate
 
 # accuracy: sliding_counter against the exact sliding_log on a 1M-request trace.
 # Its output is the record docs/accuracy.txt, which docs/testing.md quotes.

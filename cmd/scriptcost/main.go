@@ -32,6 +32,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +63,7 @@ func main() {
 	fill := flag.Float64("fill", 2, "windows of checks sent before measuring")
 	base := flag.Bool("baseline", true, "measure the baseline script too, in turns with ours")
 	format := flag.Int("format", 3, "the state format sliding_log keys are written in (1, 2: as redis { state_format 1 }, { state_format 2 })")
+	peer := flag.Bool("redis_rate", false, "measure go-redis/redis_rate's GCRA too (EVALSHA, 1 a call, its own keys), in turns with ours and the baseline")
 	flag.Parse()
 	k := *kind
 	if k == kindRedisRate {
@@ -76,13 +78,18 @@ func main() {
 	} else if k == 1 && *format == 3 {
 		k = 11 // in format 3, the default
 	}
-	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *eval, *fill, *base); err != nil {
+	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *eval, *fill, *base, *peer); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptcost:", err)
 		os.Exit(1)
 	}
 }
 
-func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fill float64, base bool) error {
+// run measures ours (kind, by FCALL or EVALSHA, batch checks a call) and,
+// in turns with it in each of 5 rounds, the baseline (base) and
+// redis_rate's GCRA (peer), each on keys of its own on the one server, so
+// their figures come from the same run; it ends with each one's median
+// Redis CPU per check and their ratios.
+func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fill float64, base, peer bool) error {
 	ctx := context.Background()
 	if addr == "" {
 		a, stop, err := startRedis()
@@ -157,26 +164,40 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 			return err
 		}
 	}
+	var rate func(int) error
+	var describe func() string
+	if peer {
+		rate, describe = redisRate(ctx, c, keys)
+		if err := rate(int(fill * float64(per*keys))); err != nil {
+			return err
+		}
+	}
 	name := strings.ToLower(call[0].(string))
 	path := name
 	if eval {
 		path += " of " + evalName(kind)
 	}
-	var oursU, oursC, baseU, baseC []string
+	var oursU, oursC, baseU, baseC, rateU, rateC []string
 	for range 5 {
 		u, cpu, err := measure(ctx, c, name, func() error { return ours(n / 5) })
 		if err != nil {
 			return err
 		}
 		oursU, oursC = append(oursU, perCheck(u, n/5)), append(oursC, perCheck(cpu, n/5))
-		if !base {
-			continue
+		if base {
+			u, cpu, err = measure(ctx, c, "evalsha", func() error { return theirs(n / 5) })
+			if err != nil {
+				return err
+			}
+			baseU, baseC = append(baseU, perCheck(u, n/5)), append(baseC, perCheck(cpu, n/5))
 		}
-		u, cpu, err = measure(ctx, c, "evalsha", func() error { return theirs(n / 5) })
-		if err != nil {
-			return err
+		if peer {
+			u, cpu, err = measure(ctx, c, "evalsha", func() error { return rate(n / 5) })
+			if err != nil {
+				return err
+			}
+			rateU, rateC = append(rateU, perCheck(u, n/5)), append(rateC, perCheck(cpu, n/5))
 		}
-		baseU, baseC = append(baseU, perCheck(u, n/5)), append(baseC, perCheck(cpu, n/5))
 	}
 	fmt.Fprintf(w, "kind %d, %s, %d checks a call, %d keys of about %d entries (a key: %d, %s)\n", kind, path, batch, keys, per,
 		c.ZCard(ctx, "ratelimit:bench:log:{k1}").Val(), c.ObjectEncoding(ctx, "ratelimit:bench:log:{k1}").Val())
@@ -184,7 +205,45 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 	if base {
 		fmt.Fprintf(w, "baseline: µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(baseU, " "), strings.Join(baseC, " "))
 	}
+	if peer {
+		fmt.Fprintf(w, "redis_rate: µs in the call per check %s; Redis CPU µs per check %s (%s)\n", strings.Join(rateU, " "), strings.Join(rateC, " "), describe())
+	}
+	if base || peer {
+		summary := "median Redis CPU µs per check, this run: ours " + median(oursC)
+		if base {
+			summary += ", the four-command baseline " + median(baseC) + " (ours ÷ it " + ratio(oursC, baseC) + ")"
+		}
+		if peer {
+			summary += ", redis_rate " + median(rateC) + " (ours ÷ it " + ratio(oursC, rateC) + ")"
+		}
+		fmt.Fprintln(w, summary)
+	}
 	return nil
+}
+
+// median is the middle of figures printed by perCheck.
+func median(figs []string) string {
+	return strconv.FormatFloat(medianOf(figs), 'f', 2, 64)
+}
+
+func medianOf(figs []string) float64 {
+	v := make([]float64, len(figs))
+	for i, f := range figs {
+		v[i], _ = strconv.ParseFloat(f, 64)
+	}
+	slices.Sort(v)
+	if len(v) == 0 {
+		return 0
+	}
+	return v[len(v)/2]
+}
+
+// ratio is the ratio of two sets of figures' medians.
+func ratio(a, b []string) string {
+	if mb := medianOf(b); mb > 0 {
+		return strconv.FormatFloat(medianOf(a)/mb, 'f', 2, 64) + "x"
+	}
+	return "n/a"
 }
 
 // evalScript is the script the store sends by EVALSHA for checks of the

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -14,7 +15,7 @@ func TestScriptCost(t *testing.T) {
 	for _, eval := range []bool{false, true} {
 		for kind := 1; kind <= 4; kind++ {
 			var out bytes.Buffer
-			if err := run(&out, "", 50, 20, 400, 4, kind, eval, 1, true); err != nil {
+			if err := run(&out, "", 50, 20, 400, 4, kind, eval, 1, true, false); err != nil {
 				t.Fatalf("kind %d eval %v: %v", kind, eval, err)
 			}
 			m := fig.FindAllStringSubmatch(out.String(), -1)
@@ -27,5 +28,43 @@ func TestScriptCost(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestScriptCostSameRun: -redis_rate puts redis_rate's GCRA in the same
+// run as ours and the baseline, each with a positive Redis CPU per check,
+// and the summary's medians and ratios are those of the printed figures.
+func TestScriptCostSameRun(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(&out, "", 50, 20, 400, 4, 4, false, 1, true, true); err != nil {
+		t.Fatal(err)
+	}
+	s := out.String()
+	cpu := map[string][]string{}
+	for _, m := range regexp.MustCompile(`(?m)^(ours|baseline|redis_rate): +µs in the call per check [\d. ]+; Redis CPU µs per check ([\d. ]+)`).FindAllStringSubmatch(s, -1) {
+		cpu[m[1]] = strings.Fields(m[2])
+	}
+	if len(cpu) != 3 {
+		t.Fatalf("want ours, baseline and redis_rate, got %v in:\n%s", cpu, s)
+	}
+	for who, figs := range cpu {
+		if len(figs) != 5 || medianOf(figs) <= 0 {
+			t.Errorf("%s: Redis CPU per check %v, want 5 rounds, median > 0", who, figs)
+		}
+	}
+	want := "median Redis CPU µs per check, this run: ours " + median(cpu["ours"]) +
+		", the four-command baseline " + median(cpu["baseline"]) + " (ours ÷ it " + ratio(cpu["ours"], cpu["baseline"]) + ")" +
+		", redis_rate " + median(cpu["redis_rate"]) + " (ours ÷ it " + ratio(cpu["ours"], cpu["redis_rate"]) + ")"
+	if !strings.Contains(s, want+"\n") {
+		t.Errorf("summary: want %q in:\n%s", want, s)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	if got := median([]string{"3.00", "1.00", "2.00", "9.00", "4.00"}); got != "3.00" {
+		t.Errorf("median = %s, want 3.00", got)
+	}
+	if got := ratio([]string{"2.00"}, []string{"4.00"}); got != "0.50x" {
+		t.Errorf("ratio = %s, want 0.50x", got)
 	}
 }

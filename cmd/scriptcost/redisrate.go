@@ -33,11 +33,34 @@ func runRedisRate(w io.Writer, addr string, keys, per, n int, fill float64) erro
 	}
 	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
 	defer c.Close()
+	checks, describe := redisRate(ctx, c, keys)
+	if err := checks(int(fill * float64(per*keys))); err != nil {
+		return err
+	}
+	var us, cpus []string
+	for range 5 {
+		u, cpu, err := measure(ctx, c, "evalsha", func() error { return checks(n / 5) })
+		if err != nil {
+			return err
+		}
+		us, cpus = append(us, perCheck(u, n/5)), append(cpus, perCheck(cpu, n/5))
+	}
+	fmt.Fprintf(w, "kind %d (go-redis/redis_rate v10 GCRA, AllowN), evalsha, 1 check a call, %d keys (%s)\n", kindRedisRate, keys, describe())
+	fmt.Fprintf(w, "redis_rate: µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(us, " "), strings.Join(cpus, " "))
+	return nil
+}
+
+// redisRate is redis_rate's checks on c: checks(m) sends m of them, each
+// of a random key of keys, and fails on one refused (the limit is far
+// above what they send); describe names the last check's key's type and
+// encoding (a key lives as long as its state matters, ceil(reset_after)
+// seconds: 1 s at one check in a while).
+func redisRate(ctx context.Context, c *redis.Client, keys int) (checks func(m int) error, describe func() string) {
 	lim := redis_rate.NewLimiter(c)
 	limit := redis_rate.PerMinute(10000)
 	rng := rand.New(rand.NewPCG(1, 2))
 	last := ""
-	checks := func(m int) error {
+	checks = func(m int) error {
 		for range m {
 			last = "bench:{k" + strconv.Itoa(rng.IntN(keys)) + "}"
 			res, err := lim.AllowN(ctx, last, limit, 1)
@@ -50,22 +73,9 @@ func runRedisRate(w io.Writer, addr string, keys, per, n int, fill float64) erro
 		}
 		return nil
 	}
-	if err := checks(int(fill * float64(per*keys))); err != nil {
-		return err
+	describe = func() string {
+		k := "rate:" + last
+		return "the last check's key: " + c.Type(ctx, k).Val() + ", " + c.ObjectEncoding(ctx, k).Val()
 	}
-	var us, cpus []string
-	for range 5 {
-		u, cpu, err := measure(ctx, c, "evalsha", func() error { return checks(n / 5) })
-		if err != nil {
-			return err
-		}
-		us, cpus = append(us, perCheck(u, n/5)), append(cpus, perCheck(cpu, n/5))
-	}
-	// The last check's key (a key lives as long as its state matters,
-	// ceil(reset_after) seconds: 1 s at one check in a while).
-	k := "rate:" + last
-	fmt.Fprintf(w, "kind %d (go-redis/redis_rate v10 GCRA, AllowN), evalsha, 1 check a call, %d keys (the last check's key: %s, %s)\n",
-		kindRedisRate, keys, c.Type(ctx, k).Val(), c.ObjectEncoding(ctx, k).Val())
-	fmt.Fprintf(w, "redis_rate: µs in the call per check %s; Redis CPU µs per check %s\n", strings.Join(us, " "), strings.Join(cpus, " "))
-	return nil
+	return checks, describe
 }
