@@ -812,13 +812,16 @@ func (r *simRun) reload(ni int, s *simStep) error {
 		}
 	}
 	newClient := s.Client || s.Format != 0
-	if cfg.Alg == "sliding_counter" && cfg.Format == limiter.LogFormat1 {
+	if cfg.Alg == "sliding_counter" && (cfg.Format == limiter.LogFormat1 || cfg.Format == limiter.LogFormat2) {
 		// The oracle models the counter in its own format only (format
-		// 3): in the previous release's (two counters) and in format 2 it
-		// is an estimate of another shape, which TestMixedVersions holds
-		// across the upgrade. A node switched to the counter writes its
-		// newest format (a new client).
-		cfg.Format, newClient = 2, true
+		// 3): in the previous release's (two counters) and in format 2 (10
+		// buckets, no arrival times) it is an estimate of another shape,
+		// which TestMixedVersions holds across the upgrade. A node that
+		// writes the counter writes its newest format (a new client).
+		// (Until 2026-12-02 format 2 was let through here: a reset of
+		// 1.1 s where the oracle said 1 s, TestSimReplay's seed
+		// 1796230887945231843.)
+		cfg.Format, newClient = limiter.LogFormat3, true
 	}
 	old := n.l
 	nn, err := r.env.node(r, ni, cfg, newClient)

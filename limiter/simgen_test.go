@@ -955,6 +955,12 @@ var simReplays = []simCase{
 			{Op: "reload", Node: 2, Limits: []int64{4}, Client: true, Format: 2},
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 		}},
+	{Name: "a reload to state_format 2 on a sliding_counter node writes the counter in the format the oracle models (format 3): format 2's 10 buckets gave a reset of 1.1 s where the oracle said 1 s (seed 1796230887945231843)", Stack: "redis", Start: time.Date(2026, 10, 3, 15, 29, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"1s", "5s", "week"}, Limits: []int64{5, 6, 9}, GWindows: []string{"5s"}, GLimits: []int64{3}, Zone: "Australia/Lord_Howe", BanAfter: 4, BanWithin: "3s", BanFor: "2s", Fail: "open"},
+		Steps: []simStep{
+			{Op: "reload", Node: 1, Limits: []int64{5, 4, 3}, Client: true, Format: 2, Alg: "sliding_counter"},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
