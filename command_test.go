@@ -30,6 +30,27 @@ func TestRatelimitTables(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// Each subcommand's table from its JSON.
+	list := func(t *testing.T, out io.Writer, js string) error {
+		var ls []limiterInfo
+		decode(t, js, &ls)
+		return writeLimiters(out, ls)
+	}
+	show := func(t *testing.T, out io.Writer, js string) error {
+		var u usageInfo
+		decode(t, js, &u)
+		return writeUsage(out, &u)
+	}
+	reset := func(t *testing.T, out io.Writer, js string) error {
+		var r resetInfo
+		decode(t, js, &r)
+		return writeReset(out, &r)
+	}
+	top := func(t *testing.T, out io.Writer, js string) error {
+		var tp topInfo
+		decode(t, js, &tp)
+		return writeTop(out, &tp)
+	}
 	for _, tc := range []struct {
 		name, json string
 		write      func(t *testing.T, out io.Writer, js string) error
@@ -38,45 +59,29 @@ func TestRatelimitTables(t *testing.T) {
 		name: "list",
 		json: `[{"name":"api","algorithm":"sliding_log","windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-1h","limit":1000,"window":"1h"},{"policy":"api-global","limit":"{http.vars.tier}","window":"1m","global":true}],"key":"{http.request.header.X-API-Key}","region":"{http.request.header.X-Region}","store":"redis","fail":"closed","ban":{"for":3600000000000,"after":20,"within":10000000000},"instances":1},
 		        {"name":"per_ip","algorithm":"token_bucket","windows":[{"policy":"per_ip","limit":5,"window":"10s"}],"key":"{http.vars.client_ip}","store":"memory","fail":"open","dry_run":true,"instances":2}]`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var ls []limiterInfo
-			decode(t, js, &ls)
-			return writeLimiters(out, ls)
-		},
+		write: list,
 		want: `
 NAME    ALGORITHM     LIMITS                                       KEY                              REGION                          STORE   FAIL    NOTES
 api     sliding_log   100/1m, 1000/1h, global {http.vars.tier}/1m  {http.request.header.X-API-Key}  {http.request.header.X-Region}  redis   closed  ban 1h after 20 within 10s
 per_ip  token_bucket  5/10s                                        {http.vars.client_ip}            -                               memory  open    dry run; 2 instances
 `,
 	}, {
-		name: "list, a global ceiling across data centres",
-		json: `[{"name":"api","algorithm":"sliding_log","windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"key":"{http.request.header.X-API-Key}","region":"{http.request.header.X-Region}","store":"redis","datacenter":"eu-west","fail":"local","instances":1}]`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var ls []limiterInfo
-			decode(t, js, &ls)
-			return writeLimiters(out, ls)
-		},
+		name:  "list, a global ceiling across data centres",
+		json:  `[{"name":"api","algorithm":"sliding_log","windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"key":"{http.request.header.X-API-Key}","region":"{http.request.header.X-Region}","store":"redis","datacenter":"eu-west","fail":"local","instances":1}]`,
+		write: list,
 		want: `
 NAME  ALGORITHM    LIMITS                  KEY                              REGION                          STORE  FAIL   NOTES
 api   sliding_log  100/1m, global 1000/1m  {http.request.header.X-API-Key}  {http.request.header.X-Region}  redis  local  global ceiling across data centres, this one eu-west
 `,
 	}, {
-		name: "list, none",
-		json: `[]`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var ls []limiterInfo
-			decode(t, js, &ls)
-			return writeLimiters(out, ls)
-		},
-		want: "\nno sliding_ratelimit limiters in the running config\n",
+		name:  "list, none",
+		json:  `[]`,
+		write: list,
+		want:  "\nno sliding_ratelimit limiters in the running config\n",
 	}, {
-		name: "show, denied",
-		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"us","allowed":false,"outcome":"limited","retry_after":17,"windows":[{"policy":"api","count":100,"limit":100,"remaining":0,"reset":17},{"policy":"api-global","global":true,"count":120,"limit":500,"remaining":380,"reset":3}]}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var u usageInfo
-			decode(t, js, &u)
-			return writeUsage(out, &u)
-		},
+		name:  "show, denied",
+		json:  `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"us","allowed":false,"outcome":"limited","retry_after":17,"windows":[{"policy":"api","count":100,"limit":100,"remaining":0,"reset":17},{"policy":"api-global","global":true,"count":120,"limit":500,"remaining":380,"reset":3}]}`,
+		write: show,
 		want: `
 limiter       api
 key           k_live_42 (key_hash 3f2a9c01b2d4)
@@ -88,13 +93,9 @@ api         100    100    0          17s
 api-global  120    500    380        3s
 `,
 	}, {
-		name: "show, banned, in flight",
-		json: `{"limiter":"api","key":"","key_hash":"e3b0c44298fc","allowed":false,"outcome":"banned","retry_after":3540,"banned":true,"ban_left":3540,"in_flight":2,"windows":[{"policy":"api","count":0,"limit":10,"remaining":10,"reset":0}]}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var u usageInfo
-			decode(t, js, &u)
-			return writeUsage(out, &u)
-		},
+		name:  "show, banned, in flight",
+		json:  `{"limiter":"api","key":"","key_hash":"e3b0c44298fc","allowed":false,"outcome":"banned","retry_after":3540,"banned":true,"ban_left":3540,"in_flight":2,"windows":[{"policy":"api","count":0,"limit":10,"remaining":10,"reset":0}]}`,
+		write: show,
 		want: `
 limiter       api
 key            (key_hash e3b0c44298fc)
@@ -106,13 +107,9 @@ WINDOW  COUNT  LIMIT  REMAINING  RESET IN
 api     0      10     10         -
 `,
 	}, {
-		name: "show, a limiter with regions, no region given",
-		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region_template":"{http.request.header.X-Region}","allowed":true,"outcome":"allowed","retry_after":0,"windows":[{"policy":"api","count":0,"limit":100,"remaining":100,"reset":0}]}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var u usageInfo
-			decode(t, js, &u)
-			return writeUsage(out, &u)
-		},
+		name:  "show, a limiter with regions, no region given",
+		json:  `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region_template":"{http.request.header.X-Region}","allowed":true,"outcome":"allowed","retry_after":0,"windows":[{"policy":"api","count":0,"limit":100,"remaining":100,"reset":0}]}`,
+		write: show,
 		want: `
 limiter       api
 key           k_live_42 (key_hash 3f2a9c01b2d4)
@@ -128,11 +125,7 @@ api     0      100    100        -
 		        "windows":[{"policy":"api","count":30,"limit":100,"remaining":70,"reset":40},{"policy":"api-global","global":true,"count":986,"limit":1000,"remaining":0,"reset":4}],
 		        "global":{"datacenter":"eu-west","static":false,"datacenters":3,"round_trip_ms":2.125,"admitted":986,"unspent":3,
 		                  "shares":[{"datacenter":"eu-west","admitted":9,"held":3,"counted":12,"rate":5},{"datacenter":"us-east","admitted":975,"held":0,"counted":980,"rate":40},{"datacenter":"ap-south","admitted":2,"held":8,"counted":8,"rate":1}]}}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var u usageInfo
-			decode(t, js, &u)
-			return writeUsage(out, &u)
-		},
+		write: show,
 		want: `
 limiter       api
 key           k_live_42 (key_hash 3f2a9c01b2d4)
@@ -157,11 +150,7 @@ in all               986
 		name: "show, cut off from the ledger",
 		json: `{"limiter":"api","key":"k","key_hash":"3f2a9c01b2d4","region":"eu","allowed":true,"outcome":"allowed","retry_after":0,"windows":[],
 		        "global":{"datacenter":"eu-west","static":true,"datacenters":3,"round_trip_ms":250,"shares":[],"shares_error":"dial tcp 10.0.0.9:6379: i/o timeout"}}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var u usageInfo
-			decode(t, js, &u)
-			return writeUsage(out, &u)
-		},
+		write: show,
 		want: `
 limiter       api
 key           k (key_hash 3f2a9c01b2d4)
@@ -173,26 +162,18 @@ Shares of the global ceiling, as the ledger sees them
   the ledger did not answer: dial tcp 10.0.0.9:6379: i/o timeout
 `,
 	}, {
-		name: "reset, the ledger too",
-		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"other_nodes_notified":true,"ledger":true}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var r resetInfo
-			decode(t, js, &r)
-			return writeReset(out, &r)
-		},
+		name:  "reset, the ledger too",
+		json:  `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"},{"policy":"api-global","limit":1000,"window":"1m","global":true}],"other_nodes_notified":true,"ledger":true}`,
+		write: reset,
 		want: `
 reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4) in region eu
 cleared: api 100/1m; global ceiling api-global 1000/1m (across regions); the ledger's grants (every data centre's share)
 other nodes notified: yes
 `,
 	}, {
-		name: "reset, the ledger did not answer",
-		json: `{"limiter":"api","key":"k","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":true,"ledger_error":"i/o timeout"}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var r resetInfo
-			decode(t, js, &r)
-			return writeReset(out, &r)
-		},
+		name:  "reset, the ledger did not answer",
+		json:  `{"limiter":"api","key":"k","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":true,"ledger_error":"i/o timeout"}`,
+		write: reset,
 		want: `
 reset: limiter api, key k (key_hash 3f2a9c01b2d4) in region eu
 cleared: api 100/1m
@@ -200,13 +181,9 @@ other nodes notified: yes
 ledger: not reset, it did not answer (i/o timeout): the key's count in the global ceiling stays; reset again
 `,
 	}, {
-		name: "reset",
-		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":false}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var r resetInfo
-			decode(t, js, &r)
-			return writeReset(out, &r)
-		},
+		name:  "reset",
+		json:  `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":false}`,
+		write: reset,
 		want: `
 reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4)
 cleared: api 100/1m
@@ -216,11 +193,7 @@ other nodes notified: no (the notice could not be published: other nodes may den
 		name: "reset, a region, its global ceiling and ban",
 		json: `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"us","region_template":"{http.request.header.X-Region}","reset":true,
 		        "windows":[{"policy":"api-1m","limit":"{http.vars.tier}","window":"1m"},{"policy":"api-day","limit":10000,"window":"day"},{"policy":"api-global","limit":500,"window":"1m","global":true}],"ban":true,"other_nodes_notified":true}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var r resetInfo
-			decode(t, js, &r)
-			return writeReset(out, &r)
-		},
+		write: reset,
 		want: `
 reset: limiter api, key k_live_42 (key_hash 3f2a9c01b2d4) in region us
 cleared: api-1m {http.vars.tier}/1m; api-day 10000/day; global ceiling api-global 500/1m (across regions); ban
@@ -232,11 +205,7 @@ other nodes notified: yes
 		        "denied":[{"key_hash":"3f2a9c01b2d4","region":"us","denials":490,"denials_error":0,"near_limit":1,"near_limit_error":0,"retry_after":17,"last_seen":"2026-12-01T10:07:09Z"},
 		                  {"key_hash":"00a7e1f6d7b0","region":"eu","denials":12,"denials_error":3,"near_limit":0,"near_limit_error":0,"retry_after":3600,"last_seen":"2026-12-01T10:02:00Z"}],
 		        "near_limit":[{"key_hash":"9b1c0d2e3f40","region":"us","denials":0,"denials_error":0,"near_limit":2,"near_limit_error":0,"last_seen":"2026-12-01T10:07:12Z"}]}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var tp topInfo
-			decode(t, js, &tp)
-			return writeTop(out, &tp)
-		},
+		write: top,
 		want: `
 limiter api on this node, 2026-12-01 10:00:00 to 10:07:12 UTC (7m12s)
 keys are the first 12 hex digits of their SHA-256 (log_key shows them); a count may be ERROR above the truth
@@ -255,11 +224,7 @@ KEY           REGION  NEAR LIMIT  ERROR  DENIALS  LAST SEEN
 		json: `{"limiter":"api","at":"2026-12-01T10:00:30Z","since":"2026-12-01T10:00:00Z","counters":1024,"keys_shown":"raw",
 		        "denied":[{"key":"k_live_42","key_hash":"3f2a9c01b2d4","denials":3,"denials_error":0,"near_limit":0,"near_limit_error":0,"retry_after":40,"last_seen":"2026-12-01T10:00:29Z"}],
 		        "near_limit":[]}`,
-		write: func(t *testing.T, out io.Writer, js string) error {
-			var tp topInfo
-			decode(t, js, &tp)
-			return writeTop(out, &tp)
-		},
+		write: top,
 		want: `
 limiter api on this node, 2026-12-01 10:00:00 to 10:00:30 UTC (30s)
 keys as they are (log_key); a count may be ERROR above the truth

@@ -110,45 +110,47 @@ type ceiling interface {
 
 var _ ceiling = (*dc.Ceiling)(nil)
 
-// host is what the data-centre code needs of the limiter (see
-// Limiter.host): dc.Host is made of it.
-type host struct {
-	namespace string           // the limiter's key namespace
-	fail      FailMode         // the policy's fail mode
-	now       func() time.Time // the policy's clock
-	loc       *time.Location   // for calendar periods
-	countOnly bool
-	store     Store // the data centre's own store (a ShareStore to keep shares)
-	// windows are the policy's global windows; names their names, and
-	// pos their places in a Reply's Limits; order the share part's
-	// windows, as indexes into windows.
-	windows    []Window
-	names      []string
-	pos, order []int
-	// shareKey is the key of an identity's share; forget drops an
-	// identity's cached denials (nil: no deny cache).
-	shareKey func(identity string) string
-	forget   func(tag string)
-}
-
-// newGlobal starts the data-centre code for a limiter (dc.New); its
-// errors are the policy's.
-func newGlobal(h host, cfg Global) (ceiling, error) {
-	ss, _ := h.store.(ShareStore)
-	dh := dc.Host{Namespace: h.namespace, FailLocal: h.fail == FailLocal, Now: h.now, CountOnly: h.countOnly, Store: ss,
-		Pos: h.pos, Order: h.order, Tag: Tag, ShareKey: h.shareKey, Forget: h.forget, Unavailable: IsUnavailable}
-	for i, w := range h.windows {
-		dw := dc.Window{Name: h.names[i], Len: w.Duration, Longest: w.Duration}
-		if p, loc := w.Period, h.loc; p != PeriodNone {
-			dw = dc.Window{Name: p.String(), Longest: p.Longest(), Bounds: func(now time.Time) [4]int64 { return p.Bounds(now, loc) }}
-		}
-		dh.Windows = append(dh.Windows, dw)
-	}
-	g, err := dc.New(dh, cfg)
+// newGlobal starts the data-centre code for a limiter (dc.New; h:
+// Limiter.host); its errors are the policy's.
+func newGlobal(h dc.Host, cfg Global) (ceiling, error) {
+	g, err := dc.New(h, cfg)
 	if err != nil {
 		return nil, &PolicyError{Field: "global_redis", Err: err}
 	}
 	return g, nil
+}
+
+// host is what the data-centre code needs of the limiter: its policy's
+// global windows as the ledger counts them and where they are in a Reply's
+// Limits, the share part's windows, its keys, its own store, its deny
+// cache.
+func (l *Limiter) host() dc.Host {
+	ss, _ := l.b.Base.(ShareStore) // nil: it keeps no shares (dc.New refuses)
+	h := dc.Host{Namespace: l.keys.Namespace(), FailLocal: l.p.Fail == FailLocal, Now: l.p.Now,
+		CountOnly: l.p.CountOnly != nil, Store: ss, Tag: Tag,
+		ShareKey: func(identity string) string { return l.keys.Global("share", identity) },
+		Forget: func(tag string) {
+			if l.cache != nil { // built after the global: read at each renewal
+				l.cache.Forget(tag)
+			}
+		},
+		Unavailable: IsUnavailable}
+	nb, loc := len(l.p.Windows), l.p.Location
+	for i, w := range l.p.GlobalWindows {
+		dw := dc.Window{Name: l.wnames[nb+i], Len: w.Duration, Longest: w.Duration}
+		if p := w.Period; p != PeriodNone {
+			dw = dc.Window{Name: p.String(), Longest: p.Longest(), Bounds: func(now time.Time) [4]int64 { return p.Bounds(now, loc) }}
+		}
+		h.Windows, h.Pos = append(h.Windows, dw), append(h.Pos, l.layout[nb+i])
+	}
+	for _, ps := range l.parts {
+		if ps.kind == KindShare {
+			for _, i := range ps.windows {
+				h.Order = append(h.Order, i-nb)
+			}
+		}
+	}
+	return h
 }
 
 // dcRequest is in, as the data-centre code takes it, with the limits the

@@ -403,31 +403,6 @@ func (l *Limiter) shareParts() {
 // shareKey is the key of the share of in's identity.
 func (l *Limiter) shareKey(in *Input) string { return l.keys.Global("share", in.Identity) }
 
-// host is what the data-centre code (global) needs of the limiter: its
-// policy's global windows and where they are, its keys, its deny cache.
-func (l *Limiter) host() host {
-	nb := len(l.p.Windows)
-	h := host{namespace: l.keys.Namespace(), fail: l.p.Fail, now: l.p.Now, loc: l.p.Location, countOnly: l.p.CountOnly != nil,
-		store: l.b.Base, windows: l.p.GlobalWindows,
-		shareKey: func(identity string) string { return l.keys.Global("share", identity) },
-		forget: func(tag string) {
-			if l.cache != nil { // built after the global: read at each renewal
-				l.cache.Forget(tag)
-			}
-		}}
-	for i := range l.p.GlobalWindows {
-		h.names, h.pos = append(h.names, l.wnames[nb+i]), append(h.pos, l.layout[nb+i])
-	}
-	for _, ps := range l.parts {
-		if ps.kind == KindShare {
-			for _, i := range ps.windows {
-				h.order = append(h.order, i-nb)
-			}
-		}
-	}
-	return h
-}
-
 // Close stops listening for notices and reading the overrides' index. It
 // may be called more than once.
 func (l *Limiter) Close() {

@@ -95,32 +95,6 @@ local function log_b(m)
   return tonumber(string.sub(m, 1, 16))
 end
 
--- log_retry is the time until the window whose first entry has rank r0 and
--- B = b0 has room: the last entry with B < x (x = T + cost - limit > b0)
--- must leave it.
-local function log_retry(key, r0, b0, x, w, now)
-  -- With unit costs that entry has rank r0 + x - 1 - b0; with larger costs
-  -- it comes at or before it.
-  local g = r0 + x - 1 - b0
-  local e = redis.call("ZRANGE", key, num(g), num(g + 1), "WITHSCORES")
-  if #e >= 2 and log_b(e[1]) < x and (#e < 4 or log_b(e[3]) >= x) then
-    return e[2] + w - now
-  end
-  local lo, hi = r0, g
-  if #e < 2 then
-    hi = redis.call("ZCARD", key)
-  end
-  while hi - lo > 1 do
-    local mid = math.floor((lo + hi) / 2)
-    if log_b(redis.call("ZRANGE", key, num(mid), num(mid))[1]) < x then
-      lo = mid
-    else
-      hi = mid
-    end
-  end
-  return tonumber(redis.call("ZRANGE", key, num(lo), num(lo), "WITHSCORES")[2]) + w - now
-end
-
 -- Format 3's members (see the header): log3_member writes one, log3_read
 -- reads B, t and the cost of one. D and t are below 2^53, so the bytes are
 -- exact in Lua's numbers.
@@ -158,30 +132,74 @@ local function log3_read(m)
   return b, t, 1
 end
 
--- log3_retry is log_retry on a format-3 key: the same ranks, by ZREVRANGE.
-local function log3_retry(key, r0, b0, x, w, now)
+-- log_at and log3_at read a log by rank, log_at a format-1 or format-2 one
+-- (ranks by ZRANGE), log3_at a format-3 one (by ZREVRANGE: the same ranks):
+-- the B of the entry of rank r, its time when t (log3_at: always) and, when
+-- r1 = r + 1, the next entry's B (false past the last); false: no entry.
+local function log_at(key, r, r1, t)
+  if not t then
+    return log_b(redis.call("ZRANGE", key, num(r), num(r1))[1])
+  end
+  local e = redis.call("ZRANGE", key, num(r), num(r1), "WITHSCORES")
+  if not e[1] then
+    return false
+  end
+  return log_b(e[1]), e[2] + 0, e[3] and log_b(e[3])
+end
+local function log3_at(key, r, r1)
+  local e = redis.call("ZREVRANGE", key, num(r), num(r1))
+  if not e[1] then
+    return false
+  end
+  local b, t = log3_read(e[1])
+  return b, t, e[2] and log3_read(e[2])
+end
+
+-- log_retry is the time until the window whose first entry has rank r0 and
+-- B = b0 has room: the last entry with B < x (x = T + cost - limit > b0)
+-- must leave it. at reads the log (log_at, log3_at: its format's).
+local function log_retry(key, r0, b0, x, w, now, at)
+  -- With unit costs that entry has rank r0 + x - 1 - b0; with larger costs
+  -- it comes at or before it.
   local g = r0 + x - 1 - b0
-  local e = redis.call("ZREVRANGE", key, num(g), num(g + 1))
-  if e[1] then
-    local b, t = log3_read(e[1])
-    if b < x and (not e[2] or log3_read(e[2]) >= x) then
-      return t + w - now
-    end
+  local b, t, bn = at(key, g, g + 1, true)
+  if b and b < x and (not bn or bn >= x) then
+    return t + w - now
   end
   local lo, hi = r0, g
-  if not e[1] then
+  if not b then
     hi = redis.call("ZCARD", key)
   end
   while hi - lo > 1 do
     local mid = math.floor((lo + hi) / 2)
-    if log3_read(redis.call("ZREVRANGE", key, num(mid), num(mid))[1]) < x then
+    if at(key, mid, mid) < x then
       lo = mid
     else
       hi = mid
     end
   end
-  local _, t = log3_read(redis.call("ZREVRANGE", key, num(lo), num(lo))[1])
-  return t + w - now
+  local _, tl = at(key, lo, lo, true)
+  return tl + w - now
+end
+
+-- log_first and log3_first find the first entry of the window w of a log
+-- (log_first: format 1 or 2; log3_first: format 3, past the entries a lazy
+-- prune left): its member, B, time and rank; false when the window is empty.
+local function log_first(key, w, now)
+  local f = redis.call("ZRANGEBYSCORE", key, "(" .. num(now - w), "+inf", "WITHSCORES", "LIMIT", "0", "1")
+  local m = f[1]
+  if not m then
+    return false
+  end
+  return m, log_b(m), f[2] + 0, redis.call("ZRANK", key, m)
+end
+local function log3_first(key, w, now)
+  local m = redis.call("ZREVRANGEBYSCORE", key, "(" .. num(w - now), "-inf", "LIMIT", "0", "1")[1]
+  if not m then
+    return false
+  end
+  local b, t = log3_read(m)
+  return m, b, t, redis.call("ZREVRANK", key, m)
 end
 
 -- log3_head is log_head of a format-3 key whose first member (ZRANGE 0 1)
@@ -194,12 +212,11 @@ local function log3_head(key, m, now, maxw, peek)
   end
   local nb, nt, nc = log3_read(m)
   if peek then
-    local om = redis.call("ZREVRANGEBYSCORE", key, "(" .. num(maxw - now), "-inf", "LIMIT", "0", "1")[1]
+    local om, _, ot, r = log3_first(key, maxw, now)
     if not om then
       return 3, nb + nc, nt, false, false, 1
     end
-    local _, ot = log3_read(om)
-    return 3, nb + nc, nt, om, ot, redis.call("ZREVRANK", key, om)
+    return 3, nb + nc, nt, om, ot, r
   end
   redis.call("ZREMRANGEBYSCORE", key, num(maxw - now), "0")
   if nt <= now - maxw then
@@ -276,11 +293,9 @@ local function log_ttl2(maxw)
   return math.ceil((maxw + log_span(maxw)) / 1000) + 1000
 end
 
--- log_convert3 turns a log of format fmt into format want, one of them 3:
--- every entry rewritten (its B, cost and time as they were), the other
--- format's members gone, the TTL set as want's. It returns the key's format
--- and the rank of its first entry after.
-local function log_convert3(key, fmt, want, total, newest, maxw)
+-- log_entries reads every entry of a log of format fmt (1, 2 or 3),
+-- oldest first: their B, time and cost in three arrays, and how many.
+local function log_entries(key, fmt)
   local eb, et, ec, n = {}, {}, {}, 0
   if fmt == 3 then
     local all = redis.call("ZREVRANGE", key, "1", "-1")
@@ -295,6 +310,15 @@ local function log_convert3(key, fmt, want, total, newest, maxw)
       eb[n], et[n], ec[n] = log_b(all[i]), all[i + 1] + 0, log_cost(all[i])
     end
   end
+  return eb, et, ec, n
+end
+
+-- log_convert3 turns a log of format fmt into format want, one of them 3:
+-- every entry rewritten (its B, cost and time as they were), the other
+-- format's members gone, the TTL set as want's. It returns the key's format
+-- and the rank of its first entry after.
+local function log_convert3(key, fmt, want, total, newest, maxw)
+  local eb, et, ec, n = log_entries(key, fmt)
   redis.call("DEL", key)
   local args, na = {}, 0
   if want == 3 then
@@ -387,20 +411,7 @@ local function log_check(key, j0, j1, now, cost, peek, want)
     local m, t, r0, b0 = om, ot, base, ob
     if m and t <= now - w then
       -- The oldest entry is older than this window: find the window's first.
-      if fmt == 3 then
-        m = redis.call("ZREVRANGEBYSCORE", key, "(" .. num(w - now), "-inf", "LIMIT", "0", "1")[1] or false
-        if m then
-          r0 = redis.call("ZREVRANK", key, m)
-          b0, t = log3_read(m)
-        end
-      else
-        local f = redis.call("ZRANGEBYSCORE", key, "(" .. num(now - w), "+inf", "WITHSCORES", "LIMIT", "0", "1")
-        m, t = f[1] or false, tonumber(f[2])
-        if m then
-          r0 = redis.call("ZRANK", key, m)
-          b0 = log_b(m)
-        end
-      end
+      m, b0, t, r0 = ((fmt == 3 and log3_first) or log_first)(key, w, now)
     end
     local count, retry, reset = 0, 0, 0
     if m then
@@ -414,7 +425,7 @@ local function log_check(key, j0, j1, now, cost, peek, want)
       if cost > limit then
         retry = w
       else
-        retry = ((fmt == 3 and log3_retry) or log_retry)(key, r0, b0, total + cost - limit, w, now)
+        retry = log_retry(key, r0, b0, total + cost - limit, w, now, (fmt == 3 and log3_at) or log_at)
       end
     end
     if full > 0 and w == maxw then
@@ -428,34 +439,25 @@ local function log_check(key, j0, j1, now, cost, peek, want)
   return fits, total, newest, maxw, read, fmt
 end
 
--- log_rebase takes b0, the oldest entry's B, from every entry (once per
--- 2^52 units of one key) and returns T after; base is the rank of the
--- first entry.
-local function log_rebase(key, total, base)
-  local all = redis.call("ZRANGE", key, num(base), "-1", "WITHSCORES")
+-- log_rebase takes b0, the oldest entry's B, from every entry of a log of
+-- format fmt (once per 2^52 units of one key) and returns T after.
+local function log_rebase(key, total, fmt)
+  local eb, et, ec, n = log_entries(key, fmt)
   local b0 = total
-  if all[1] then
-    b0 = log_b(all[1])
+  if n > 0 then
+    b0 = eb[1]
   end
-  redis.call("ZREMRANGEBYRANK", key, num(base), "-1")
-  for i = 1, #all, 2 do
-    local m = all[i]
-    redis.call("ZADD", key, all[i + 1], log_member(log_b(m) - b0, log_cost(m)))
+  if fmt == 3 then
+    redis.call("ZREMRANGEBYRANK", key, "0", "-2")
+  else
+    redis.call("ZREMRANGEBYRANK", key, (fmt == 2 and "1") or "2", "-1")
   end
-  return total - b0
-end
-
--- log_rebase3 is log_rebase on a format-3 key.
-local function log_rebase3(key, total)
-  local all = redis.call("ZREVRANGE", key, "1", "-1")
-  local b0 = total
-  if all[1] then
-    b0 = log3_read(all[1])
-  end
-  redis.call("ZREMRANGEBYRANK", key, "0", "-2")
-  for i = 1, #all do
-    local b, t, c = log3_read(all[i])
-    redis.call("ZADD", key, num(-t), log3_member(b - b0, c, t))
+  for i = 1, n do
+    if fmt == 3 then
+      redis.call("ZADD", key, num(-et[i]), log3_member(eb[i] - b0, ec[i], et[i]))
+    else
+      redis.call("ZADD", key, num(et[i]), log_member(eb[i] - b0, ec[i]))
+    end
   end
   return total - b0
 end
@@ -469,11 +471,7 @@ local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt
     at = newest
   end
   if total + cost >= LOG_MAX_T then
-    if want == 3 then
-      total = log_rebase3(key, total)
-    else
-      total = log_rebase(key, total, (fmt == 2 and 1) or 2)
-    end
+    total = log_rebase(key, total, (want == 3 and 3) or (fmt == 2 and 2) or 1)
   end
   if want == 3 then
     if fmt == 3 then
@@ -567,7 +565,7 @@ local function log_fast(a, k, V)
       if cost > limit then
         retry = w
       else
-        retry = log_retry(key, 1, ob, total + cost - limit, w, now)
+        retry = log_retry(key, 1, ob, total + cost - limit, w, now, log_at)
       end
     end
     if full > retry then
@@ -580,7 +578,7 @@ local function log_fast(a, k, V)
     at = newest
   end
   if total + cost >= LOG_MAX_T then
-    total = log_rebase(key, total, 1)
+    total = log_rebase(key, total, 2)
   end
   rcall("ZADD", key, sfmt(INT, at), log_member(total, cost))
   local span = log_span(w)
@@ -650,7 +648,7 @@ local function log3_fast(a, k, V)
     if count + cost > limit then
       local retry = w
       if cost <= limit then
-        retry = log3_retry(key, rcall("ZREVRANK", key, om), ob, total + cost - limit, w, now)
+        retry = log_retry(key, rcall("ZREVRANK", key, om), ob, total + cost - limit, w, now, log3_at)
       end
       return {0, now, now_redis or 0, count, retry, ot + w - now}
     end

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 )
 
 // microBench is one sub-benchmark line of go test -bench -benchmem.
@@ -49,8 +51,8 @@ func runMicro(ctx context.Context, goBin, root, benchtime string) *microResult {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, goBin, args...)
 	cmd.Dir = root
-	cmd.SysProcAttr = childAttr()
-	cmd.Cancel = func() error { return killGroup(cmd) }
+	cmd.SysProcAttr = procs.Attr()
+	cmd.Cancel = func() error { return procs.KillGroup(cmd) }
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	res.Benches = parseBench(string(out))

@@ -130,19 +130,6 @@ func TestRedisFigures(t *testing.T) {
 	}
 }
 
-func TestParseStatTicks(t *testing.T) {
-	stat := "9556 (we (i)rd) R 9512 9512 6189 0 -1 4194304 102 0 0 0 25 7 0 0 20 0 1 0 196731 3133440 387\n"
-	if n, err := parseStatTicks(stat); err != nil || n != 32 {
-		t.Fatalf("got %d, %v; want 32", n, err)
-	}
-	if _, err := parseStatTicks("1 (x) R 2 3"); err == nil {
-		t.Fatal("short stat line: want an error")
-	}
-	if d, err := procCPU(os.Getpid()); err != nil || d < 0 {
-		t.Fatalf("procCPU(self) = %v, %v", d, err)
-	}
-}
-
 func TestCPUList(t *testing.T) {
 	got, err := parseCPUList("0-2,8, 5,1")
 	if err != nil || !slices.Equal(got, []int{0, 1, 2, 5, 8}) || cpuList(got) != "0,1,2,5,8" {

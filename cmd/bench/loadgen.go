@@ -96,7 +96,7 @@ func runGoLoad(ctx context.Context, spec loadSpec) loadResult {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			defer repanic()
+			defer cleanup.Repanic()
 			w := worker{
 				spec: spec, host: host, res: &results[i],
 				rng:          rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), uint64(i))),

@@ -53,11 +53,12 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
 func init() {
-	// Children are started from main; Pdeathsig (see childAttr) fires when
+	// Children are started from main; Pdeathsig (see procs.Attr) fires when
 	// the thread that started them exits, so keep main on one thread.
 	runtime.LockOSThread()
 }
@@ -99,7 +100,7 @@ func main() {
 }
 
 func run() (code int) {
-	defer cleanup.run()
+	defer cleanup.Run()
 
 	var o options
 	flag.IntVar(&o.pairs, "pairs", 7, "pairs (site run, bare Caddy run) per site and layout")
@@ -182,7 +183,7 @@ func run() (code int) {
 		}
 	}()
 
-	b := &bench{o: o, ctx: ctx, loadAvg: loadAvg(), layoutNote: layoutNote}
+	b := &bench{o: o, ctx: ctx, loadAvg: procs.LoadAvg(), layoutNote: layoutNote}
 	if n := runtime.NumCPU(); b.loadAvg > 0.5*float64(n) {
 		logf("warning: load average %.2f on %d CPUs before the run: other processes compete for the CPUs, results will be low and noisy", b.loadAvg, n)
 	}
@@ -317,7 +318,7 @@ func (b *bench) run(sites []site, layouts []layout, harnesses []harness) error {
 	if b.o.keep {
 		logf("keeping %s", dir)
 	} else {
-		cleanup.add(func() { _ = os.RemoveAll(dir) })
+		cleanup.Add(func() { _ = os.RemoveAll(dir) })
 	}
 	// Caddy's config and data dirs in the temp dir: nothing in $HOME.
 	b.env = append(os.Environ(),
@@ -434,7 +435,7 @@ type layoutRun struct {
 	h      harness
 	redis  *redistest.Proc
 	client *redis.Client
-	caddy  *proc
+	caddy  *procs.Proc
 	ports  map[string]int
 }
 
@@ -455,7 +456,7 @@ func (b *bench) runLayout(h harness, l layout, sites []site) (res *layoutResult,
 		if err != nil {
 			return nil, err
 		}
-		cleanup.add(lr.redis.Stop)
+		cleanup.Add(lr.redis.Stop)
 		defer lr.redis.Stop()
 		lr.client = redis.NewClient(&redis.Options{Addr: lr.redis.Addr(), DialTimeout: time.Second, MaxRetries: -1})
 		defer lr.client.Close()
@@ -487,11 +488,11 @@ func (b *bench) runLayout(h harness, l layout, sites []site) (res *layoutResult,
 		}
 		args = append(append(w[1:], b.caddyBin), args...)
 	}
-	lr.caddy, err = startProc("caddy", filepath.Join(b.dir, "caddy-"+h.Name+"-"+l.Name+".log"), b.dir, env, bin, args...)
+	lr.caddy, err = procs.Start(&cleanup, "caddy", filepath.Join(b.dir, "caddy-"+h.Name+"-"+l.Name+".log"), b.dir, env, bin, args...)
 	if err != nil {
 		return nil, err
 	}
-	defer lr.caddy.stop()
+	defer lr.caddy.Stop()
 	urls := map[string]string{}
 	for name, port := range ports {
 		urls[name] = fmt.Sprintf("http://127.0.0.1:%d/", port)
@@ -499,10 +500,10 @@ func (b *bench) runLayout(h harness, l layout, sites []site) (res *layoutResult,
 	if err := waitSites(ctx, lr.caddy, urls); err != nil {
 		return nil, err
 	}
-	logf("caddy up (%s, pid %d); generator: %s", cfgPath, lr.caddy.pid(), b.genDesc)
+	logf("caddy up (%s, pid %d); generator: %s", cfgPath, lr.caddy.Pid(), b.genDesc)
 
 	if l.pinned() {
-		checks := []error{checkAffinity("caddy", lr.caddy.pid(), []int{l.CaddyCPU})}
+		checks := []error{checkAffinity("caddy", lr.caddy.Pid(), []int{l.CaddyCPU})}
 		if lr.redis != nil {
 			checks = append(checks, checkAffinity("redis-server", lr.redis.Pid(), []int{l.LoadCPU}))
 		}
@@ -657,18 +658,18 @@ func (b *bench) fill(lr *layoutRun, s site) (*fillResult, error) {
 // read around the run.
 func (b *bench) sample(lr *layoutRun, s site, d time.Duration) (sample, error) {
 	settle()
-	errsBefore, _ := caddyLogErrors(lr.caddy.log)
-	before := snap(b.ctx, lr.caddy.pid(), lr.client)
+	errsBefore, _ := caddyLogErrors(lr.caddy.Log)
+	before := snap(b.ctx, lr.caddy.Pid(), lr.client)
 	m, err := b.drive(lr, s, d)
-	after := snap(b.ctx, lr.caddy.pid(), lr.client)
+	after := snap(b.ctx, lr.caddy.Pid(), lr.client)
 	if err != nil {
 		return sample{}, err
 	}
 	smp := sample{measurement: m}
 	smp.fill(before, after)
-	if n, _ := caddyLogErrors(lr.caddy.log); n > errsBefore {
+	if n, _ := caddyLogErrors(lr.caddy.Log); n > errsBefore {
 		smp.CaddyErrors = n - errsBefore
-		smp.CaddyError = nthCaddyError(lr.caddy.log, errsBefore)
+		smp.CaddyError = nthCaddyError(lr.caddy.Log, errsBefore)
 	}
 	return smp, nil
 }
@@ -696,8 +697,8 @@ func (b *bench) drive(lr *layoutRun, s site, d time.Duration) (measurement, erro
 	if ctx.Err() != nil {
 		return m, ctx.Err()
 	}
-	if lr.caddy.exited() {
-		return m, fmt.Errorf("caddy exited during the %s run\n%s", s.Name, logTail(lr.caddy.log, 30))
+	if lr.caddy.Exited() {
+		return m, fmt.Errorf("caddy exited during the %s run\n%s", s.Name, lr.caddy.LogTail(30))
 	}
 	if lr.redis != nil && s.Redis && lr.redis.Exited() {
 		return m, fmt.Errorf("redis-server exited during the %s run\n%s", s.Name, lr.redis.LogTail())

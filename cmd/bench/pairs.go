@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
@@ -55,7 +56,7 @@ type snapshot struct {
 // snap reads Caddy's CPU time and Redis's INFO cpu and commandstats.
 func snap(ctx context.Context, caddyPid int, client *redis.Client) snapshot {
 	var s snapshot
-	if d, err := procCPU(caddyPid); err == nil {
+	if d, err := procs.CPU(caddyPid); err == nil {
 		s.caddy, s.caddyOK = d, true
 	}
 	if client == nil {

@@ -10,9 +10,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 )
 
 const (
@@ -20,127 +20,9 @@ const (
 	buildTimeout = 15 * time.Minute
 )
 
-// cleaner runs cleanup functions once, last added first. It is global so a
-// panicking goroutine can run it before the process dies.
-type cleaner struct {
-	mu  sync.Mutex
-	fns []func()
-}
-
-var cleanup cleaner
-
-func (c *cleaner) add(f func()) {
-	c.mu.Lock()
-	c.fns = append(c.fns, f)
-	c.mu.Unlock()
-}
-
-func (c *cleaner) run() {
-	c.mu.Lock()
-	fns := c.fns
-	c.fns = nil
-	c.mu.Unlock()
-	for i := len(fns) - 1; i >= 0; i-- {
-		fns[i]()
-	}
-}
-
-// repanic, deferred first thing in a goroutine, kills the child processes
-// before a panic takes the process down (deferred functions of main do not
-// run when another goroutine panics).
-func repanic() {
-	if r := recover(); r != nil {
-		cleanup.run()
-		panic(r)
-	}
-}
-
-// childAttr puts a child in its own process group (so it and its children
-// can be killed together, and a terminal's Ctrl-C reaches only us) and asks
-// Linux to kill it if we die without cleaning up. Pdeathsig follows the
-// thread that started the child: main locks its goroutine to the main
-// thread, and children are started from main.
-func childAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-}
-
-// proc is a started child process.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{} // closed when it has exited
-	once sync.Once
-}
-
-func startProc(name, logPath, dir string, env []string, bin string, args ...string) (*proc, error) {
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close() // the child has its own copy
-	cmd := exec.Command(bin, args...)
-	cmd.Dir = dir
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = childAttr()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, log: logPath, done: make(chan struct{})}
-	go func() { _ = cmd.Wait(); close(p.done) }()
-	cleanup.add(p.stop)
-	return p, nil
-}
-
-// stop asks the process group to end (SIGTERM), then kills it after 3s.
-func (p *proc) stop() {
-	p.once.Do(func() {
-		pgid := -p.cmd.Process.Pid
-		_ = syscall.Kill(pgid, syscall.SIGTERM)
-		select {
-		case <-p.done:
-		case <-time.After(3 * time.Second):
-		}
-		_ = syscall.Kill(pgid, syscall.SIGKILL)
-		select {
-		case <-p.done:
-		case <-time.After(3 * time.Second):
-		}
-	})
-}
-
-// killGroup kills a command's process group (for exec.Cmd.Cancel).
-func killGroup(cmd *exec.Cmd) error {
-	if cmd.Process == nil {
-		return nil
-	}
-	return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// logTail returns the last n lines of the process's log.
-func logTail(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Sprintf("(no log: %v)", err)
-	}
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return "--- " + path + " (last lines) ---\n" + strings.Join(lines, "\n")
-}
+// cleanup stops the children and removes the scratch directories, last
+// first; global so that a panicking goroutine can run it (cleanup.Repanic).
+var cleanup procs.Cleaner
 
 // moduleRoot returns the directory of this repository's go.mod, checking it
 // is the sliding_ratelimit module.
@@ -306,13 +188,13 @@ func nthCaddyError(path string, n int) string {
 
 // waitSites polls every URL until it answers 200 or 429, Caddy exits, or
 // the timeout passes.
-func waitSites(ctx context.Context, caddy *proc, urls map[string]string) error {
+func waitSites(ctx context.Context, caddy *procs.Proc, urls map[string]string) error {
 	client := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
 	deadline := time.Now().Add(caddyReady)
 	for name, url := range urls {
 		for {
-			if caddy.exited() {
-				return fmt.Errorf("caddy exited during startup\n%s", logTail(caddy.log, 30))
+			if caddy.Exited() {
+				return fmt.Errorf("caddy exited during startup\n%s", caddy.LogTail(30))
 			}
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -328,7 +210,7 @@ func waitSites(ctx context.Context, caddy *proc, urls map[string]string) error {
 				err = fmt.Errorf("status %d", resp.StatusCode)
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("site %s (%s) not ready after %v: %v\n%s", name, url, caddyReady, err, logTail(caddy.log, 30))
+				return fmt.Errorf("site %s (%s) not ready after %v: %v\n%s", name, url, caddyReady, err, caddy.LogTail(30))
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

@@ -418,20 +418,6 @@ func machineInfo(b *bench) machine {
 	return m
 }
 
-// loadAvg is the 1-minute load average (0 when unknown).
-func loadAvg() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
-}
-
 func nproc() int {
 	if out, err := exec.Command("nproc").Output(); err == nil {
 		if n, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil {

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 )
 
 // wrkScript counts statuses per thread (wrk itself only counts "non-2xx")
@@ -88,8 +90,8 @@ func runWrk(ctx context.Context, wrapper []string, wrkPath, dir, url string, spe
 	}
 	argv := append(append(slices.Clone(wrapper), wrkPath), args...)
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.SysProcAttr = childAttr()
-	cmd.Cancel = func() error { return killGroup(cmd) }
+	cmd.SysProcAttr = procs.Attr()
+	cmd.Cancel = func() error { return procs.KillGroup(cmd) }
 	cmd.WaitDelay = 5 * time.Second
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
@@ -150,16 +151,16 @@ func measure(ctx context.Context, c *client, s *service, st setting, keys int, d
 	// this one.
 	runtime.GC()
 	time.Sleep(200 * time.Millisecond)
-	sb, err1 := procCPU(s.proc.pid())
+	sb, err1 := procs.CPU(s.proc.Pid())
 	rb, err2 := redistest.ReadCPU(ctx, rc)
 	r := drive(ctx, c, s, st.InFlight, keys, d)
-	sa, err3 := procCPU(s.proc.pid())
+	sa, err3 := procs.CPU(s.proc.Pid())
 	ra, err4 := redistest.ReadCPU(ctx, rc)
 	if ctx.Err() != nil {
 		return r, ctx.Err()
 	}
-	if s.proc.exited() {
-		return r, fmt.Errorf("%s exited during its run:\n%s", s.Name, s.proc.logTail(20))
+	if s.proc.Exited() {
+		return r, fmt.Errorf("%s exited during its run:\n%s", s.Name, s.proc.LogTail(20))
 	}
 	for _, err := range []error{err1, err2, err3, err4} {
 		if err != nil {

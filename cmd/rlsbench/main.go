@@ -80,7 +80,7 @@ const envoyHelp = "envoyproxy/ratelimit: a clone of github.com/envoyproxy/rateli
 func main() { os.Exit(run()) }
 
 func run() int {
-	defer cleanup.run()
+	defer cleanup.Run()
 	var o options
 	var settings string
 	flag.StringVar(&o.envoy, "envoy", os.Getenv("ENVOY_RLS"), envoyHelp)

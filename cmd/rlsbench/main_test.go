@@ -88,10 +88,3 @@ func TestParseSettings(t *testing.T) {
 		}
 	}
 }
-
-func TestProcCPU(t *testing.T) {
-	d, err := procCPU(os.Getpid())
-	if err != nil || d < 0 {
-		t.Fatalf("procCPU(self) = %v, %v", d, err)
-	}
-}

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/procs"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 )
 
@@ -28,7 +29,7 @@ type service struct {
 	Domain string
 	Envoy  bool
 	Addr   string `json:"-"`
-	proc   *proc
+	proc   *procs.Proc
 }
 
 // descriptors is the descriptor config both services load: one entry key
@@ -65,7 +66,7 @@ func bench(ctx context.Context, o options) (*report, error) {
 	if o.keep {
 		logf("keeping %s", dir)
 	} else {
-		cleanup.add(func() { _ = os.RemoveAll(dir) })
+		cleanup.Add(func() { _ = os.RemoveAll(dir) })
 	}
 	rep := &report{Date: time.Now().UTC(), Machine: machine(), Keys: o.keys, Limit: o.limit, Rounds: o.rounds, Run: o.run}
 
@@ -101,7 +102,7 @@ func bench(ctx context.Context, o options) (*report, error) {
 	if err != nil {
 		return nil, err
 	}
-	cleanup.add(rp.Stop)
+	cleanup.Add(rp.Stop)
 	defer rp.Stop()
 	rc := redis.NewClient(&redis.Options{Addr: rp.Addr(), DialTimeout: time.Second, MaxRetries: -1})
 	defer rc.Close()
@@ -123,12 +124,12 @@ func bench(ctx context.Context, o options) (*report, error) {
 		cfgs = append(cfgs, "-config", p)
 	}
 	oursAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
-	op, err := startProc("rls", filepath.Join(dir, "rls.log"), os.Environ(), oursBin,
+	op, err := procs.Start(&cleanup, "rls", filepath.Join(dir, "rls.log"), "", os.Environ(), oursBin,
 		append(cfgs, "-grpc", oursAddr, "-http", "127.0.0.1:"+strconv.Itoa(ports[1]))...)
 	if err != nil {
 		return nil, err
 	}
-	defer op.stop()
+	defer op.Stop()
 	rep.Services = append(rep.Services,
 		&service{Name: "ours fixed_window", Desc: "cmd/rls, algorithm fixed_window", Domain: "bench_fixed", Addr: oursAddr, proc: op},
 		&service{Name: "ours sliding_log", Desc: "cmd/rls, algorithm sliding_log (exact)", Domain: "bench_log", Addr: oursAddr, proc: op})
@@ -162,11 +163,11 @@ func bench(ctx context.Context, o options) (*report, error) {
 			if v.window != "" {
 				env = append(env, "REDIS_PIPELINE_WINDOW="+v.window)
 			}
-			ep, err := startProc(v.name, filepath.Join(dir, fmt.Sprintf("envoy-%d.log", i)), env, envoyBin)
+			ep, err := procs.Start(&cleanup, v.name, filepath.Join(dir, fmt.Sprintf("envoy-%d.log", i)), "", env, envoyBin)
 			if err != nil {
 				return nil, err
 			}
-			defer ep.stop()
+			defer ep.Stop()
 			rep.Services = append(rep.Services, &service{Name: v.name, Desc: v.desc, Domain: "bench_fixed", Envoy: true, Addr: addr, proc: ep})
 		}
 	}
@@ -176,10 +177,10 @@ func bench(ctx context.Context, o options) (*report, error) {
 		if err := verify(ctx, s, o.limit); err != nil {
 			return nil, fmt.Errorf("%s: %w", s.Name, err)
 		}
-		logf("%s on %s (pid %d): serves domain %s, %d a minute per key, OVER_LIMIT past it", s.Name, s.Addr, s.proc.pid(), s.Domain, o.limit)
+		logf("%s on %s (pid %d): serves domain %s, %d a minute per key, OVER_LIMIT past it", s.Name, s.Addr, s.proc.Pid(), s.Domain, o.limit)
 	}
 
-	la := loadAvg()
+	la := procs.LoadAvg()
 	if n := runtime.NumCPU(); la > 0.5*float64(n) {
 		logf("warning: load average %.2f on %d CPUs before the run: other processes compete; the ratios (same round) hold better than the rates", la, n)
 	}
@@ -214,8 +215,8 @@ func verify(ctx context.Context, s *service, limit int) error {
 	deadline := time.Now().Add(60 * time.Second)
 	var resp *pb.RateLimitResponse
 	for {
-		if s.proc.exited() {
-			return fmt.Errorf("exited:\n%s", s.proc.logTail(20))
+		if s.proc.Exited() {
+			return fmt.Errorf("exited:\n%s", s.proc.LogTail(20))
 		}
 		resp, err = check(limit)
 		if err == nil && len(resp.Statuses) == 1 && resp.Statuses[0].CurrentLimit != nil {
@@ -228,7 +229,7 @@ func verify(ctx context.Context, s *service, limit int) error {
 			if err == nil {
 				err = fmt.Errorf("answers %v without the descriptor's limit: the config is not loaded", resp)
 			}
-			return fmt.Errorf("not serving after 60s: %v\n%s", err, s.proc.logTail(20))
+			return fmt.Errorf("not serving after 60s: %v\n%s", err, s.proc.LogTail(20))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -265,19 +266,6 @@ func machine() string {
 		}
 	}
 	return fmt.Sprintf("%d vCPUs%s, %s", runtime.NumCPU(), model, runtime.Version())
-}
-
-func loadAvg() float64 {
-	data, err := os.ReadFile("/proc/loadavg")
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(data))
-	if len(f) == 0 {
-		return 0
-	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
 }
 
 func cmpOr(v, def string) string {
