@@ -137,12 +137,12 @@ end
 
 -- tb_fast is the fast path (decide.lua's FAST) of a check of one window,
 -- mode 0: tb_check and tb_record for that case, in a row, with the reply's
--- short form. A state written under another T or B, or a key that holds
+-- short form appended flat to the call's (decide.lua's OUT). A state written under another T or B, or a key that holds
 -- other fields while this window has none (a reload), goes to decide. A
 -- state of this T and B keeps its fields i and b: the write is t alone.
 -- What a check of a full bucket (d = 0, the common case) answers but its
 -- tat, d after it and its units in use, is worked out once per shape
--- (V.tbd1, V.tbu1).
+-- (V.tb).
 --
 -- The TTL (since 2026-12-02): the fast path sets the key's expiry to the
 -- end of the span of S = an eighth of the window (whole ms, at least 1 s)
@@ -158,40 +158,49 @@ end
 -- every write). A key's expiry is therefore always past its tat + 1 s (in
 -- the clock of the node that wrote it, as before).
 local function tb_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  -- fast_now, in line (a call fewer): now and the deadline as decide reads them.
+  local now = ARGV[a + 1] + 0
+  local deadline = ARGV[a + 2] + 0
+  if deadline ~= 0 then
+    local t = now_redis or clock()
+    if deadline > 0 and t > deadline then
+      return {3, t, t}
+    end
+  end
+  if now == 0 then
+    now = now_redis or clock()
   end
   local key, cost, w = KEYS[k], V[2], V[11]
-  local ft, fi, fb = V.ft, V.fi, V.fb
-  local burst, interval, span = V.tbb, V.tbi, V.tbs
-  if not ft then
-    ft, fi, fb = V[10] .. "t", V[10] .. "i", V[10] .. "b"
-    burst = V[13]
+  -- What the shape alone says, worked out on its first check: field
+  -- names, B, T, the span, the formats, and a full bucket's d and units.
+  local C = V.tb
+  if not C then
+    local burst = V[13]
     if burst <= 0 then
       burst = V[12]
     end
-    interval = math.floor(w / V[12] + 0.5)
+    local interval = math.floor(w / V[12] + 0.5)
     if interval < 1 then
       interval = 1
     end
-    span = math.floor(w / 8000) * 1000
+    local span = math.floor(w / 8000) * 1000
     if span < 1000000 then
       span = 1000000
     end
-    V.ft, V.fi, V.fb, V.tbb, V.tbi, V.tbs, V.tbm = ft, fi, fb, burst, interval, span, INT .. ".0"
-    V.tbbs, V.tbis = num(burst), num(interval) -- as written
     local d1 = interval * cost
-    V.tbd1, V.tbu1 = d1, tb_in_use(d1, burst, interval)
+    C = {V[10] .. "t", V[10] .. "i", V[10] .. "b", burst, interval, span, INT .. ".0",
+      num(interval), num(burst), d1, tb_in_use(d1, burst, interval)} -- (T and B as written)
+    V.tb = C
   end
-  local v = rcall("HMGET", key, ft, fi, fb)
+  local ft, burst, interval, span = C[1], C[4], C[5], C[6]
+  local v = rcall("HMGET", key, ft, C[2], C[3])
   local tat = v[1]
   local d = 0
   -- at: the start of the span of the stored tat + 1 s when its mark says
   -- the key's expiry is that span's end (false: the TTL moves).
   local at = false
   if tat then
-    if v[2] ~= V.tbis or v[3] ~= V.tbbs then
+    if v[2] ~= C[8] or v[3] ~= C[9] then
       return nil
     end
     local marked = #tat > 16
@@ -210,7 +219,7 @@ local function tb_fast(a, k, V)
   local count
   if d == 0 and cost <= burst then
     -- A full bucket: admitted.
-    d, count = V.tbd1, V.tbu1
+    d, count = C[10], C[11]
   else
     local retry = 0
     if cost > burst then
@@ -222,23 +231,46 @@ local function tb_fast(a, k, V)
       end
     end
     if retry > 0 then
-      return {0, now, now_redis or 0, tb_in_use(d, burst, interval), retry, d}
+      local o = ON
+      OUT[o + 1] = 6
+      OUT[o + 2] = 0
+      OUT[o + 3] = now
+      OUT[o + 4] = now_redis or 0
+      OUT[o + 5] = tb_in_use(d, burst, interval)
+      OUT[o + 6] = retry
+      OUT[o + 7] = d
+      ON = o + 7
+      return true
     end
     d = d + interval * cost
     count = tb_in_use(d, burst, interval)
   end
   local t = now + d
-  local ts = sfmt(V.tbm, t)
+  local ts = sfmt(C[7], t)
   local e = t + 1000000
   e = e - e % span
   if tat then
     rcall("HSET", key, ft, ts)
   else
-    rcall("HSET", key, ft, ts, fi, V.tbis, fb, V.tbbs)
+    rcall("HSET", key, ft, ts, C[2], C[8], C[3], C[9])
   end
   if e ~= at then
     rcall("PEXPIRE", key, sfmt(INT, math.ceil((e + span - now) / 1000)))
   end
-  return {1, now, now_redis or 0, count, 0, d}
+  local o = ON
+  if o == 0 then
+    -- The call's first reply: its table made to size (no growing).
+    OUT = {6, 1, now, now_redis or 0, count, 0, d}
+  else
+    OUT[o + 1] = 6
+    OUT[o + 2] = 1
+    OUT[o + 3] = now
+    OUT[o + 4] = now_redis or 0
+    OUT[o + 5] = count
+    OUT[o + 6] = 0
+    OUT[o + 7] = d
+  end
+  ON = o + 7
+  return true
 end
 FAST[4] = tb_fast
