@@ -154,7 +154,7 @@ func TestRedisMemoryPerKey(t *testing.T) {
 		"sliding_log":     {100: 3700, 1000: 137000},
 		"sliding_counter": {100: 690, 1000: 760},
 		"fixed_window":    {100: 140, 1000: 140},
-		"token_bucket":    {100: 160, 1000: 160},
+		"token_bucket":    {100: 190, 1000: 190}, // 168: its tat written with ".0" (lua/token_bucket.lua)
 	}
 	for _, limit := range []int64{100, 1000} {
 		for _, alg := range allAlgorithms {
