@@ -365,17 +365,27 @@ func (w *worker) runSlots(ops []*batchOp) {
 		if err == nil {
 			var out any
 			out, err = g.cmd.Result()
-			if l, ok := out.([]any); ok && len(l) == len(g.ops) {
+			if l, ok := out.([]any); ok {
 				replies = l
 			} else if err == nil {
-				err = fmt.Errorf("%w: %d replies for %d checks", ErrBadReply, len(l), len(g.ops))
+				err = fmt.Errorf("%w: %T for %d checks", ErrBadReply, out, len(g.ops))
 			}
 		}
-		for j, op := range g.ops {
+		next := 0
+		for _, op := range g.ops {
 			if err != nil {
+				break
+			}
+			var bad error
+			op.vals, op.err, next, bad = valuesOf(replies, next, op.vals[:0])
+			err = bad
+		}
+		if err == nil && next != len(replies) {
+			err = fmt.Errorf("%w: %d values left after %d checks", ErrBadReply, len(replies)-next, len(g.ops))
+		}
+		if err != nil {
+			for _, op := range g.ops {
 				op.err = err
-			} else {
-				op.vals, op.err = valuesOf(replies[j], op.vals[:0])
 			}
 		}
 		// Emptied for the next batch, holding on to no request.

@@ -462,6 +462,11 @@ func TestFastScripts(t *testing.T) {
 			"60000000w", "16666", "60000000n", "3")
 		out, err := c.EvalSha(ctx, sha, []string{key, key + ":bad", key + ":old"}, 3,
 			shape, "1000000000000", "0", shape, "1000000000000", "0", shape, "1000000000000", "0").Slice()
+		if kind == limiter.KindToken && err == nil && len(out) == 9 && out[0] == int64(6) {
+			// token_bucket's fast path appends its reply flat (decide.lua's
+			// OUT): 6, then its values.
+			out = append([]any{out[1:7]}, out[7:]...)
+		}
 		if err != nil || len(out) != 3 {
 			t.Fatalf("%v: a call of three checks: %v %v", kind, out, err)
 		}
@@ -472,7 +477,7 @@ func TestFastScripts(t *testing.T) {
 			t.Errorf("%v: the second check's reply %v, want WRONGTYPE", kind, out[1])
 		}
 		if r, ok := out[2].([]any); !ok || len(r) != 6 || r[0] != int64(1) {
-			t.Errorf("%v: the third check's reply %v, want admitted", kind, out[2])
+			t.Errorf("%v: the third check's reply %v, want admitted (by decide: an array)", kind, out[2])
 		}
 	}
 }

@@ -191,13 +191,10 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	args = append(args, 1)
 	args = append(args, c.args...)
 	out, err := s.call(ctx, args, loads)
-	if err == nil {
-		out, err = only(out)
-	}
 	var buf [16]int64
 	var vals []int64
 	if err == nil {
-		vals, err = valuesOf(out, buf[:0])
+		vals, err = only(out, buf[:0])
 	}
 	if err != nil {
 		return Reply{}, err
@@ -205,33 +202,61 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	return s.reply(vals, op, sent)
 }
 
-// only is the single check's reply of a one-check call.
-func only(out any) (any, error) {
+// only appends the values of the single check of a one-check call's reply,
+// as go-redis parsed it, to vals.
+func only(out any, vals []int64) ([]int64, error) {
 	l, ok := out.([]any)
-	if !ok || len(l) != 1 {
-		return nil, fmt.Errorf("%w: %T of %d checks for 1", ErrBadReply, out, len(l))
+	if !ok {
+		return nil, fmt.Errorf("%w: %T for 1 check", ErrBadReply, out)
 	}
-	return l[0], nil
+	vals, err, next, bad := valuesOf(l, 0, vals)
+	if bad == nil && next != len(l) {
+		bad = fmt.Errorf("%w: %d elements for 1 check, %d left", ErrBadReply, len(l), len(l)-next)
+	}
+	if bad != nil {
+		return nil, bad
+	}
+	return vals, err
 }
 
-// valuesOf appends the values of one check's reply, as go-redis parsed it,
-// to vals: an error reply is the check's error.
-func valuesOf(raw any, vals []int64) ([]int64, error) {
-	if err, ok := raw.(error); ok {
-		return nil, err
+// valuesOf appends the values of the check whose reply starts at l[i] in a
+// call's reply, as go-redis parsed it (an array of its values; or, the flat
+// form a fast path writes, decide.lua's OUT, its number of values and then
+// its values; or its error), to vals: an error reply is the check's error,
+// and next is where the next check's starts; any other value is a
+// malformed reply for that check alone. bad is for a reply that cannot be
+// read on from there (a count past its end): the whole call's error.
+func valuesOf(l []any, i int, vals []int64) (_ []int64, err error, next int, bad error) {
+	if i >= len(l) {
+		return nil, nil, i, fmt.Errorf("%w: %d values, none for a check at %d", ErrBadReply, len(l), i)
 	}
-	v, ok := raw.([]any)
-	if !ok {
-		return nil, fmt.Errorf("%w: %T", ErrBadReply, raw)
-	}
-	for i, x := range v {
-		n, ok := x.(int64)
-		if !ok {
-			return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, i, x)
+	switch x := l[i].(type) {
+	case error:
+		return nil, x, i + 1, nil
+	case []any:
+		for j, y := range x {
+			n, ok := y.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, j, y), i + 1, nil
+			}
+			vals = append(vals, n)
 		}
-		vals = append(vals, n)
+		return vals, nil, i + 1, nil
+	case int64:
+		if x < 0 || x > int64(len(l)-i-1) {
+			return nil, nil, i, fmt.Errorf("%w: a count of %d values at %d of %d", ErrBadReply, x, i, len(l))
+		}
+		end := i + 1 + int(x)
+		for j, y := range l[i+1 : end] {
+			n, ok := y.(int64)
+			if !ok {
+				return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, j, y), end, nil
+			}
+			vals = append(vals, n)
+		}
+		return vals, nil, end, nil
 	}
-	return vals, nil
+	return nil, fmt.Errorf("%w: %T", ErrBadReply, l[i]), i + 1, nil
 }
 
 // reply reads one check's reply values, checked for shape before they are

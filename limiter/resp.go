@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"strconv"
 )
@@ -38,10 +39,14 @@ func (e replyError) Error() string { return string(e) }
 func (replyError) RedisError() {}
 
 // readReplies reads the raw reply of a script call of len(ops) checks: an
-// array of one reply per check, in order. A check's reply is an array of
-// integers (its values, into its vals) or an error (its own error); any
-// other reply is a malformed one, for that check alone. The error is for a
-// reply that is not such an array: the whole call failed.
+// array of, per check in order, either its reply as an array of integers
+// (its values, into its vals), or its number of values as an integer and
+// then its values as elements of their own (the flat form a fast path
+// writes: decide.lua's OUT), or its error (its own error); a value that is
+// not an integer, or any other value where a check's reply begins, makes
+// that check's reply malformed, for that check alone. The error is for a
+// reply that cannot be read as that (not an array, a count past its end,
+// too few or too many elements): the whole call failed.
 func readReplies(buf []byte, ops []*batchOp) error {
 	r := respReader{buf: buf}
 	if r.at('!') {
@@ -51,19 +56,23 @@ func readReplies(buf []byte, ops []*batchOp) error {
 		}
 	}
 	typ, n, ok := r.header()
-	if ok && typ == '*' && n >= 0 && n != int64(len(ops)) {
-		return fmt.Errorf("%w: %d replies for %d checks", ErrBadReply, n, len(ops))
-	}
-	if !ok || typ != '*' || n != int64(len(ops)) {
+	if !ok || typ != '*' || n < 0 {
 		r.pos = 0
 		return fmt.Errorf("%w: %s for %d checks", ErrBadReply, r.describe(), len(ops))
 	}
-	for _, op := range ops {
-		var ok bool
-		op.vals, op.err, ok = r.check(op.vals[:0])
-		if !ok {
-			return fmt.Errorf("%w: cut short", ErrBadReply)
+	left := n
+	for i, op := range ops {
+		if left == 0 {
+			return fmt.Errorf("%w: %d values for %d checks, none for check %d", ErrBadReply, n, len(ops), i)
 		}
+		var err error
+		op.vals, op.err, left, err = r.check(op.vals[:0], left)
+		if err != nil {
+			return fmt.Errorf("%w: check %d: %w", ErrBadReply, i, err)
+		}
+	}
+	if left != 0 {
+		return fmt.Errorf("%w: %d values left after %d checks", ErrBadReply, left, len(ops))
 	}
 	return nil
 }
@@ -118,26 +127,34 @@ func (r *respReader) blob() (string, bool) {
 	return s, true
 }
 
-// check reads one check's reply: its values appended to vals, or its error.
-// ok is false when the reply is cut short (nothing after it can be read).
-func (r *respReader) check(vals []int64) (_ []int64, _ error, ok bool) {
-	start := r.pos
+// check reads one check's reply (an array, or a count and that many
+// values, or an error) from a call's reply of which left elements are
+// still to be read: its values appended to vals, or its error; it returns
+// how many elements are left after it. err is for a reply that cannot be
+// read on (cut short, or a count past its end): nothing after it can be
+// read.
+func (r *respReader) check(vals []int64, left int64) (_ []int64, _ error, _ int64, err error) {
 	if r.at('!') {
 		if msg, ok := r.blob(); ok {
-			return nil, replyError(msg), true
+			return nil, replyError(msg), left - 1, nil
 		}
 	}
+	start := r.pos
 	l, ok := r.line()
 	if !ok {
-		return nil, nil, false
+		return nil, nil, 0, errors.New("cut short")
 	}
 	switch l[0] {
 	case '-':
-		return nil, replyError(l[1:]), true
-	case '*':
+		return nil, replyError(l[1:]), left - 1, nil
+	case '*', ':':
 		n, err := respInt(l[1:])
-		if err != nil || n < 0 {
+		if err != nil || n < 0 || l[0] == ':' && n >= left {
 			break
+		}
+		left-- // the array, or the count
+		if l[0] == ':' {
+			left -= n // the values after the count
 		}
 		var bad error
 		for i := range n {
@@ -152,17 +169,23 @@ func (r *respReader) check(vals []int64) (_ []int64, _ error, ok bool) {
 				bad = fmt.Errorf("%w: value %d is %s", ErrBadReply, i, r.describe())
 			}
 			if !r.skip() {
-				return nil, nil, false
+				return nil, nil, 0, errors.New("cut short")
 			}
 		}
 		if bad != nil {
-			return nil, bad, true
+			return nil, bad, left, nil
 		}
-		return vals, nil, true
+		return vals, nil, left, nil
 	}
 	r.pos = start
+	if l[0] == ':' {
+		return nil, nil, 0, fmt.Errorf("a count of %s values where %d are left", l[1:], left-1)
+	}
 	bad := fmt.Errorf("%w: %s", ErrBadReply, r.describe())
-	return nil, bad, r.skip()
+	if !r.skip() {
+		return nil, nil, 0, errors.New("cut short")
+	}
+	return nil, bad, left - 1, nil
 }
 
 // describe names the value at the reader's position, for an error.

@@ -12,10 +12,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// TestReadReplies: a batch's raw reply gives each check its own values or
-// its own error, in order; a check whose reply is not an array of integers
+// TestReadReplies: a batch's raw reply gives each check its own values
+// (an array, or flat from a fast path: a count, then that many values) or
+// its own error, in order; a check whose reply is neither form of integers
 // is malformed alone, and the checks after it still get theirs. A reply that
-// is not one entry per check fails the whole call.
+// cannot be split into one per check fails the whole call.
 func TestReadReplies(t *testing.T) {
 	t.Parallel()
 	type want struct {
@@ -48,7 +49,16 @@ func TestReadReplies(t *testing.T) {
 			reply: "*4\r\n!9\r\nERR x\r\nyz\r\n%1\r\n+k\r\n:1\r\n*2\r\n|1\r\n+a\r\n:1\r\n:7\r\n:8\r\n=7\r\ntxt:abc\r\n",
 			checks: []want{{err: "ERR x\r\nyz"}, {err: "a map", bad: true}, {err: "value 0 is a value of type '|'", bad: true},
 				{err: "a string", bad: true}}},
-		{name: "too few replies", reply: "*1\r\n*1\r\n:1\r\n", checks: make([]want, 2), callErr: "1 replies for 2 checks"},
+		{name: "flat replies (a fast path's) beside arrays",
+			reply:  "*10\r\n:3\r\n:1\r\n:2\r\n:3\r\n*2\r\n:4\r\n:5\r\n-ERR x\r\n:0\r\n:2\r\n:6\r\n:7\r\n",
+			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{4, 5}}, {err: "ERR x"}, {vals: []int64{}}, {vals: []int64{6, 7}}}},
+		{name: "a flat value that is not an integer",
+			reply:  "*5\r\n:2\r\n:1\r\n$3\r\nabc\r\n:1\r\n:5\r\n",
+			checks: []want{{err: "value 1 is a string", bad: true}, {vals: []int64{5}}}},
+		{name: "a flat count past the end", reply: "*2\r\n:2\r\n:1\r\n", checks: make([]want, 1), callErr: "a count of 2 values where 1 are left"},
+		{name: "a negative flat count", reply: "*2\r\n:-1\r\n:1\r\n", checks: make([]want, 1), callErr: "a count of -1 values"},
+		{name: "too many values", reply: "*2\r\n*1\r\n:1\r\n:5\r\n", checks: make([]want, 1), callErr: "1 values left after 1 checks"},
+		{name: "too few replies", reply: "*1\r\n*1\r\n:1\r\n", checks: make([]want, 2), callErr: "1 values for 2 checks, none for check 1"},
 		{name: "not an array", reply: "+OK\r\n", checks: make([]want, 1), callErr: "a status for 1 checks"},
 		{name: "a RESP3 error for the call", reply: "!11\r\nERR no luck\r\n", checks: make([]want, 1), callErr: "ERR no luck"},
 		{name: "cut short", reply: "*2\r\n*3\r\n:1\r\n:2\r\n", checks: make([]want, 2), callErr: "cut short"},
@@ -123,6 +133,7 @@ func TestRawReplyErrorLine(t *testing.T) {
 func FuzzReadReplies(f *testing.F) {
 	for _, s := range []string{
 		"*2\r\n*3\r\n:1\r\n:2\r\n:3\r\n-ERR x\r\n",
+		"*5\r\n:3\r\n:1\r\n:2\r\n:3\r\n-ERR x\r\n",
 		"*1\r\n%2\r\n+a\r\n:1\r\n|1\r\n+b\r\n*1\r\n:2\r\n",
 		"*1\r\n$5\r\nab\r\n",
 		"*3\r\n*9223372036854775807\r\n",

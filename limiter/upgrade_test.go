@@ -9,9 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
@@ -269,6 +272,149 @@ func TestMixedVersions(t *testing.T) {
 		t.Errorf("too easy: %v", seen)
 	}
 	mixedCounters(t, old, newStore)
+	mixedTokenBuckets(t, old, newStore, srv.Client(t))
+}
+
+// tokenPhases are mixedTokenBuckets's nodes, phase by phase: the previous
+// release (old) and this one (new), through a rolling upgrade and back.
+var tokenPhases = [][3]string{
+	{"old", "old", "old"},
+	{"new", "old", "old"}, {"new", "new", "old"}, {"new", "old", "new"}, {"new", "new", "new"},
+	{"old", "new", "new"}, {"old", "old", "new"}, {"old", "new", "old"}, {"old", "old", "old"},
+}
+
+// mixedTokenBuckets runs TestMixedVersions's upgrade on token_bucket keys
+// (one window of 80 s, limit 40, burst 6: a token every 2 s; costs 1 to 3,
+// so an admission moves tat 2 to 6 s; some peeks and some count_only
+// records, which go by decide), through tokenPhases: every reply must be
+// the in-process store's (exact: no key read as empty, nothing admitted
+// that it would not admit), and after every request the key's TTL must
+// reach past its tat + 0.5 s (tokenTTLs). This release's fast path
+// moves the TTL only when its tat leaves a span of the window (tb_fast in
+// lua/token_bucket.lua), trusting the expiry it set before only when the
+// tat it reads is the one it wrote (marked); the previous release sets the
+// TTL to its tat + 1 s on every write, so a node that trusted its own
+// earlier expiry after the previous release wrote would leave the key to
+// expire before its tat and refill the bucket early. The run must hold
+// such turns: fast writes after the previous release's (which must move
+// the TTL), and fast writes after fast ones in the same span (which leave
+// it).
+func mixedTokenBuckets(t *testing.T, old *oldEngine, newStore func(...limiter.RedisOption) limiter.Store, client *redis.Client) {
+	engines := map[string][2]limiter.Store{ // by version, for even and odd nodes (FCALL, EVALSHA)
+		"old": {old, old},
+		"new": {newStore(), newStore(limiter.WithScripts(limiter.ScriptsEval))},
+	}
+	oracle := limiter.NewMemoryStore()
+	kb, _ := limiter.NewKeyBuilder("upt:", "api")
+	rng := rand.New(rand.NewPCG(29, 4))
+	now := time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC).UnixMicro()
+	win := limiter.Win{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 40, Burst: 6}
+	ctx := context.Background()
+	seen := map[string]int{}
+	last := map[string]string{} // a key's last writer: old, fast (this release's fast path) or decide
+	ttls := newTokenTTLs(client)
+	for ph, nodes := range tokenPhases {
+		for i := range 150 {
+			now += 50_000 + rng.Int64N(400_000)
+			if rng.IntN(12) == 0 {
+				now += 5e6 + rng.Int64N(10e6) // the bucket fills up
+			}
+			node := i % 3
+			version := nodes[node]
+			key := kb.Key("token", fmt.Sprint("id", rng.IntN(3)), true, "r0")
+			op := &limiter.Op{Now: now, Cost: 1 + rng.Int64N(3), Mode: limiter.ModeCheck,
+				Parts: []limiter.Part{{Key: key, Kind: limiter.KindToken, Windows: []limiter.Win{win}}}}
+			switch rng.IntN(12) {
+			case 0:
+				op.Mode = limiter.ModePeek
+			case 1:
+				op.Mode = limiter.ModeRecord
+			}
+			where := fmt.Sprintf("phase %d %v, node %d (%s), request %d, %s", ph, nodes, node, version, i, key)
+			want, err := oracle.Do(ctx, cloneOp(op))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := engines[version][node%2].Do(ctx, cloneOp(op))
+			if err != nil {
+				t.Fatalf("%s: %v", where, err)
+			}
+			if r.Status != want.Status || len(r.Usage) != 1 || r.Usage[0] != want.Usage[0] {
+				t.Fatalf("%s: %+v, the in-process store says %+v", where, r, want)
+			}
+			if r.Status == limiter.StatusAllowed && op.Mode != limiter.ModePeek {
+				writer := version
+				if version == "new" {
+					writer = "decide"
+					if op.Mode == limiter.ModeCheck {
+						writer = "fast"
+					}
+				}
+				if writer == "fast" && last[key] != "" {
+					seen["fast after "+last[key]]++
+				}
+				last[key] = writer
+				seen["allowed"]++
+			} else if op.Mode == limiter.ModeCheck {
+				seen["denied"]++
+			}
+			ttls.check(t, key, win.Name, now, where)
+		}
+	}
+	t.Logf("token buckets: %v", seen)
+	if seen["fast after old"] < 10 || seen["fast after fast"] < 20 || seen["fast after decide"] < 3 || seen["denied"] < 50 {
+		t.Errorf("too easy: %v", seen)
+	}
+}
+
+// tokenTTLs holds token buckets' keys to their TTL: after every request a
+// key that exists must expire past its window's tat + 0.5 s. Expiry is
+// reckoned on the tests' clock, which moves faster than real time: when a
+// request sets the key's TTL (its PEXPIRETIME changes), the key expires
+// PTTL after that request's now, until a request sets it again. So that
+// a TTL set again to the same millisecond (two requests within one, each
+// setting tat + 1 s) is seen to change, check moves the expiry it read 1 ms
+// earlier (PEXPIREAT): shorter, never longer, so never kinder to the
+// script.
+type tokenTTLs struct {
+	client *redis.Client
+	set    map[string][2]int64 // by key: PEXPIRETIME (ms) and the expiry it means on the tests' clock (µs)
+}
+
+func newTokenTTLs(client *redis.Client) *tokenTTLs {
+	return &tokenTTLs{client: client, set: map[string][2]int64{}}
+}
+
+func (w *tokenTTLs) check(t *testing.T, key, window string, now int64, where string) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := w.client.HGet(ctx, key, window+"t").Result()
+	if err == redis.Nil {
+		delete(w.set, key)
+		return
+	}
+	tat, perr := strconv.ParseFloat(s, 64)
+	if err != nil || perr != nil || tat != float64(int64(tat)) {
+		t.Fatalf("%s: the bucket's tat %q: %v %v", where, s, err, perr)
+	}
+	at, err := w.client.PExpireTime(ctx, key).Result()
+	pttl := w.client.PTTL(ctx, key).Val()
+	if err != nil || at <= 0 || pttl <= 0 {
+		t.Fatalf("%s: PEXPIRETIME %v, PTTL %v: %v", where, at, pttl, err)
+	}
+	prev, ok := w.set[key]
+	if !ok || prev[0] != at.Milliseconds() {
+		prev = [2]int64{at.Milliseconds(), now + pttl.Microseconds()}
+	}
+	prev[0], prev[1] = prev[0]-1, prev[1]-1000
+	if !w.client.PExpireAt(ctx, key, time.UnixMilli(prev[0])).Val() {
+		t.Fatalf("%s: PEXPIREAT failed", where)
+	}
+	w.set[key] = prev
+	if prev[1] < int64(tat)+500_000 {
+		t.Fatalf("%s: the key expires at %d µs, its tat is %d (%d µs from now): it could expire before its bucket is full",
+			where, prev[1], int64(tat), int64(tat)-now)
+	}
 }
 
 // counterPhases are mixedCounters's nodes, phase by phase: the previous

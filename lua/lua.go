@@ -197,35 +197,41 @@ local function fast_one(a, k, V, s)
   end
   return slow(a, k, s)
 end
--- As run: the checks in order, each its own reply; with n > 1 an error is
--- its check's reply.
+-- As run: the checks in order, each its own reply (OUT: a table, or flat
+-- from the fast path); with n > 1 an error is its check's reply.
 local function fast_run()
   now_redis = false
   if not INT then
     formats()
   end
   local n = ARGV[1] + 0
-  local out = {}
+  OUT, ON = {}, 0
   if n == 1 then
     local s = ARGV[2]
-    out[1] = fast_one(2, 1, SHAPE[s] or shape_of(s), s)
-    return out
+    local r = fast_one(2, 1, SHAPE[s] or shape_of(s), s)
+    if r ~= true then
+      return {#r, unpack(r)} -- one table, flat (run's way)
+    end
+    return OUT
   end
   local a, k = 2, 1
-  for c = 1, n do
+  for _ = 1, n do
     local s = ARGV[a]
     local V = SHAPE[s] or shape_of(s)
     local ok, r = pcall(fast_one, a, k, V, s)
-    if ok then
-      out[c] = r
-    elseif type(r) == "table" and r.err then
-      out[c] = r
-    else
-      out[c] = {err = tostring(r)}
+    if not ok then
+      if type(r) ~= "table" or not r.err then
+        r = {err = tostring(r)}
+      end
+      ON = ON + 1
+      OUT[ON] = r
+    elseif r ~= true then
+      ON = ON + 1
+      OUT[ON] = r
     end
     a, k = a + V.na, k + V.nk
   end
-  return out
+  return OUT
 end
 return fast_run()
 `

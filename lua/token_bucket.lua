@@ -11,13 +11,14 @@
 -- key it is capped.)
 --
 -- State per window of length L: "<L>t" = tat, the theoretical arrival time;
--- "<L>i" and "<L>b" = the T and B it was written with. The bucket is full
+-- "<L>i" and "<L>b" = the T and B it was written with (the fast path
+-- writes tat with ".0" after its digits: tb_fast). The bucket is full
 -- when tat <= now; d = max(tat - now, 0) is the time it needs to be full
 -- again. A state written under another T or B (a reload changed the limit,
 -- the burst or the window; a window whose length changed takes the state of
 -- the one it replaced) keeps its units in use, d * T_new / T_old, at most a
--- full bucket, so neither the budget nor the wait outlives the new policy. The TTL (until tat + 1 s) only collects
--- garbage.
+-- full bucket, so neither the budget nor the wait outlives the new policy. The TTL (past tat + 1 s; tb_fast's span
+-- below) only collects garbage.
 --
 -- A request of cost c fits when d + T * c - B * T <= 0; it then sets
 -- tat = now + d + T * c.
@@ -136,43 +137,78 @@ end
 
 -- tb_fast is the fast path (decide.lua's FAST) of a check of one window,
 -- mode 0: tb_check and tb_record for that case, in a row, with the reply's
--- short form. A state written under another T or B, or a key that holds
+-- short form appended flat to the call's (decide.lua's OUT). A state written under another T or B, or a key that holds
 -- other fields while this window has none (a reload), goes to decide. A
 -- state of this T and B keeps its fields i and b: the write is t alone.
--- What a check of a full bucket (d = 0, the common case) answers and
--- writes but its tat, d after it, its units in use and its TTL, is worked
--- out once per shape (V.tbd1, V.tbu1, V.tbx1).
+-- What a check of a full bucket (d = 0, the common case) answers but its
+-- tat, d after it and its units in use, is worked out once per shape
+-- (V.tb).
+--
+-- The TTL (since 2026-12-02): the fast path sets the key's expiry to the
+-- end of the span of S = an eighth of the window (whole ms, at least 1 s)
+-- that holds tat + 1 s, so past tat + 1 s and at most S later, and writes
+-- tat as its digits and ".0" (the same number to every reader: tonumber,
+-- s + 0). A later fast check moves the TTL (PEXPIRE) only when its new
+-- tat + 1 s falls in another span, or when the stored tat is not so
+-- marked: another writer wrote it last (the previous release, or decide,
+-- each of which sets the TTL to its own tat + 1 s), and its TTL may be
+-- shorter. The mark is read by the string's length: no tat below 2^53
+-- has more than 16 digits, and a marked one of 10^14 µs or more (1973
+-- on) has 17 or more characters (a marked tat below that moves the TTL on
+-- every write). A key's expiry is therefore always past its tat + 1 s (in
+-- the clock of the node that wrote it, as before).
 local function tb_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  -- fast_now, in line (a call fewer): now and the deadline as decide reads them.
+  local now = ARGV[a + 1] + 0
+  local deadline = ARGV[a + 2] + 0
+  if deadline ~= 0 then
+    local t = now_redis or clock()
+    if deadline > 0 and t > deadline then
+      return {3, t, t}
+    end
+  end
+  if now == 0 then
+    now = now_redis or clock()
   end
   local key, cost, w = KEYS[k], V[2], V[11]
-  local ft, fi, fb = V.ft, V.fi, V.fb
-  local burst, interval = V.tbb, V.tbi
-  if not ft then
-    ft, fi, fb = V[10] .. "t", V[10] .. "i", V[10] .. "b"
-    burst = V[13]
+  -- What the shape alone says, worked out on its first check: field
+  -- names, B, T, the span, the formats, and a full bucket's d and units.
+  local C = V.tb
+  if not C then
+    local burst = V[13]
     if burst <= 0 then
       burst = V[12]
     end
-    interval = math.floor(w / V[12] + 0.5)
+    local interval = math.floor(w / V[12] + 0.5)
     if interval < 1 then
       interval = 1
     end
-    V.ft, V.fi, V.fb, V.tbb, V.tbi = ft, fi, fb, burst, interval
-    V.tbbs, V.tbis = num(burst), num(interval) -- as written
+    local span = math.floor(w / 8000) * 1000
+    if span < 1000000 then
+      span = 1000000
+    end
     local d1 = interval * cost
-    V.tbd1, V.tbu1, V.tbx1 = d1, tb_in_use(d1, burst, interval), num(math.ceil(d1 / 1000) + 1000)
+    C = {V[10] .. "t", V[10] .. "i", V[10] .. "b", burst, interval, span, INT .. ".0",
+      num(interval), num(burst), d1, tb_in_use(d1, burst, interval)} -- (T and B as written)
+    V.tb = C
   end
-  local v = rcall("HMGET", key, ft, fi, fb)
+  local ft, burst, interval, span = C[1], C[4], C[5], C[6]
+  local v = rcall("HMGET", key, ft, C[2], C[3])
   local tat = v[1]
   local d = 0
+  -- at: the start of the span of the stored tat + 1 s when its mark says
+  -- the key's expiry is that span's end (false: the TTL moves).
+  local at = false
   if tat then
-    if v[2] ~= V.tbis or v[3] ~= V.tbbs then
+    if v[2] ~= C[8] or v[3] ~= C[9] then
       return nil
     end
+    local marked = #tat > 16
     tat = tat + 0
+    if marked then
+      at = tat + 1000000
+      at = at - at % span
+    end
     d = tat - now
     if d < 0 then
       d = 0
@@ -180,36 +216,61 @@ local function tb_fast(a, k, V)
   elseif #rcall("HGETALL", key) > 0 then
     return nil
   end
+  local count
   if d == 0 and cost <= burst then
     -- A full bucket: admitted.
-    d = V.tbd1
-    if tat then
-      rcall("HSET", key, ft, sfmt(INT, now + d))
+    d, count = C[10], C[11]
+  else
+    local retry = 0
+    if cost > burst then
+      retry = w
     else
-      rcall("HSET", key, ft, sfmt(INT, now + d), fi, V.tbis, fb, V.tbbs)
+      local allow_at = d + interval * cost - burst * interval
+      if allow_at > 0 then
+        retry = allow_at
+      end
     end
-    rcall("PEXPIRE", key, V.tbx1)
-    return {1, now, now_redis or 0, V.tbu1, 0, d}
-  end
-  local retry = 0
-  if cost > burst then
-    retry = w
-  else
-    local allow_at = d + interval * cost - burst * interval
-    if allow_at > 0 then
-      retry = allow_at
+    if retry > 0 then
+      local o = ON
+      OUT[o + 1] = 6
+      OUT[o + 2] = 0
+      OUT[o + 3] = now
+      OUT[o + 4] = now_redis or 0
+      OUT[o + 5] = tb_in_use(d, burst, interval)
+      OUT[o + 6] = retry
+      OUT[o + 7] = d
+      ON = o + 7
+      return true
     end
+    d = d + interval * cost
+    count = tb_in_use(d, burst, interval)
   end
-  if retry > 0 then
-    return {0, now, now_redis or 0, tb_in_use(d, burst, interval), retry, d}
-  end
-  d = d + interval * cost
+  local t = now + d
+  local ts = sfmt(C[7], t)
+  local e = t + 1000000
+  e = e - e % span
   if tat then
-    rcall("HSET", key, ft, sfmt(INT, now + d))
+    rcall("HSET", key, ft, ts)
   else
-    rcall("HSET", key, ft, sfmt(INT, now + d), fi, V.tbis, fb, V.tbbs)
+    rcall("HSET", key, ft, ts, C[2], C[8], C[3], C[9])
   end
-  rcall("PEXPIRE", key, sfmt(INT, math.ceil(d / 1000) + 1000))
-  return {1, now, now_redis or 0, tb_in_use(d, burst, interval), 0, d}
+  if e ~= at then
+    rcall("PEXPIRE", key, sfmt(INT, math.ceil((e + span - now) / 1000)))
+  end
+  local o = ON
+  if o == 0 then
+    -- The call's first reply: its table made to size (no growing).
+    OUT = {6, 1, now, now_redis or 0, count, 0, d}
+  else
+    OUT[o + 1] = 6
+    OUT[o + 2] = 1
+    OUT[o + 3] = now
+    OUT[o + 4] = now_redis or 0
+    OUT[o + 5] = count
+    OUT[o + 6] = 0
+    OUT[o + 7] = d
+  end
+  ON = o + 7
+  return true
 end
 FAST[4] = tb_fast
