@@ -41,7 +41,7 @@ type simCfg struct {
 	Queue     string
 	DryRun    bool
 	Fail      string
-	Format    int // redis: the state format sliding_log keys are written in (1, 2, 3; 0: 3)
+	Format    int // redis: the state format sliding_log and sliding_counter keys are written in (1, 2, 3, 4; 0: 4)
 }
 
 // simStep is one step of a history.
@@ -65,7 +65,7 @@ type simStep struct {
 	Cancel bool   // req: the client goes away while queued
 	QFault string // req: a fault (kill, stall) that starts while the request waits in the queue
 	Deaf   int    // ovset, ovdel: node Deaf-1 misses the notice, then reads the overrides' index
-	Format int    // reload (redis): the node's store writes this state format from now on (1, 2, 3), on a new client
+	Format int    // reload (redis): the node's store writes this state format from now on (1, 2, 3, 4), on a new client
 	Alg    string // reload: the algorithm from now on ("": unchanged); its duration windows start again
 	Conc   int64  // reload: max_concurrent from now on (-1: none; 0: unchanged)
 }

@@ -158,10 +158,10 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 				s.Conc = []int64{-1, 1, 2}[len(steps)/4%3]
 			}
 			if c.Stack == "redis" && s.Client {
-				// The node's new client writes the state format 1, 2 or
-				// 3 (drawn from the step's place, not the generator, so
-				// that the seeds' histories stay as they were).
-				s.Format = 1 + len(steps)%3
+				// The node's new client writes the state format 1, 2, 3
+				// or 4 (drawn from the step's place, not the generator,
+				// so that the seeds' histories stay as they were).
+				s.Format = 1 + len(steps)%4
 			}
 		default:
 			if c.Stack != "redis" {
@@ -374,6 +374,9 @@ func genFocus(seed uint64, stack, focus string, steps int) simCase {
 			}
 		case x < 90 && focus == "format":
 			s.Op, s.Client, s.Format = "reload", true, 1+rng.IntN(3)
+			if s.Format == 3 && len(c.Steps)%2 == 0 {
+				s.Format = 4 // (the counter's format 4; the generator's draws as they were)
+			}
 		case x < 90 && focus == "outage-ban":
 			s.Op, s.Fault = "fault", []string{"stall", "stall", "kill", "heal"}[rng.IntN(4)]
 		case x < 90:
