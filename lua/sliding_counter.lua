@@ -1340,7 +1340,7 @@ local function ctr4_fast(a, k, V)
     fw, bw = V[10] .. "w", math.ceil(w / CTR3_N)
     V.fw, V.cbw, V.cb, V.cttl = fw, bw, math.ceil(limit / CTR3_N), sfmt(INT, math.ceil((w + bw) / 1000) + 1000)
   end
-  local v = rcall("HGET", key, fw)
+  local v = rcall("HMGET", key, fw)[1] -- (HMGET, HGETALL: the commands docs/redis.md's ACL grants)
   local kk = (now - now % bw) / bw -- math.floor(now / bw)
   local base, sk, wd, tot = now, false, 1, 0
   if v then
@@ -1364,7 +1364,7 @@ local function ctr4_fast(a, k, V)
       end
     end
     c4sk = sk
-  elseif rcall("EXISTS", key) == 1 then
+  elseif #rcall("HGETALL", key) > 0 then
     return nil
   else
     c4sk = kk - CTR3_R -- every bucket reads 0
