@@ -134,7 +134,7 @@ func checkBlockNames(h httpcaddyfile.Helper, m *Handler) error {
 //			pipeline     <n> | off
 //			key_prefix   <string>
 //			scripts      functions | eval
-//			state_format 1 | 2 | 3
+//			state_format 1 | 2 | 3 | 4
 //		}
 //		global_redis  <url>
 //		global_redis {
@@ -494,8 +494,8 @@ func (c *RedisConfig) subdirective(d *caddyfile.Dispenser, sub, dir string) erro
 			return err
 		}
 		n, err := strconv.Atoi(v)
-		if sub == "state_format" && (err != nil || n < 1 || n > 3) {
-			return d.Errf("%s state_format must be 1, 2 or 3, got '%s'", dir, v)
+		if sub == "state_format" && (err != nil || n < 1 || n > 4) {
+			return d.Errf("%s state_format must be 1, 2, 3 or 4, got '%s'", dir, v)
 		}
 		if err != nil || n < 0 || sub == "pool_size" && n == 0 {
 			return d.Errf("%s %s must be a %s integer, got '%s'", dir, sub, map[string]string{"db": "non-negative", "pool_size": "positive"}[sub], v)

@@ -416,7 +416,7 @@ func TestBadCaddyfiles(t *testing.T) {
 		{"lease_timeout below 1ms", "limit 5\nwindow 1m\nmax_concurrent 3\n@lease_timeout 100us", "lease_timeout must be at least 1ms"},
 		{"redis tls unknown option", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@tls verify\n}", "redis tls: unknown option 'verify'"},
 		{"redis tls unknown subdirective", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\ntls {\n@pin abc\n}\n}", "unrecognized sliding_ratelimit redis tls subdirective 'pin'"},
-		{"redis state_format 4", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@state_format 4\n}", "redis state_format must be 1, 2 or 3, got '4'"},
+		{"redis state_format 5", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@state_format 5\n}", "redis state_format must be 1, 2, 3 or 4, got '5'"},
 		{"redis pool_size 0", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@pool_size 0\n}", "redis pool_size must be a positive integer, got '0'"},
 		{"redis negative db", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@db -1\n}", "redis db must be a non-negative integer, got '-1'"},
 		{"redis dial_timeout 0", "limit 5\nwindow 1m\nredis {\naddress localhost:6379\n@dial_timeout 0s\n}", "redis dial_timeout: bad duration '0s'"},

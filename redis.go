@@ -84,8 +84,10 @@ type RedisConfig struct {
 	Scripts string `json:"scripts,omitempty"`
 
 	// StateFormat is the format sliding_log and sliding_counter keys are
-	// written in, for each algorithm its newest up to this number: 3 (the
-	// default; both algorithms' format 3), 2 (each one's format 2, while
+	// written in, for each algorithm its newest up to this number: 4 (the
+	// default; the log's format 3, the counter's format 4), 3 (both
+	// algorithms' format 3, while nodes of a build before format 4 share
+	// the Redis), 2 (each one's format 2, while
 	// nodes of a build writing it share the Redis) or 1, the format of
 	// releases before the state format version, while nodes of such a
 	// release share the Redis (a rolling upgrade from one, a rollback to

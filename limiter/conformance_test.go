@@ -452,6 +452,15 @@ func backends(t *testing.T) []backend {
 		{"redis-server", func(t *testing.T) limiter.Backend {
 			return limiter.Backend{Store: limiter.NewRedisStore(client), Source: limiter.SourceRedis}
 		}},
+		{"redis-server, counter format 3", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.CounterFormat3)), Source: limiter.SourceRedis}
+		}},
+		{"miniredis, counter format 3", func(t *testing.T) limiter.Backend {
+			m := miniredis.RunT(t)
+			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+			t.Cleanup(func() { c.Close() })
+			return limiter.Backend{Store: limiter.NewRedisStore(c, limiter.WithStateFormat(limiter.CounterFormat3)), Source: limiter.SourceRedis}
+		}},
 		{"redis-server EVALSHA", func(t *testing.T) limiter.Backend {
 			return limiter.Backend{Store: limiter.NewRedisStore(client, limiter.WithScripts(limiter.ScriptsEval)), Source: limiter.SourceRedis}
 		}},

@@ -11,7 +11,7 @@ import (
 )
 
 // TestCounterBoundAtBucketEdges: bursts timed against the counter's buckets
-// (lua/sliding_counter.lua, format 3: a window W in N = 20 buckets of W/N,
+// (lua/sliding_counter.lua, formats 4 and 3: a window W in N = 20 buckets of W/N,
 // the oldest counted by its first and last arrival but never below its
 // units minus B = ceil(limit / N); format 2, under state_format 2: N = 10,
 // the oldest counted by its overlap, the same floor) never get more than
@@ -21,7 +21,7 @@ import (
 // that bucket (d µs before the burst leaves it, down to 1 µs) and at the
 // edges of the buckets after it. It checks the exact log of what was
 // admitted after every admission, on the in-process store and on
-// redis-server (formats 3 and 2), and that the bursts do reach past the
+// redis-server (formats 4, 3 and 2), and that the bursts do reach past the
 // limit (the bound is met, not merely above what happened).
 func TestCounterBoundAtBucketEdges(t *testing.T) {
 	t.Parallel()
@@ -33,6 +33,7 @@ func TestCounterBoundAtBucketEdges(t *testing.T) {
 		n     int64 // buckets a window
 		slack int64 // the bound is limit + B - slack
 	}{{"memory", limiter.NewMemoryStore(), limiter.CounterBuckets, 1}, {"redis-server", limiter.NewRedisStore(client), limiter.CounterBuckets, 1},
+		{"redis-server, format 3", limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.CounterFormat3)), limiter.CounterBuckets, 1},
 		{"redis-server, format 2", limiter.NewRedisStore(client, limiter.WithStateFormat(limiter.LogFormat2)), 10, 0}} {
 		for _, limit := range []int64{7, 100} {
 			const w = int64(10_000_000)

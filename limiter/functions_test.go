@@ -374,9 +374,11 @@ func TestLogChecksGoByTheLogScript(t *testing.T) {
 		}
 		c.ScriptFlush(ctx)
 		mustCount(t, s, key, 5, "log check after SCRIPT FLUSH")
-		// A counter goes by the full script.
+		// A counter with a lease goes by the full script (in the common
+		// form, by its own fast script: TestFastScripts).
 		ctr := pathOp(key+":ctr", false)
 		ctr.Parts[0].Kind = limiter.KindCounter
+		ctr.Lease = &limiter.LeaseOp{Key: key + ":ctr:lease", Max: 5, Timeout: time.Minute.Microseconds(), ID: randomID(t)}
 		if r, err := s.Do(ctx, ctr); err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 1 {
 			t.Fatalf("counter check: %+v %v", r, err)
 		}
@@ -399,7 +401,7 @@ func TestFastScripts(t *testing.T) {
 	srv := redistest.Start(t)
 	c := srv.Client(t)
 	ctx := context.Background()
-	for _, kind := range []limiter.Kind{limiter.KindFixed, limiter.KindToken} {
+	for _, kind := range []limiter.Kind{limiter.KindFixed, limiter.KindToken, limiter.KindCounter} {
 		sha := redis.NewScript(lua.DecideFast[int(kind)]).Hash()
 		for _, opts := range [][]limiter.RedisOption{{limiter.WithScripts(limiter.ScriptsEval)},
 			{limiter.WithScripts(limiter.ScriptsEval), limiter.WithBatching(4, 8)}} {

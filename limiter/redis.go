@@ -77,28 +77,38 @@ const (
 // nodes of a release before the state format version share the Redis (a
 // rolling upgrade from one, or a rollback to one: docs/redis.md,
 // "Upgrading"); LogFormat2, each one's format 2 (for nodes of a build that
-// writes it); LogFormat3 (= CounterFormat3), each one's newest.
+// writes it); LogFormat3 (= CounterFormat3), the log's and the counter's
+// format 3 (for nodes of a build before format 4); CounterFormat4, the
+// log's format 3 and the counter's format 4, each one's newest.
 func WithStateFormat(f int) RedisOption {
 	return func(s *RedisStore) {
-		if f == LogFormat1 || f == LogFormat2 || f == LogFormat3 {
+		if f == LogFormat1 || f == LogFormat2 || f == LogFormat3 || f == CounterFormat4 {
 			s.format = f
 		}
 	}
 }
 
 // CounterFormat3 is sliding_counter's state format 3 (lua/sliding_counter.lua:
-// 20 buckets a window, each with its first and last arrival), written unless
-// WithStateFormat names an older one; the store reads formats 1 to 3.
-const CounterFormat3 = 3
+// 20 buckets a window, each with its first and last arrival, a JSON array);
+// CounterFormat4 the same buckets in fixed-width slots read and written in
+// place, written unless WithStateFormat names an older one (the log is in
+// its format 3 under both). The store reads formats 1 to 4.
+const (
+	CounterFormat3 = 3
+	CounterFormat4 = 4
+)
 
 // counterKind is the kind decide.lua is given for a sliding_counter part
-// written in format: 8 (format 1), 10 (format 2) or 2 (format 3).
+// written in format: 8 (format 1), 10 (format 2), 12 (format 3) or 2
+// (format 4).
 func counterKind(format int) int64 {
 	switch format {
 	case LogFormat1:
 		return 8
 	case LogFormat2:
 		return 10
+	case CounterFormat3:
+		return 12
 	}
 	return int64(KindCounter)
 }
@@ -358,8 +368,9 @@ type check struct {
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
 // and sliding_counter parts to be written in format (LogFormat1: kinds 7
-// and 8; LogFormat2: kinds 1 and 2; else, format 3, the log as kind 11 and
-// the counter as kind 2): the values a limiter repeats in one
+// and 8; LogFormat2: kinds 1 and 10; LogFormat3: kinds 11 and 12; else
+// (CounterFormat4), the log as kind 11 and the counter as kind 2): the
+// values a limiter repeats in one
 // string, its shape (decide.lua's header), and the ones that change as
 // arguments of their own.
 func (c *check) encode(op *Op, deadline int64, format int) {
@@ -427,7 +438,8 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 
 // fastKind is the kind whose lua.DecideFast script takes op on the
 // EVALSHA path (decide.lua's fast form: mode 0, one part of one window, no
-// ban, no lease, no override; sliding_log in format 2), or 0.
+// ban, no lease, no override; sliding_log in format 2 or 3, sliding_counter
+// in format 4), or 0.
 func fastKind(op *Op, format int) Kind {
 	if op.Mode != ModeCheck || len(op.Parts) != 1 || op.Ban != nil || op.Lease != nil || op.Override != nil ||
 		len(op.Parts[0].Windows) != 1 {
@@ -435,6 +447,8 @@ func fastKind(op *Op, format int) Kind {
 	}
 	switch k := op.Parts[0].Kind; {
 	case k == KindLog && format != LogFormat1, k == KindFixed, k == KindToken:
+		return k
+	case k == KindCounter && (format == 0 || format == CounterFormat4):
 		return k
 	}
 	return 0

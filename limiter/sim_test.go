@@ -41,7 +41,7 @@ type simCfg struct {
 	Queue     string
 	DryRun    bool
 	Fail      string
-	Format    int // redis: the state format sliding_log keys are written in (1, 2, 3; 0: 3)
+	Format    int // redis: the state format sliding_log and sliding_counter keys are written in (1, 2, 3, 4; 0: 4)
 }
 
 // simStep is one step of a history.
@@ -65,7 +65,7 @@ type simStep struct {
 	Cancel bool   // req: the client goes away while queued
 	QFault string // req: a fault (kill, stall) that starts while the request waits in the queue
 	Deaf   int    // ovset, ovdel: node Deaf-1 misses the notice, then reads the overrides' index
-	Format int    // reload (redis): the node's store writes this state format from now on (1, 2, 3), on a new client
+	Format int    // reload (redis): the node's store writes this state format from now on (1, 2, 3, 4), on a new client
 	Alg    string // reload: the algorithm from now on ("": unchanged); its duration windows start again
 	Conc   int64  // reload: max_concurrent from now on (-1: none; 0: unchanged)
 }
@@ -813,15 +813,15 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	}
 	newClient := s.Client || s.Format != 0
 	if cfg.Alg == "sliding_counter" && (cfg.Format == limiter.LogFormat1 || cfg.Format == limiter.LogFormat2) {
-		// The oracle models the counter in its own format only (format
-		// 3): in the previous release's (two counters) and in format 2 (10
-		// buckets, no arrival times) it is an estimate of another shape,
-		// which TestMixedVersions holds across the upgrade. A node that
-		// writes the counter writes its newest format (a new client).
-		// (Until 2026-12-02 format 2 was let through here: a reset of
-		// 1.1 s where the oracle said 1 s, TestSimReplay's seed
-		// 1796230887945231843.)
-		cfg.Format, newClient = limiter.LogFormat3, true
+		// The oracle models the counter in its own model only (formats 3
+		// and 4, one model in two encodings): in the previous release's
+		// (two counters) and in format 2 (10 buckets, no arrival times) it
+		// is an estimate of another shape, which TestMixedVersions holds
+		// across the upgrade. A node that writes the counter writes its
+		// newest format (a new client). (Until 2026-12-02 format 2 was
+		// let through here: a reset of 1.1 s where the oracle said 1 s,
+		// TestSimReplay's seed 1796230887945231843.)
+		cfg.Format, newClient = limiter.CounterFormat4, true
 	}
 	old := n.l
 	nn, err := r.env.node(r, ni, cfg, newClient)

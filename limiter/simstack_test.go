@@ -117,7 +117,7 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			}
 			if cfg.Format != 0 {
 				// A node switched to another state format (a reload with
-				// a Format: 1, the previous release's, 2 or 3): the keys
+				// a Format: 1, the previous release's, 2, 3 or 4): the keys
 				// it writes go back and forth between the formats.
 				opts = append(opts, limiter.WithStateFormat(cfg.Format))
 			}

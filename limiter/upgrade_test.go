@@ -271,7 +271,9 @@ func TestMixedVersions(t *testing.T) {
 	if seen["allowed"] < 100 || seen["denied"] < 50 || seen["peek"] < 50 {
 		t.Errorf("too easy: %v", seen)
 	}
-	mixedCounters(t, old, newStore)
+	mixedCounters(t, old, newStore, func(key string) string {
+		return srv.Client(t).HGet(context.Background(), key, limiter.WindowName(10*time.Second)+"w").Val()
+	})
 	mixedTokenBuckets(t, old, newStore, srv.Client(t))
 }
 
@@ -418,15 +420,17 @@ func (w *tokenTTLs) check(t *testing.T, key, window string, now int64, where str
 }
 
 // counterPhases are mixedCounters's nodes, phase by phase: the previous
-// release (old), this one under state_format 1 (f1) and 2 (f2), and as it
-// comes (f3, the counter's format 3).
+// release (old), this one under state_format 1 (f1), 2 (f2) and 3 (f3, the
+// counter's JSON format 3, as the builds before format 4 write it), and as
+// it comes (f4, the counter's format 4).
 var counterPhases = [][3]string{
 	{"old", "old", "old"},
 	{"f1", "old", "old"}, {"f1", "f1", "old"}, {"f1", "f1", "f1"}, // the rolling upgrade, state_format 1
-	{"f2", "f1", "f1"}, {"f3", "f2", "f1"}, {"f3", "f3", "f2"}, // state_format 2, then removed, node by node
-	{"f3", "f3", "f3"}, {"f3", "f3", "f3"}, {"f3", "f3", "f3"},
-	{"f2", "f3", "f3"}, {"f2", "f2", "f3"}, {"f2", "f2", "f2"}, // rollback: state_format 2,
-	{"f1", "f3", "f2"}, {"f1", "f1", "f2"}, {"f1", "f1", "f1"}, // then 1 (one node still in format 3),
+	{"f2", "f1", "f1"}, {"f3", "f2", "f1"}, {"f3", "f3", "f2"}, // state_format 2, then 3, node by node
+	{"f4", "f3", "f3"}, {"f4", "f4", "f3"}, {"f4", "f4", "f4"}, {"f4", "f4", "f4"}, // then removed (format 4)
+	{"f3", "f4", "f4"}, {"f3", "f3", "f4"}, {"f3", "f3", "f3"}, // rollback: state_format 3,
+	{"f2", "f3", "f3"}, {"f2", "f2", "f3"}, {"f2", "f2", "f2"}, // then 2,
+	{"f1", "f4", "f2"}, {"f1", "f1", "f2"}, {"f1", "f1", "f1"}, // then 1 (one node still in format 4),
 	{"old", "f1", "f1"}, {"old", "old", "f1"}, {"old", "old", "old"}, // then the previous release
 }
 
@@ -434,8 +438,9 @@ var counterPhases = [][3]string{
 // bucket in one of two regions and the global ceiling, windows of 10 s and
 // 30 s) through counterPhases: the previous release's two counters (format
 // 1), this release's 10 buckets (format 2, state_format 2) and its 20
-// buckets with their first and last arrivals (format 3), each node reading
-// every format and writing its own. The counter is an estimate, so what each
+// buckets with their first and last arrivals (format 3 in JSON,
+// state_format 3; format 4 in fixed-width slots, the same model), each node
+// reading every format and writing its own. The counter is an estimate, so what each
 // reply must be is a bound of the exact log, not the log:
 //   - while every node reads and writes format 1 (phases 0-3), exactly the
 //     previous release's two-counter estimate from the log (the new
@@ -447,18 +452,21 @@ var counterPhases = [][3]string{
 //   - never more admitted in a window (t - L, t] than twice the limit (the
 //     two counters' own bound) if a node in format 1 served a request in
 //     it, else than format 2's limit + ceil(limit / 10) if a node in format
-//     2 did, else than format 3's limit + ceil(limit / 20) - 1.
+//     2 did, else than formats 3's and 4's limit + ceil(limit / 20) - 1.
 //
-// Once every node writes format 3, the previous release fails on a key in
-// it (an error, not a key read as empty).
-func mixedCounters(t *testing.T, old *oldEngine, newStore func(...limiter.RedisOption) limiter.Store) {
+// Once every node writes format 4, the previous release fails on a key in
+// it (an error, not a key read as empty; TestCounterFormat4FailsFormat3
+// holds the builds of format 3 to the same).
+func mixedCounters(t *testing.T, old *oldEngine, newStore func(...limiter.RedisOption) limiter.Store, field10s func(key string) string) {
 	f1, f2 := limiter.WithStateFormat(limiter.LogFormat1), limiter.WithStateFormat(limiter.LogFormat2)
+	f3 := limiter.WithStateFormat(limiter.CounterFormat3)
 	eval := limiter.WithScripts(limiter.ScriptsEval)
 	engines := map[string][2]limiter.Store{ // by version, for even and odd nodes (FCALL, EVALSHA)
 		"old": {old, old},
 		"f1":  {newStore(f1), newStore(f1, eval)},
 		"f2":  {newStore(f2), newStore(f2, eval)},
-		"f3":  {newStore(), newStore(eval)},
+		"f3":  {newStore(f3), newStore(f3, eval)},
+		"f4":  {newStore(), newStore(eval)},
 	}
 	kb, _ := limiter.NewKeyBuilder("upc:", "api")
 	rng := rand.New(rand.NewPCG(29, 3))
@@ -471,7 +479,7 @@ func mixedCounters(t *testing.T, old *oldEngine, newStore func(...limiter.RedisO
 	seen := map[string]int{}
 	ids := []string{"id0", "id1", "id2", "id3"}
 	last := map[string]int64{} // the last request a node of each format served
-	allF1 := 15                // the phase every node of this release writes format 1 in, before the previous release comes back
+	allF1 := 19                // the phase every node of this release writes format 1 in, before the previous release comes back
 	for ph, nodes := range counterPhases {
 		for i := range 80 {
 			now += rng.Int64N(300_000)
@@ -494,7 +502,7 @@ func mixedCounters(t *testing.T, old *oldEngine, newStore func(...limiter.RedisO
 			if err != nil {
 				t.Fatalf("%s: %v", where, err)
 			}
-			format := map[string]string{"old": "f1", "f1": "f1", "f2": "f2", "f3": "f3"}[nodes[node]]
+			format := map[string]string{"old": "f1", "f1": "f1", "f2": "f2", "f3": "f3", "f4": "f3"}[nodes[node]]
 			last[format] = now
 			admitted := r.Status == limiter.StatusAllowed
 			if ph <= 3 {
@@ -543,11 +551,15 @@ func mixedCounters(t *testing.T, old *oldEngine, newStore func(...limiter.RedisO
 				seen["denied"]++
 			}
 		}
-		if ph == 9 {
+		if ph == 10 {
+			key := kb.Global("ctr", ids[0])
+			if v := field10s(key); !strings.HasPrefix(v, "[3,#4") {
+				t.Fatalf("phase %d: the key %s holds %.40q, want format 4", ph, key, v)
+			}
 			op := &limiter.Op{Now: now, Cost: 1, Mode: limiter.ModeCheck, Parts: []limiter.Part{
-				{Key: kb.Global("ctr", ids[0]), Kind: limiter.KindCounter, Global: true, Windows: global}}}
+				{Key: key, Kind: limiter.KindCounter, Global: true, Windows: global}}}
 			if r, err := old.Do(ctx, op); err == nil {
-				t.Fatalf("the previous release read a format-3 counter key and answered %+v, want an error", r)
+				t.Fatalf("the previous release read a format-4 counter key and answered %+v, want an error", r)
 			}
 		}
 	}

@@ -60,8 +60,8 @@
 -- kind:  1 sliding_log (its state in format 2; 7: in format 1, the format of
 --        releases before the state format version; 11: in format 3, see
 --        sliding_log.lua),
---        2 sliding_counter (format 3; 10: in format 2, 8: in format 1,
---        see sliding_counter.lua), 3 fixed_window, 4 token_bucket,
+--        2 sliding_counter (format 4; 12: in format 3, 10: in format 2,
+--        8: in format 1, see sliding_counter.lua), 3 fixed_window, 4 token_bucket,
 --        5 calendar periods (fixed windows on the calendar), 6 a data
 --        centre's share of the global ceiling (share.lua): its lead and
 --        claim (µs) and the limits' signature come with the changing values,
@@ -485,8 +485,10 @@ local function decide(a, k, V)
       kind, pwant[p] = 2, 1 -- sliding_counter in format 1 (sliding_counter.lua)
     elseif kind == 10 then
       kind, pwant[p] = 2, 2 -- sliding_counter in format 2
+    elseif kind == 12 then
+      kind, pwant[p] = 2, 3 -- sliding_counter in format 3
     elseif kind == 2 then
-      pwant[p] = 3 -- sliding_counter in format 3
+      pwant[p] = 4 -- sliding_counter in format 4
     else
       pwant[p] = 2
     end

@@ -134,10 +134,11 @@ var Files = map[string]string{
 // shapes.
 const fastMarker = "-- @fast"
 
-// DecideFast holds, by kind (1 sliding_log, 3 fixed_window, 4
-// token_bucket), the script for EVALSHA calls whose every check is of that
-// kind in the form its fast path takes (mode 0, one part of one window, no
-// ban, no lease, no override; sliding_log in format 2). EVALSHA runs a
+// DecideFast holds, by kind (1 sliding_log, 2 sliding_counter, 3
+// fixed_window, 4 token_bucket), the script for EVALSHA calls whose every
+// check is of that kind in the form its fast path takes (mode 0, one part
+// of one window, no ban, no lease, no override; sliding_log in format 2 or
+// 3, sliding_counter in format 4). EVALSHA runs a
 // script's whole chunk on each call: Decide's defines every function and
 // table of decide.lua and the five algorithm files before its first check
 // (about 230k instructions a call on Redis 7.0, DecideLog's about 90k). A
@@ -148,7 +149,7 @@ const fastMarker = "-- @fast"
 // declines (a state to rewrite after a reload, a log in format 1). That
 // call's later checks go on through the fast path; both sides share the
 // call's reading of Redis TIME.
-var DecideFast = map[int]string{1: fastScript(slidingLog), 3: fastScript(fixedWindow), 4: fastScript(tokenBucket)}
+var DecideFast = map[int]string{1: fastScript(slidingLog), 2: fastScript(slidingCounter), 3: fastScript(fixedWindow), 4: fastScript(tokenBucket)}
 
 // fastScript is a DecideFast script of the algorithm file alg.
 func fastScript(alg string) string {

@@ -111,6 +111,11 @@ local CTR_R = CTR_N + 1
 local CTR3_N, CTR3_R = 20, 21
 local ca, cv, cnew = {}, {}, {}
 local FMT3 = false
+-- cwl: window j's length (the format-3 arithmetic's, so that the fast path
+-- needs none of decide.lua's tables); cenc: the format (3 or 4) window j is
+-- written in.
+local cwl, cenc = {}, {}
+local ctr4_decode, ctr4_encode
 
 -- Per window of the check: its format (cfmt), bucket length and B, the
 -- buckets (cring[j][slot], for (s1 - CTR_R, s1]), their prefix sums
@@ -300,7 +305,10 @@ end
 -- or nil.
 local function ctr3_decode(v)
   if v and string.sub(v, 1, 3) == "[3," then
-    return cjson.decode(v)
+    if string.sub(v, 4, 5) == "#4" then
+      return ctr4_decode(v), 4
+    end
+    return cjson.decode(v), 3
   end
   return nil
 end
@@ -700,8 +708,8 @@ end
 -- ctr3_le reports whether window j's estimate at t (t >= K * bw) is at
 -- most target, a whole number, compared in whole numbers.
 local function ctr3_le(j, t, target)
-  local a, bw, st = ca[j], cbw[j], t - wlen[j]
-  local m0 = math.floor(st / bw)
+  local a, bw, st = ca[j], cbw[j], t - cwl[j]
+  local m0 = (st - st % bw) / bw -- math.floor(st / bw), in whole numbers
   if m0 > a[67] then
     return target >= 0
   end
@@ -726,8 +734,8 @@ end
 
 -- ctr3_count is window j's estimate at t rounded up.
 local function ctr3_count(j, t)
-  local a, bw, st = ca[j], cbw[j], t - wlen[j]
-  local m0 = math.floor(st / bw)
+  local a, bw, st = ca[j], cbw[j], t - cwl[j]
+  local m0 = (st - st % bw) / bw
   if m0 > a[67] then
     return 0
   end
@@ -756,9 +764,9 @@ local function ctr3_until(j, target, base)
   if ctr3_le(j, base, target) then
     return 0
   end
-  local a, w, bw, b = ca[j], wlen[j], cbw[j], cb[j]
+  local a, w, bw, b = ca[j], cwl[j], cbw[j], cb[j]
   local k = a[67]
-  local m = math.floor((base - w) / bw)
+  local m = (base - w - (base - w) % bw) / bw
   local after = ctr3_after(j, m)
   while m <= k do
     local lo = m * bw
@@ -804,7 +812,7 @@ end
 -- (K - CTR3_R, K].
 local function ctr3_put(j, units, t)
   local a, bw = ca[j], cbw[j]
-  local m = math.floor(t / bw)
+  local m = (t - t % bw) / bw
   if units <= 0 or m <= a[67] - CTR3_R or m > a[67] then
     return
   end
@@ -821,6 +829,146 @@ local function ctr3_put(j, units, t)
   end
   a[o] = a[o] + units
   a[66] = a[66] + units
+end
+
+-- Format 4 (kind 2 writes it; the header above). The field is a binary
+-- string of fixed-width numbers, each a whole number in bytes, the most
+-- significant first (string.byte and string.char read and write them in
+-- Redis's Lua and in miniredis's alike, and neither formats nor parses a
+-- decimal):
+--   "[3,#4", W (one byte), K (7 bytes), T (7 bytes), then 21 slots of 3 W
+--   bytes: slot i = m % 21 holds bucket m of (K - 21, K]: c, f - m bw,
+--   l - m bw.
+-- C4H is the header's length: slot i begins after byte C4H + 3 W i.
+local C4H = 20
+-- (A library's body cannot read the global string when it loads: c4_init
+-- sets them on a call's first use.)
+local schar, sbyte, ssub = false, false, false
+local function c4_init()
+  schar, sbyte, ssub = string.char, string.byte, string.sub
+end
+
+-- b_put is x (a whole number, 0 <= x < 256^w, w 1..7) in w bytes.
+local function b_put(x, w)
+  local b1 = x % 256
+  if w == 1 then
+    return schar(b1)
+  end
+  x = (x - b1) / 256
+  local b2 = x % 256
+  if w == 2 then
+    return schar(b2, b1)
+  end
+  x = (x - b2) / 256
+  local b3 = x % 256
+  if w == 3 then
+    return schar(b3, b2, b1)
+  end
+  x = (x - b3) / 256
+  local b4 = x % 256
+  if w == 4 then
+    return schar(b4, b3, b2, b1)
+  end
+  x = (x - b4) / 256
+  local b5 = x % 256
+  if w == 5 then
+    return schar(b5, b4, b3, b2, b1)
+  end
+  x = (x - b5) / 256
+  local b6 = x % 256
+  if w == 6 then
+    return schar(b6, b5, b4, b3, b2, b1)
+  end
+  return schar((x - b6) / 256, b6, b5, b4, b3, b2, b1)
+end
+
+-- b_get is the number in bytes p + 1 .. p + w of v (w 1..7).
+local function b_get(v, p, w)
+  local a, b, c, d, e, f, g = sbyte(v, p + 1, p + w)
+  if w == 1 then
+    return a
+  end
+  a = a * 256 + b
+  if w == 2 then
+    return a
+  end
+  a = a * 256 + c
+  if w == 3 then
+    return a
+  end
+  a = a * 256 + d
+  if w == 4 then
+    return a
+  end
+  a = a * 256 + e
+  if w == 5 then
+    return a
+  end
+  a = a * 256 + f
+  if w == 6 then
+    return a
+  end
+  return a * 256 + g
+end
+
+-- ctr4_width is the slots' width in bytes for a window of buckets bw µs
+-- long and limit whose largest value is most: room for the largest of
+-- them, bw - 1 and limit + ceil(limit / 20) (the values a bucket reaches,
+-- so that a write in place rarely finds a value too wide).
+local function ctr4_width(most, bw, limit)
+  local x = limit + math.ceil(limit / CTR3_N)
+  if bw - 1 > x then
+    x = bw - 1
+  end
+  if most > x then
+    x = most
+  end
+  local wd = 1
+  while x >= 256 and wd < 7 do
+    x = (x - x % 256) / 256
+    wd = wd + 1
+  end
+  return wd
+end
+
+-- ctr4_decode is a field in format 4 as format 3's array (ctr3_decode's).
+ctr4_decode = function(v)
+  if not sbyte then
+    c4_init()
+  end
+  local wd, k = sbyte(v, 6), b_get(v, 6, 7)
+  local a = {3, 0}
+  for q = 0, CTR3_N do
+    local p = C4H + ((k - CTR3_N + q) % CTR3_R) * 3 * wd
+    local o = 3 + 3 * q
+    a[o], a[o + 1], a[o + 2] = b_get(v, p, wd), b_get(v, p + wd, wd), b_get(v, p + 2 * wd, wd)
+  end
+  a[66], a[67] = b_get(v, 13, 7), k
+  return a
+end
+
+-- ctr4_encode is format 3's array a (buckets bw µs long, a window of
+-- limit) as a field in format 4, whole. (a may be the fast path's lazy
+-- array: it is read by index.)
+ctr4_encode = function(a, bw, limit)
+  if not schar then
+    c4_init()
+  end
+  local most, k = 0, a[67]
+  for o = 3, 65 do
+    if a[o] > most then
+      most = a[o]
+    end
+  end
+  local wd = ctr4_width(most, bw, limit)
+  -- Slot i holds bucket m = K - 20 + q with m % 21 = i.
+  local q0 = (CTR3_N - k % CTR3_R) % CTR3_R -- the q of slot 0
+  local s = {"[3,#4", schar(wd), b_put(k, 7), b_put(a[66], 7)}
+  for i = 0, CTR3_N do
+    local o = 3 + 3 * ((q0 + i) % CTR3_R)
+    s[3 * i + 5], s[3 * i + 6], s[3 * i + 7] = b_put(a[o], wd), b_put(a[o + 1], wd), b_put(a[o + 2], wd)
+  end
+  return table.concat(s)
 end
 
 -- ctr3_from fills window j's buckets (decided at s2[j]) from a key in
@@ -861,19 +1009,20 @@ end
 
 -- ctr3_check fills windows j0..j1 in format 3 from their fields v (one per
 -- window), f (the whole hash, or false).
-local function ctr3_check(v, f, j0, j1, now, cost)
+local function ctr3_check(v, f, j0, j1, now, cost, want)
   local fits = true
   local carried = false
   for j = j0, j1 do
     local w, limit = wlen[j], wlim[j]
     local bw = math.ceil(w / CTR3_N)
-    cbw[j], cb[j], cfmt[j] = bw, math.ceil(limit / CTR3_N), 3
+    cbw[j], cb[j], cfmt[j], cwl[j], cenc[j] = bw, math.ceil(limit / CTR3_N), 3, w, want
     local k = math.floor(now / bw)
     local base = now
-    local a = ctr3_decode(v[j - j0 + 1])
+    local a, enc = ctr3_decode(v[j - j0 + 1])
     if a then
       local sk = a[67]
-      cK[j], cv[j], cnew[j] = sk, v[j - j0 + 1], true
+      -- (a field read in format 4 is written whole: cnew is format 3's)
+      cK[j], cv[j], cnew[j] = sk, v[j - j0 + 1], enc == 3
       if sk > k then
         k = sk
         base = k * bw
@@ -950,11 +1099,14 @@ local function ctr3_record(j0, j1, cost, stale)
     -- Bucket K's units, first, last, then T and K end the field: when
     -- nothing else changed, the field as read is kept up to them.
     local a = ca[j]
-    local tail = string.format(FMT3[3], a[63], a[64], a[65], a[66], a[67])
     local field
-    if cnew[j] and not stale then
+    if cenc[j] == 4 then
+      field = ctr4_encode(a, bw, wlim[j])
+    elseif cnew[j] and not stale then
+      local tail = string.format(FMT3[3], a[63], a[64], a[65], a[66], a[67])
       field = string.sub(cv[j], 1, a[2] - 1) .. tail
     else
+      local tail = string.format(FMT3[3], a[63], a[64], a[65], a[66], a[67])
       local mid = string.format(FMT3[2], unpack(a, 3, 62))
       field = string.format(FMT3[1], 11 + #mid) .. mid .. tail
     end
@@ -992,7 +1144,7 @@ local function ctr_part(key, j0, j1, now, cost, want)
   local n = 0
   for j = j0, j1 do
     local fs = ctr_fields(wname[j])
-    if want == 3 then
+    if want >= 3 then
       n = n + 1
       flist[n] = fs[2]
     elseif want == 2 then
@@ -1009,7 +1161,7 @@ local function ctr_part(key, j0, j1, now, cost, want)
   end
   local v = redis.call("HMGET", key, unpack(flist, 1, n))
   local f, stale = false, false
-  if want == 3 then
+  if want >= 3 then
     for i = 1, n do
       if not v[i] or string.sub(v[i], 1, 3) ~= "[3," then
         f = ctr_map(key)
@@ -1017,7 +1169,7 @@ local function ctr_part(key, j0, j1, now, cost, want)
         break
       end
     end
-    return ctr3_check(v, f, j0, j1, now, cost), stale
+    return ctr3_check(v, f, j0, j1, now, cost, want), stale
   end
   local per = 3
   if want == 2 then
@@ -1119,3 +1271,153 @@ local function ctr_reset(j0, j1, now)
     rst[j] = reset
   end
 end
+
+-- The fast path (decide.lua's FAST) of a check of one window in format 4,
+-- mode 0: ctr3_check, ctr3_record and ctr3_reset for that case, with the
+-- reply's short form, on format 3's arithmetic over a lazy array: an index
+-- of the array that is read is read from the field then (C4LAZY), so a
+-- check reads the header and the few slots it looks at. The buckets that
+-- K's move drops are subtracted from T as format 3's shift does; the
+-- buckets after the stored K read 0. A key whose window has no field in
+-- format 4 while it holds anything (another format, or a reload's other
+-- windows) goes to decide.
+local c4v, c4k, c4sk, c4w = "", 0, 0, 1
+
+-- c4_slot is the c, f, l of the slot after byte p of v (width w).
+local function c4_slot(v, p, w)
+  if w == 3 then
+    local a1, a2, a3, b1, b2, b3, c1, c2, c3 = sbyte(v, p + 1, p + 9)
+    return (a1 * 256 + a2) * 256 + a3, (b1 * 256 + b2) * 256 + b3, (c1 * 256 + c2) * 256 + c3
+  elseif w == 4 then
+    local a1, a2, a3, a4, b1, b2, b3, b4, c1, c2, c3, c4 = sbyte(v, p + 1, p + 12)
+    return ((a1 * 256 + a2) * 256 + a3) * 256 + a4, ((b1 * 256 + b2) * 256 + b3) * 256 + b4,
+      ((c1 * 256 + c2) * 256 + c3) * 256 + c4
+  end
+  return b_get(v, p, w), b_get(v, p + w, w), b_get(v, p + 2 * w, w)
+end
+
+-- c4_slotput is c, f, l as a slot of width w.
+local function c4_slotput(c, f, l, w)
+  if w == 3 then
+    local c3, f3, l3 = c % 256, f % 256, l % 256
+    c, f, l = (c - c3) / 256, (f - f3) / 256, (l - l3) / 256
+    local c2, f2, l2 = c % 256, f % 256, l % 256
+    return schar((c - c2) / 256, c2, c3, (f - f2) / 256, f2, f3, (l - l2) / 256, l2, l3)
+  end
+  return b_put(c, w) .. b_put(f, w) .. b_put(l, w)
+end
+
+-- c4_get is the c, f, l of bucket m of the field being checked.
+local function c4_get(m)
+  if m > c4sk then
+    return 0, 0, 0
+  end
+  return c4_slot(c4v, C4H + (m % CTR3_R) * 3 * c4w, c4w)
+end
+
+-- The lazy array holds the oldest two buckets, K's, T and K; the first
+-- index read of another bucket reads them all.
+local C4LAZY = {__index = function(a, o)
+  for q = 2, CTR3_N - 1 do
+    local x = 3 + 3 * q
+    a[x], a[x + 1], a[x + 2] = c4_get(c4k - CTR3_N + q)
+  end
+  return rawget(a, o)
+end}
+local C4TOP = {256, 65536, 16777216, 4294967296, 1099511627776, 281474976710656, 72057594037927936}
+
+local function ctr4_fast(a, k, V)
+  local now, late = fast_now(a)
+  if not now then
+    return late
+  end
+  local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
+  local fw, bw = V.fw, V.cbw
+  if not fw then
+    if not sbyte then
+      c4_init()
+    end
+    fw, bw = V[10] .. "w", math.ceil(w / CTR3_N)
+    V.fw, V.cbw, V.cb, V.cttl = fw, bw, math.ceil(limit / CTR3_N), sfmt(INT, math.ceil((w + bw) / 1000) + 1000)
+  end
+  local v = rcall("HMGET", key, fw)[1] -- (HMGET, HGETALL: the commands docs/redis.md's ACL grants)
+  local kk = (now - now % bw) / bw -- math.floor(now / bw)
+  local base, sk, wd, tot = now, false, 1, 0
+  if v then
+    local h1, h2, h3, h4, h5, h6, h7, h8
+    h1, wd, h2, h3, h4, h5, h6, h7, h8 = sbyte(v, 5, 13)
+    if h1 ~= 52 or ssub(v, 1, 4) ~= "[3,#" then -- "4"
+      return nil
+    end
+    sk = (((((h2 * 256 + h3) * 256 + h4) * 256 + h5) * 256 + h6) * 256 + h7) * 256 + h8
+    tot = b_get(v, 13, 7)
+    if sk > kk then
+      kk, base = sk, sk * bw
+    elseif kk > sk then
+      -- Buckets sk - 20 .. kk - 21 leave (at most all 21).
+      local last = kk - CTR3_R
+      if last > sk then
+        last = sk
+      end
+      for m = sk - CTR3_N, last do
+        tot = tot - b_get(v, C4H + (m % CTR3_R) * 3 * wd, wd)
+      end
+    end
+    c4sk = sk
+  elseif #rcall("HGETALL", key) > 0 then
+    return nil
+  else
+    c4sk = kk - CTR3_R -- every bucket reads 0
+  end
+  c4v, c4k, c4w = v, kk, wd
+  local c0, f0, l0 = c4_get(kk - CTR3_N)
+  local c1, f1, l1 = c4_get(kk - CTR3_N + 1)
+  local c, f, l = c4_get(kk)
+  local ar = setmetatable({[3] = c0, [4] = f0, [5] = l0, [6] = c1, [7] = f1, [8] = l1, [63] = c, [64] = f, [65] = l,
+    [66] = tot, [67] = kk}, C4LAZY)
+  ca[1], cbw[1], cb[1], cwl[1] = ar, bw, V.cb, w
+  local count = ctr3_count(1, base)
+  local retry = 0
+  if cost > limit then
+    retry = w
+  elseif not ctr3_le(1, base, limit - cost) then
+    retry = ctr3_until(1, limit - cost, base) + (base - now)
+  end
+  if retry > 0 then
+    local reset = 0
+    if count > 0 then
+      reset = ctr3_until(1, count - 1, base) + (base - now)
+    end
+    return {0, now, now_redis or 0, count, retry, reset}
+  end
+  if cost > 0 then
+    ctr3_put(1, cost, base)
+  end
+  -- Bucket K's slot and the header's K and T in place when K moved by one
+  -- at most and its values fit the width; else the field whole.
+  c, f, l = ar[63], ar[64], ar[65]
+  local field
+  if sk and kk - sk <= 1 and c < C4TOP[wd] and l < C4TOP[wd] then
+    local p = C4H + (kk % CTR3_R) * 3 * wd
+    if kk == sk then
+      field = ssub(v, 1, 13) .. b_put(ar[66], 7) .. ssub(v, C4H + 1, p) .. c4_slotput(c, f, l, wd) ..
+        ssub(v, p + 3 * wd + 1)
+    else
+      field = ssub(v, 1, 6) .. b_put(kk, 7) .. b_put(ar[66], 7) .. ssub(v, C4H + 1, p) .. c4_slotput(c, f, l, wd) ..
+        ssub(v, p + 3 * wd + 1)
+    end
+  else
+    field = ctr4_encode(ar, bw, limit)
+  end
+  rcall("HSET", key, fw, field)
+  if not sk or kk > sk then
+    rcall("PEXPIRE", key, V.cttl)
+  end
+  local n = ctr3_count(1, base)
+  local reset = 0
+  if n > 0 then
+    reset = ctr3_until(1, n - 1, base) + (base - now)
+  end
+  return {1, now, now_redis or 0, count + cost, 0, reset}
+end
+FAST[2] = ctr4_fast

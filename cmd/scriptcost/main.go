@@ -7,6 +7,7 @@
 //
 //	go run ./cmd/scriptcost                          # sliding_log, FCALL, batches of 16
 //	go run ./cmd/scriptcost -kind 3 -batch 1 -eval   # fixed_window, one check per EVALSHA
+//	go run ./cmd/scriptcost -kind 12                 # sliding_counter in format 3 (state_format 3; -kind 2: format 4)
 //	go run ./cmd/scriptcost -format 1                # sliding_log written in the previous releases' format (2: the one before 3)
 //	go run ./cmd/scriptcost -kind 20                 # go-redis/redis_rate's GCRA script, by the library (a peer)
 //	valgrind --tool=callgrind --toggle-collect=fcallCommand redis-server --port 46887 &
@@ -17,7 +18,8 @@
 // -per entries), on a clock the tool moves (clock app), with a deadline, as
 // Caddy sends them. With -eval they go by the script the store sends such
 // checks by: the kind's fast script (lua.DecideFast: sliding_log,
-// fixed_window, token_bucket), the log's (format 1) or the full one; the
+// sliding_counter in format 4, fixed_window, token_bucket), the log's
+// (format 1) or the full one (the counter in format 3: kind 12); the
 // first line of the output names it. EVALSHA's ratio to FCALL is two runs
 // under callgrind, one with -eval (docs/bench.md). The baseline's sets are keys of their own, filled the
 // same way.
@@ -58,7 +60,7 @@ func main() {
 	per := flag.Int("per", 150, "checks per key per window (about the entries of a log)")
 	n := flag.Int("n", 200000, "checks measured (in 5 rounds)")
 	batch := flag.Int("batch", 16, "checks per call")
-	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter, 3 fixed_window, 4 token_bucket; 20 go-redis/redis_rate's GCRA (its AllowN: EVALSHA, 1 a call)")
+	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter (format 4; 12: format 3, state_format 3), 3 fixed_window, 4 token_bucket; 20 go-redis/redis_rate's GCRA (its AllowN: EVALSHA, 1 a call)")
 	eval := flag.Bool("eval", false, "EVALSHA of the script (Redis 5, 6) instead of FCALL of the library")
 	fill := flag.Float64("fill", 2, "windows of checks sent before measuring")
 	base := flag.Bool("baseline", true, "measure the baseline script too, in turns with ours")

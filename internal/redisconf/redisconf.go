@@ -73,7 +73,7 @@ type Config struct {
 	// Scripts is "functions" (the default) or "eval".
 	Scripts string
 	// StateFormat is the state format sliding_log and sliding_counter keys
-	// are written in: 0 (the default, each one's newest), 1, 2 or 3 (for
+	// are written in: 0 (the default, each one's newest), 1, 2, 3 or 4 (for
 	// each algorithm its newest format up to this one).
 	StateFormat int
 }
@@ -148,8 +148,8 @@ func (c *Config) Check() *Error {
 		return errf("scripts", "scripts must be functions or eval, got '%s'", c.Scripts)
 	}
 	if c.StateFormat != 0 && c.StateFormat != limiter.LogFormat1 && c.StateFormat != limiter.LogFormat2 &&
-		c.StateFormat != limiter.CounterFormat3 {
-		return errf("state_format", "state_format must be 1, 2 or 3, got %d", c.StateFormat)
+		c.StateFormat != limiter.CounterFormat3 && c.StateFormat != limiter.CounterFormat4 {
+		return errf("state_format", "state_format must be 1, 2, 3 or 4, got %d", c.StateFormat)
 	}
 	if c.Pipeline < -1 || c.Pipeline > 64 {
 		return errf("pipeline", "pipeline must be off (-1), 0 (default) or 1 to 64, got %d", c.Pipeline)
