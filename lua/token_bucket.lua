@@ -59,6 +59,20 @@ local function tb_due(tat, wi, wb, now, burst, interval)
   return d
 end
 
+-- tb_retry is a check's retry in a window of length w whose bucket is due
+-- in d: 0 when cost fits, the time until it does, or the window when cost
+-- is more than the bucket holds (tb_check and tb_fast).
+local function tb_retry(d, cost, burst, interval, w)
+  if cost > burst then
+    return w
+  end
+  local allow_at = d + interval * cost - burst * interval
+  if allow_at > 0 then
+    return allow_at
+  end
+  return 0
+end
+
 -- tb_check fills windows j0..j1 from their fields v (t, i, b in a row per
 -- window; f, the whole hash, when a window has none); record needs s1 (B),
 -- s2 (T) and s3 (d). It also reports whether a state was written under
@@ -98,15 +112,7 @@ local function tb_check(v, f, j0, j1, now, cost)
         end
       end
     end
-    local retry = 0
-    if cost > burst then
-      retry = w
-    else
-      local allow_at = d + interval * cost - burst * interval
-      if allow_at > 0 then
-        retry = allow_at
-      end
-    end
+    local retry = tb_retry(d, cost, burst, interval, w)
     if retry > 0 then
       fits = false
     end
@@ -221,15 +227,7 @@ local function tb_fast(a, k, V)
     -- A full bucket: admitted.
     d, count = C[10], C[11]
   else
-    local retry = 0
-    if cost > burst then
-      retry = w
-    else
-      local allow_at = d + interval * cost - burst * interval
-      if allow_at > 0 then
-        retry = allow_at
-      end
-    end
+    local retry = tb_retry(d, cost, burst, interval, w)
     if retry > 0 then
       local o = ON
       OUT[o + 1] = 6
