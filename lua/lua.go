@@ -116,6 +116,40 @@ redis.register_function{function_name = "` + DecideFunction + `", callback = ent
 redis.register_function{function_name = "` + PeekFunction + `", callback = entry, flags = {"no-writes"}}
 `
 
+// DecideCached is the script for EVALSHA on Redis 5 and 6, whose scripts
+// share one Lua state that lives until SCRIPT FLUSH or a restart and whose
+// globals a script may set by rawset (Redis 7 refuses it: a read-only _G).
+// Its first call in a Lua state runs the body once, as FUNCTION LOAD does,
+// and keeps the entry, the same as LibraryCode's (KEYS and ARGV set for the
+// call, then cleared), in the global named Library (so that two releases
+// in one Redis never run each other's); each later call only looks the
+// entry up and runs it on the call's KEYS and ARGV, on the helpers and
+// tables built once, as an FCALL does. What lives from call to call is
+// what lives in the library between FCALLs: the decoded shapes (SHAPE),
+// the formats and the tables every check fills before it reads them; run
+// resets what a call shares. Where rawset is refused, every call builds
+// the body and runs it once (correct, at Decide's cost). SCRIPT FLUSH and a
+// restart drop the Lua state, and the entry with it: the store's EVALSHA
+// then meets NOSCRIPT and sends EVAL, whose call builds it again. On a
+// cluster every node keeps its own.
+var DecideCached = `local e = rawget(_G, "` + Library + `")
+if not e then
+  local function build()
+    local KEYS, ARGV
+` + body + `
+    return function(keys, args)
+      KEYS, ARGV = keys, args
+      local out = run()
+      KEYS, ARGV = nil, nil
+      return out
+    end
+  end
+  e = build()
+  pcall(rawset, _G, "` + Library + `", e)
+end
+return e(KEYS, ARGV)
+`
+
 // Files are the script's source files, by name (for tests that read them).
 var Files = map[string]string{
 	"decide.lua":          decide,
