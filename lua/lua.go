@@ -14,10 +14,15 @@
 // the temporary overrides decide.lua reads. One script serves
 // every algorithm, so a batch of checks from limiters of different
 // algorithms is still one EVALSHA, or, on Redis 7 and Valkey, one FCALL of
-// the same code loaded as a function library (LibraryCode). EVALSHA runs
-// the whole body on each call, so a call of sliding_log checks alone goes
-// by DecideLog, the body with the log's file alone, and a call of one
-// kind's checks of the common form by that kind's DecideFast script.
+// the same code loaded as a function library (LibraryCode). On Redis 5 and
+// 6 EVALSHA goes by DecideCached, whose first call in a Lua state builds
+// the body and keeps it for the next calls. Elsewhere (Redis 7 without
+// functions for the user, or ScriptsEval) EVALSHA runs the whole body on
+// each call, so a call of sliding_log checks alone goes by DecideLog, the
+// body with the log's file alone, and a call of one kind's checks of the
+// common form by that kind's DecideFast script. (decide.lua's header still
+// says the EVALSHA script runs the body on every call: true of those; an
+// edit there would change Library, the hash of the body, so it is left.)
 package lua
 
 import (
