@@ -432,11 +432,14 @@ type backend struct {
 
 // backends lists every store stack the conformance table runs against, on
 // Redis 7 both ways of calling the script (the function library and
-// EVALSHA). The real redis-server is started once for the calling test (t),
-// and every case uses its own random identity on it.
+// EVALSHA), and on Redis 6 both ways of calling it by EVALSHA (the cached
+// body, lua.DecideCached, and the scripts that define all on each call).
+// The real redis-servers are started once for the calling test (t), and
+// every case uses its own random identity on them.
 func backends(t *testing.T) []backend {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
+	client6 := redistest.StartRedis6(t).Client(t)
 	return []backend{
 		{"memory", func(t *testing.T) limiter.Backend {
 			s := limiter.NewMemoryStore()
@@ -469,6 +472,18 @@ func backends(t *testing.T) []backend {
 		}},
 		{"production stack, EVALSHA", func(t *testing.T) limiter.Backend {
 			return productionStack(t, client, limiter.WithScripts(limiter.ScriptsEval))
+		}},
+		{"redis-server, the cached script where rawset is refused (Redis 7)", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client, limiter.WithCachedScript()), Source: limiter.SourceRedis}
+		}},
+		{"Redis 6 (the cached script)", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client6), Source: limiter.SourceRedis}
+		}},
+		{"Redis 6 EVALSHA", func(t *testing.T) limiter.Backend {
+			return limiter.Backend{Store: limiter.NewRedisStore(client6, limiter.WithScripts(limiter.ScriptsEval)), Source: limiter.SourceRedis}
+		}},
+		{"production stack, Redis 6", func(t *testing.T) limiter.Backend {
+			return productionStack(t, client6)
 		}},
 	}
 }

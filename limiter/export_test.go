@@ -48,3 +48,13 @@ func BreakerHeld(b *Breaker) (n int, sending bool) {
 // ReadOverrideIndex makes l read its index of live overrides now, as its
 // watcher does every OverrideRefresh.
 func ReadOverrideIndex(l *Limiter) { l.readIndex() }
+
+// WithCachedScript makes a store call lua.DecideCached by EVALSHA whatever
+// its Redis, as ScriptsAuto does on Redis 5 and 6 (on Redis 7, whose _G a
+// script cannot write, every call builds the body: the uncached case).
+func WithCachedScript() RedisOption {
+	return func(s *RedisStore) { s.scripts.path.Store(int32(pathCached)) }
+}
+
+// CachedScriptSHA is lua.DecideCached's SHA-1, as the store sends it.
+var CachedScriptSHA = cachedArg.(string)

@@ -19,8 +19,10 @@ const (
 	// ScriptsAuto calls the function library where Redis has functions
 	// (Redis 7 and later, Valkey), and EVALSHA elsewhere. The default.
 	ScriptsAuto Scripts = iota
-	// ScriptsEval always calls EVALSHA (EVAL on NOSCRIPT), as Redis 5 and 6
-	// are called.
+	// ScriptsEval always calls EVALSHA (EVAL on NOSCRIPT) of the scripts
+	// that define what they run on each call (lua.DecideFast, lua.DecideLog,
+	// lua.Decide), as on Redis 7 for an ACL user without FUNCTION. (Redis 5
+	// and 6 are called by lua.DecideCached under ScriptsAuto.)
 	ScriptsEval
 )
 
@@ -35,13 +37,16 @@ func WithScripts(m Scripts) RedisOption {
 }
 
 // callPath is how a store calls decide.lua: not known yet (before its first
-// call), FCALL of the library, or EVALSHA.
+// call), FCALL of the library, EVALSHA of the scripts that define all they
+// run on each call, or EVALSHA of lua.DecideCached (Redis 5 and 6: the body
+// built once per Lua state).
 type callPath int32
 
 const (
 	pathUnknown callPath = iota
 	pathFunctions
 	pathEval
+	pathCached
 )
 
 // The first two arguments of a script call, boxed once: every call passes
@@ -51,6 +56,8 @@ var (
 	shaArg     any = script.Hash()
 	shaLogArg  any = logScript.Hash()
 	evalArg    any = "eval"
+	cachedArg  any = redis.NewScript(lua.DecideCached).Hash()
+	srcCached  any = lua.DecideCached
 	srcArg     any = lua.Decide
 	srcLogArg  any = lua.DecideLog
 	fcallArg   any = "fcall"
@@ -70,12 +77,13 @@ var fastSHA, fastSrc = func() (sha, src [KindShare + 1]any) {
 
 // scripts is what a store knows of its Redis's way of running the script:
 // the call path, learnt at the first call (INFO server: functions from
-// Redis 7 on, Valkey included), and how many times it loaded the library.
-// On FCALL, a "function not found" (a Redis restarted empty, FLUSHALL,
-// FUNCTION FLUSH) loads the library and sends the call again, as NOSCRIPT
-// sends EVAL; an FCALL or FUNCTION LOAD that Redis does not know (an older
-// server, a proxy) or that the ACL user may not run turns the store to
-// EVALSHA for good.
+// Redis 7 on, Valkey included; before 7, EVALSHA of lua.DecideCached), and
+// how many times it loaded the library. On FCALL, a "function not found" (a
+// Redis restarted empty, FLUSHALL, FUNCTION FLUSH) loads the library and
+// sends the call again, as NOSCRIPT sends EVAL; an FCALL or FUNCTION LOAD
+// that Redis does not know (an older server, a proxy) turns the store to
+// EVALSHA of lua.DecideCached for good, and one that the ACL user may not
+// run (Redis 7, whose _G a script cannot write) to the other scripts.
 type scripts struct {
 	path  atomic.Int32  // a callPath
 	loads atomic.Uint64 // libraries loaded so far
@@ -93,6 +101,8 @@ func (s *RedisStore) head(ctx context.Context, ro, log bool, fast Kind) (cmd, na
 		path = s.detect(ctx)
 	}
 	switch {
+	case path == pathCached:
+		return evalshaArg, cachedArg, loads
 	case path != pathFunctions && fast != 0 && fastSHA[fast] != nil:
 		return evalshaArg, fastSHA[fast], loads
 	case path != pathFunctions && log:
@@ -108,7 +118,9 @@ func (s *RedisStore) head(ctx context.Context, ro, log bool, fast Kind) (cmd, na
 
 // detect learns the store's call path from INFO server: functions when
 // Redis is 7 or later, or when it refuses INFO (an ACL user without it: the
-// first FCALL tells). When Redis cannot be asked (unreachable), this call
+// first FCALL tells); lua.DecideCached when it is 1 to 6 (Redis 5 and 6,
+// whose scripts may keep a global); the other scripts when INFO names no
+// version. When Redis cannot be asked (unreachable), this call
 // goes by EVALSHA and the next one asks again. Calls made while another
 // asks do not wait for it: they go by EVALSHA.
 func (s *RedisStore) detect(ctx context.Context) callPath {
@@ -127,8 +139,11 @@ func (s *RedisStore) detect(ctx context.Context) callPath {
 	var rerr redis.Error
 	switch err := cmd.Err(); {
 	case err == nil:
-		if redisMajor(cmd.Val()) >= 7 {
+		switch m := redisMajor(cmd.Val()); {
+		case m >= 7:
 			path = pathFunctions
+		case m > 0:
+			path = pathCached
 		}
 	case errors.As(err, &rerr) && !IsUnavailable(err):
 		path = pathFunctions
@@ -167,16 +182,25 @@ func (s *RedisStore) retry(ctx context.Context, err error, args []any, loads uin
 			}
 		}
 		if noFunctions(err) {
-			// (The full script: the call's checks may be of any kind.)
-			s.scripts.path.Store(int32(pathEval))
-			args[0], args[1] = evalshaArg, shaArg
+			// (The full script: the call's checks may be of any kind.) A
+			// Redis that does not know FCALL is older than 7: its scripts
+			// may keep the body built (lua.DecideCached).
+			path, sha := pathEval, shaArg
+			if unknownCommand(err) {
+				path, sha = pathCached, cachedArg
+			}
+			s.scripts.path.Store(int32(path))
+			args[0], args[1] = evalshaArg, sha
 			return true, nil
 		}
 	case evalshaArg:
 		if redis.HasErrorPrefix(err, "NOSCRIPT") {
 			src := srcArg
-			if args[1] == shaLogArg {
+			switch args[1] {
+			case shaLogArg:
 				src = srcLogArg
+			case cachedArg:
+				src = srcCached
 			}
 			for k, sha := range fastSHA {
 				if sha != nil && args[1] == sha {
@@ -244,8 +268,15 @@ func noFunctions(err error) bool {
 		return false
 	}
 	msg := err.Error()
-	return strings.Contains(msg, "unknown command") || strings.Contains(msg, "unknown subcommand") ||
+	return unknownCommand(err) || strings.Contains(msg, "unknown subcommand") ||
 		(strings.HasPrefix(msg, "NOPERM") && strings.Contains(msg, "command"))
+}
+
+// unknownCommand reports whether err is a Redis's answer to a command it
+// does not know (FCALL, on Redis 5 or 6).
+func unknownCommand(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.Contains(err.Error(), "unknown command")
 }
 
 // call sends one script call, args, and reads its reply, sending it again

@@ -324,6 +324,9 @@ func TestScriptsFallBackToEvalsha(t *testing.T) {
 	if libs := libraries(t, srv.Client(t)); len(libs) != 0 {
 		t.Errorf("libraries %v, want none (no user could load one)", libs)
 	}
+	if cachedLoaded(t, srv.Client(t)) {
+		t.Error("lua.DecideCached loaded on Redis 7 (a refused FCALL is not an unknown one): want the scripts of ScriptsEval")
+	}
 }
 
 // TestLogChecksGoByTheLogScript: on the EVALSHA path a call whose checks

@@ -236,8 +236,11 @@ func (g *diffGen) op() (*limiter.Op, string) {
 }
 
 // TestDifferential runs the same seeded random Ops on the in-process store,
-// miniredis and two real redis-servers (clock app), one called through the
-// function library (FCALL), one by EVALSHA, and requires every reply to be
+// miniredis, two real redis-servers (clock app), one called through the
+// function library (FCALL), one by EVALSHA, and two of Redis 6, one called
+// by EVALSHA of the cached body (lua.DecideCached, as a store calls Redis 6
+// unless told otherwise), one by the scripts that define all on each call
+// (ScriptsEval), and requires every reply to be
 // identical: status, ban, leases, and every window's count, retry and
 // reset, to the microsecond.
 func TestDifferential(t *testing.T) {
@@ -245,6 +248,7 @@ func TestDifferential(t *testing.T) {
 	srv := redistest.Start(t)
 	client := srv.Client(t)
 	evalClient := redistest.Start(t).Client(t)
+	client6, eval6 := redistest.StartRedis6(t).Client(t), redistest.StartRedis6(t).Client(t)
 	const n = 2500
 	for _, alg := range allAlgorithms {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -254,9 +258,10 @@ func TestDifferential(t *testing.T) {
 			m := miniredis.RunT(t)
 			mc := redis.NewClient(&redis.Options{Addr: m.Addr()})
 			t.Cleanup(func() { mc.Close() })
-			names := []string{"memory", "miniredis", "redis-server FCALL", "redis-server EVALSHA"}
+			names := []string{"memory", "miniredis", "redis-server FCALL", "redis-server EVALSHA", "Redis 6 cached", "Redis 6 EVALSHA"}
 			stores := []limiter.Store{mem, limiter.NewRedisStore(mc), limiter.NewRedisStore(client),
-				limiter.NewRedisStore(evalClient, limiter.WithScripts(limiter.ScriptsEval))}
+				limiter.NewRedisStore(evalClient, limiter.WithScripts(limiter.ScriptsEval)),
+				limiter.NewRedisStore(client6), limiter.NewRedisStore(eval6, limiter.WithScripts(limiter.ScriptsEval))}
 
 			kb, _ := limiter.NewKeyBuilder("diff:", "d")
 			rng := rand.New(rand.NewPCG(uint64(alg)+1, 0x5eed))

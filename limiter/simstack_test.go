@@ -25,8 +25,12 @@ import (
 type simEnv struct {
 	t   testing.TB
 	srv *redistest.Server
-	run int
-	pc  *redis.Client // publishes the probes
+	// seeds, when above 0, bounds make test's budget: that many of the
+	// fixed seeds, no fresh one, one focused history per seam (Redis 6's
+	// run, beside Redis 7's full one).
+	seeds int
+	run   int
+	pc    *redis.Client // publishes the probes
 	// The nodes of histories that ended, being closed; wait for them
 	// before the test ends.
 	closing sync.WaitGroup
@@ -107,10 +111,11 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			old := n.stack
 			c := redis.NewClient(&redis.Options{Addr: e.srv.Addr(), MaxRetries: -1, DialerRetries: 1, DialTimeout: 200 * time.Millisecond,
 				ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
-			// Odd nodes call the script by EVALSHA (as on Redis 5 and 6,
-			// where a call of log checks alone goes by the log's own
-			// script), even ones by FCALL of the library: both on the
-			// same keys, through every fault.
+			// Odd nodes call the script by EVALSHA (ScriptsEval, where a
+			// call of log checks alone goes by the log's own script),
+			// even ones by FCALL of the library (on Redis 6, EVALSHA of
+			// the cached body, lua.DecideCached): both on the same keys,
+			// through every fault.
 			opts := []limiter.RedisOption{limiter.WithBatching(2, 16)}
 			if i%2 == 1 {
 				opts = append(opts, limiter.WithScripts(limiter.ScriptsEval))

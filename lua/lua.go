@@ -14,10 +14,15 @@
 // the temporary overrides decide.lua reads. One script serves
 // every algorithm, so a batch of checks from limiters of different
 // algorithms is still one EVALSHA, or, on Redis 7 and Valkey, one FCALL of
-// the same code loaded as a function library (LibraryCode). EVALSHA runs
-// the whole body on each call, so a call of sliding_log checks alone goes
-// by DecideLog, the body with the log's file alone, and a call of one
-// kind's checks of the common form by that kind's DecideFast script.
+// the same code loaded as a function library (LibraryCode). On Redis 5 and
+// 6 EVALSHA goes by DecideCached, whose first call in a Lua state builds
+// the body and keeps it for the next calls. Elsewhere (Redis 7 without
+// functions for the user, or ScriptsEval) EVALSHA runs the whole body on
+// each call, so a call of sliding_log checks alone goes by DecideLog, the
+// body with the log's file alone, and a call of one kind's checks of the
+// common form by that kind's DecideFast script. (decide.lua's header still
+// says the EVALSHA script runs the body on every call: true of those; an
+// edit there would change Library, the hash of the body, so it is left.)
 package lua
 
 import (
@@ -114,6 +119,40 @@ local function entry(keys, args)
 end
 redis.register_function{function_name = "` + DecideFunction + `", callback = entry}
 redis.register_function{function_name = "` + PeekFunction + `", callback = entry, flags = {"no-writes"}}
+`
+
+// DecideCached is the script for EVALSHA on Redis 5 and 6, whose scripts
+// share one Lua state that lives until SCRIPT FLUSH or a restart and whose
+// globals a script may set by rawset (Redis 7 refuses it: a read-only _G).
+// Its first call in a Lua state runs the body once, as FUNCTION LOAD does,
+// and keeps the entry, the same as LibraryCode's (KEYS and ARGV set for the
+// call, then cleared), in the global named Library (so that two releases
+// in one Redis never run each other's); each later call only looks the
+// entry up and runs it on the call's KEYS and ARGV, on the helpers and
+// tables built once, as an FCALL does. What lives from call to call is
+// what lives in the library between FCALLs: the decoded shapes (SHAPE),
+// the formats and the tables every check fills before it reads them; run
+// resets what a call shares. Where rawset is refused, every call builds
+// the body and runs it once (correct, at Decide's cost). SCRIPT FLUSH and a
+// restart drop the Lua state, and the entry with it: the store's EVALSHA
+// then meets NOSCRIPT and sends EVAL, whose call builds it again. On a
+// cluster every node keeps its own.
+var DecideCached = `local e = rawget(_G, "` + Library + `")
+if not e then
+  local function build()
+    local KEYS, ARGV
+` + body + `
+    return function(keys, args)
+      KEYS, ARGV = keys, args
+      local out = run()
+      KEYS, ARGV = nil, nil
+      return out
+    end
+  end
+  e = build()
+  pcall(rawset, _G, "` + Library + `", e)
+end
+return e(KEYS, ARGV)
 `
 
 // Files are the script's source files, by name (for tests that read them).

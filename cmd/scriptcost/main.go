@@ -7,6 +7,7 @@
 //
 //	go run ./cmd/scriptcost                          # sliding_log, FCALL, batches of 16
 //	go run ./cmd/scriptcost -kind 3 -batch 1 -eval   # fixed_window, one check per EVALSHA
+//	go run ./cmd/scriptcost -kind 4 -cached          # token_bucket, EVALSHA of lua.DecideCached (Redis 5, 6)
 //	go run ./cmd/scriptcost -kind 12                 # sliding_counter in format 3 (state_format 3; -kind 2: format 4)
 //	go run ./cmd/scriptcost -format 1                # sliding_log written in the previous releases' format (2: the one before 3)
 //	go run ./cmd/scriptcost -kind 20                 # go-redis/redis_rate's GCRA script, by the library (a peer)
@@ -20,7 +21,10 @@
 // checks by: the kind's fast script (lua.DecideFast: sliding_log,
 // sliding_counter in format 4, fixed_window, token_bucket), the log's
 // (format 1) or the full one (the counter in format 3: kind 12); the
-// first line of the output names it. EVALSHA's ratio to FCALL is two runs
+// first line of the output names it. With -cached they go by
+// lua.DecideCached, the script the store sends Redis 5 and 6 (the body
+// built at its first call, kept in a global): on Redis 7, which refuses the
+// global, each call builds it. EVALSHA's ratio to FCALL is two runs
 // under callgrind, one with -eval (docs/bench.md). The baseline's sets are keys of their own, filled the
 // same way.
 package main
@@ -61,7 +65,8 @@ func main() {
 	n := flag.Int("n", 200000, "checks measured (in 5 rounds)")
 	batch := flag.Int("batch", 16, "checks per call")
 	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter (format 4; 12: format 3, state_format 3), 3 fixed_window, 4 token_bucket; 20 go-redis/redis_rate's GCRA (its AllowN: EVALSHA, 1 a call)")
-	eval := flag.Bool("eval", false, "EVALSHA of the script (Redis 5, 6) instead of FCALL of the library")
+	eval := flag.Bool("eval", false, "EVALSHA of the script the store sends Redis 7 by EVALSHA (ScriptsEval) instead of FCALL of the library")
+	cached := flag.Bool("cached", false, "EVALSHA of lua.DecideCached, the script the store sends Redis 5 and 6")
 	fill := flag.Float64("fill", 2, "windows of checks sent before measuring")
 	base := flag.Bool("baseline", true, "measure the baseline script too, in turns with ours")
 	format := flag.Int("format", 3, "the state format sliding_log keys are written in (1, 2: as redis { state_format 1 }, { state_format 2 })")
@@ -80,7 +85,7 @@ func main() {
 	} else if k == 1 && *format == 3 {
 		k = 11 // in format 3, the default
 	}
-	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *eval, *fill, *base, *peer); err != nil {
+	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *eval, *cached, *fill, *base, *peer); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptcost:", err)
 		os.Exit(1)
 	}
@@ -91,7 +96,7 @@ func main() {
 // redis_rate's GCRA (peer), each on keys of its own on the one server, so
 // their figures come from the same run; it ends with each one's median
 // Redis CPU per check and their ratios.
-func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fill float64, base, peer bool) error {
+func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval, cached bool, fill float64, base, peer bool) error {
 	ctx := context.Background()
 	if addr == "" {
 		a, stop, err := startRedis()
@@ -104,8 +109,12 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 	c := redis.NewClient(&redis.Options{Addr: addr, DisableIdentity: true})
 	defer c.Close()
 	call := []any{"FCALL", lua.DecideFunction}
+	eval = eval || cached
 	if eval {
 		src := evalScript(kind)
+		if cached {
+			src = lua.DecideCached
+		}
 		sha, err := c.ScriptLoad(ctx, src).Result()
 		if err != nil {
 			return err
@@ -176,7 +185,9 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval bool, fil
 	}
 	name := strings.ToLower(call[0].(string))
 	path := name
-	if eval {
+	if cached {
+		path += " of the cached script"
+	} else if eval {
 		path += " of " + evalName(kind)
 	}
 	var oursU, oursC, baseU, baseC, rateU, rateC []string
