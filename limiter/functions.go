@@ -81,11 +81,13 @@ var fastSHA, fastSrc = func() (sha, src [KindShare + 1]any) {
 // how many times it loaded the library. On FCALL, a "function not found" (a
 // Redis restarted empty, FLUSHALL, FUNCTION FLUSH) loads the library and
 // sends the call again, as NOSCRIPT sends EVAL; an FCALL or FUNCTION LOAD
-// that Redis does not know (an older server, a proxy) turns the store to
-// EVALSHA of lua.DecideCached for good, and one that the ACL user may not
-// run (Redis 7, whose _G a script cannot write) to the other scripts.
+// that Redis does not know (an older server) turns the store to EVALSHA of
+// lua.DecideCached for good; one that the ACL user may not run, or that a
+// Redis whose INFO says 7 or later does not know (a proxy in front of it, a
+// renamed command), to the other scripts (Redis 7's _G is read-only).
 type scripts struct {
 	path  atomic.Int32  // a callPath
+	seven atomic.Bool   // INFO said Redis 7 or later (an unknown FCALL is then a proxy's)
 	loads atomic.Uint64 // libraries loaded so far
 	turn  chan struct{} // held by the one call that detects or loads
 }
@@ -142,6 +144,7 @@ func (s *RedisStore) detect(ctx context.Context) callPath {
 		switch m := redisMajor(cmd.Val()); {
 		case m >= 7:
 			path = pathFunctions
+			s.scripts.seven.Store(true)
 		case m > 0:
 			path = pathCached
 		}
@@ -184,9 +187,12 @@ func (s *RedisStore) retry(ctx context.Context, err error, args []any, loads uin
 		if noFunctions(err) {
 			// (The full script: the call's checks may be of any kind.) A
 			// Redis that does not know FCALL is older than 7: its scripts
-			// may keep the body built (lua.DecideCached).
+			// may keep the body built (lua.DecideCached). Where INFO said 7
+			// or later, what does not know it is a proxy (or a renamed
+			// command) in front of a Redis whose _G is read-only, where
+			// lua.DecideCached would build the body on every call.
 			path, sha := pathEval, shaArg
-			if unknownCommand(err) {
+			if unknownCommand(err) && !s.scripts.seven.Load() {
 				path, sha = pathCached, cachedArg
 			}
 			s.scripts.path.Store(int32(path))

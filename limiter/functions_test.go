@@ -329,6 +329,30 @@ func TestScriptsFallBackToEvalsha(t *testing.T) {
 	}
 }
 
+// TestScriptsUnknownFCALLOnRedis7: where INFO says Redis 7 but FCALL is
+// unknown (a proxy that lacks it; here the command renamed away), the store
+// goes by the scripts of ScriptsEval, not by lua.DecideCached, which there
+// (a read-only _G) would build the whole body on every call.
+func TestScriptsUnknownFCALLOnRedis7(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t, "--rename-command", "FCALL", "", "--rename-command", "FCALL_RO", "")
+	for _, opts := range [][]limiter.RedisOption{nil, {limiter.WithBatching(2, 8)}} {
+		s := limiter.NewRedisStore(srv.Client(t), opts...)
+		key := "renamed:{" + randomID(t) + "}"
+		before := srv.CommandStats(t)["evalsha"].Calls
+		for i := range 3 {
+			mustCount(t, s, key, int64(i+1), "check")
+		}
+		if n := srv.CommandStats(t)["evalsha"].Calls - before; n < 3 {
+			t.Errorf("%d EVALSHAs for 3 checks, want 3 or more", n)
+		}
+		s.Close()
+	}
+	if cachedLoaded(t, srv.Client(t)) {
+		t.Error("lua.DecideCached loaded on a Redis 7 without FCALL: want the scripts of ScriptsEval")
+	}
+}
+
 // TestLogChecksGoByTheLogScript: on the EVALSHA path a call whose checks
 // are all of one kind's fast form (mode 0, one part of one window, nothing
 // else) goes by that kind's fast script (lua.DecideFast), one whose checks
