@@ -256,8 +256,9 @@ local function tb_fast(a, k, V)
     rcall("PEXPIRE", key, sfmt(INT, math.ceil((e + span - now) / 1000)))
   end
   local o = ON
-  if o == 0 then
-    -- The call's first reply: its table made to size (no growing).
+  if o == 0 and OUT ~= KEEP then
+    -- The call's first reply in a table of its own (EVALSHA's fast
+    -- script): made to size (no growing). run's KEEP is sized already.
     OUT = {6, 1, now, now_redis or 0, count, 0, d}
   else
     OUT[o + 1] = 6
