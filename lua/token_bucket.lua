@@ -128,7 +128,8 @@ local function tb_check(v, f, j0, j1, now, cost)
   return fits, stale
 end
 
--- tb_policy is the value of a window's field p: its T and B, as written.
+-- tb_policy is the value of a window's field p: its T and B as num
+-- writes them, in one string (tb_fast makes the same from its own).
 local function tb_policy(interval, burst)
   return num(interval) .. ":" .. num(burst)
 end
@@ -218,12 +219,12 @@ local function tb_fast(a, k, V)
       span = 1000000
     end
     local d1 = interval * cost
-    C = {V[10] .. "t", V[10] .. "i", V[10] .. "b", burst, interval, span, INT .. ".0",
-      num(interval), num(burst), d1, tb_in_use(d1, burst, interval), -- (T and B as written)
-      V[10] .. "p", tb_policy(interval, burst)}
+    local si, sb = num(interval), num(burst) -- (T and B as written)
+    C = {V[10] .. "t", V[10] .. "p", si .. ":" .. sb, burst, interval, span, INT .. ".0",
+      d1, tb_in_use(d1, burst, interval), V[10] .. "i", V[10] .. "b", si, sb}
     V.tb = C
   end
-  local ft, fp, burst, interval, span = C[1], C[12], C[4], C[5], C[6]
+  local ft, fp, burst, interval, span = C[1], C[2], C[4], C[5], C[6]
   local v = rcall("HMGET", key, ft, fp)
   local tat = v[1]
   local d = 0
@@ -231,7 +232,7 @@ local function tb_fast(a, k, V)
   -- the key's expiry is that span's end (false: the TTL moves).
   local at = false
   if tat then
-    if v[2] ~= C[13] then
+    if v[2] ~= C[3] then
       return nil
     end
     local marked = #tat > 16
@@ -250,7 +251,7 @@ local function tb_fast(a, k, V)
   local count
   if d == 0 and cost <= burst then
     -- A full bucket: admitted.
-    d, count = C[10], C[11]
+    d, count = C[8], C[9]
   else
     local retry = tb_retry(d, cost, burst, interval, w)
     if retry > 0 then
@@ -275,7 +276,7 @@ local function tb_fast(a, k, V)
   if tat then
     rcall("HSET", key, ft, ts)
   else
-    rcall("HSET", key, ft, ts, C[2], C[8], C[3], C[9], fp, C[13])
+    rcall("HSET", key, ft, ts, C[10], C[12], C[11], C[13], fp, C[3])
   end
   if e ~= at then
     rcall("PEXPIRE", key, sfmt(INT, math.ceil((e + span - now) / 1000)))
