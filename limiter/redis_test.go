@@ -473,6 +473,69 @@ func log3Member(b, cost, t int64) string {
 	return string(m[:])
 }
 
+// TestRedisTokenBucketPolicyField: this release's fast path reads a token
+// bucket's t and p (its T and B in one field, lua/token_bucket.lua) in
+// place of i and b, so a key whose p says another T or B (a reload), or
+// has none (the previous release wrote i and b alone), must go to decide,
+// which rescales the bucket to the new policy: every reply the in-process
+// store's, on a key filled under limit 40 and then checked under limit 80
+// (same burst, half the interval), under FCALL and EVALSHA. Afterwards p
+// says the new T and B again, beside i and b. It fails when the fast path
+// takes a key without p as its own.
+func TestRedisTokenBucketPolicyField(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	a := limiter.Win{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 40, Burst: 6} // T 2 s
+	b := limiter.Win{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 80, Burst: 6} // T 1 s
+	for _, sc := range []struct {
+		name  string
+		store limiter.Store
+	}{{"fcall", limiter.NewRedisStore(client)}, {"evalsha", limiter.NewRedisStore(client, limiter.WithScripts(limiter.ScriptsEval))}} {
+		for _, dropP := range []bool{false, true} {
+			oracle := limiter.NewMemoryStore()
+			key := fmt.Sprintf("tbpolicy:{%s-%v}", sc.name, dropP)
+			now := t0.UnixMicro()
+			denied := 0
+			for i, step := range []struct {
+				win  limiter.Win
+				dt   int64
+				cost int64
+			}{{a, 0, 3}, {a, 100_000, 3}, {b, 100_000, 1}, {b, 200_000, 1}, {b, 1_500_000, 2}, {b, 300_000, 1}, {b, 3_000_000, 3}} {
+				if i == 2 && dropP {
+					// As the previous release leaves a key it wrote first: i and b, no p.
+					if n := client.HDel(ctx, key, a.Name+"p").Val(); n != 1 {
+						t.Fatalf("%s: the key had no field %sp to drop", sc.name, a.Name)
+					}
+				}
+				now += step.dt
+				op := &limiter.Op{Now: now, Cost: step.cost, Mode: limiter.ModeCheck,
+					Parts: []limiter.Part{{Key: key, Kind: limiter.KindToken, Windows: []limiter.Win{step.win}}}}
+				want, err := oracle.Do(ctx, cloneOp(op))
+				if err != nil {
+					t.Fatal(err)
+				}
+				r, err := sc.store.Do(ctx, cloneOp(op))
+				if err != nil || r.Status != want.Status || len(r.Usage) != 1 || r.Usage[0] != want.Usage[0] {
+					t.Fatalf("%s, p dropped %v, request %d: %+v %v, the in-process store says %+v", sc.name, dropP, i, r, err, want)
+				}
+				if r.Status != limiter.StatusAllowed {
+					denied++
+				}
+			}
+			if denied == 0 {
+				t.Errorf("%s, p dropped %v: nothing denied, the check proves nothing", sc.name, dropP)
+			}
+			f := client.HGetAll(ctx, key).Val()
+			if f[a.Name+"p"] != "1000000:6" || f[a.Name+"i"] != "1000000" || f[a.Name+"b"] != "6" {
+				t.Errorf("%s, p dropped %v: the key holds %v, want i 1000000, b 6 and p 1000000:6", sc.name, dropP, f)
+			}
+		}
+		sc.store.(interface{ Close() error }).Close()
+	}
+}
+
 // TestRedisTokenBucketTTL: a token bucket's key lives past its tat + 0.5 s
 // after every request, while this release's fast path moves its TTL only
 // when tat leaves a span of an eighth of the window (lua/token_bucket.lua,

@@ -299,7 +299,7 @@ var tokenPhases = [][3]string{
 }
 
 // mixedTokenBuckets runs TestMixedVersions's upgrade on token_bucket keys
-// (one window of 80 s, limit 40, burst 6: a token every 2 s; costs 1 to 3,
+// (one window of 80 s, limit 40, burst 6: a token every 2 s, then limit 80 and burst 4 by phase; costs 1 to 3,
 // so an admission moves tat 2 to 6 s; some peeks and some count_only
 // records, which go by decide), through tokenPhases: every reply must be
 // the in-process store's (exact: no key read as empty, nothing admitted
@@ -323,12 +323,21 @@ func mixedTokenBuckets(t *testing.T, old *oldEngine, newStore func(...limiter.Re
 	kb, _ := limiter.NewKeyBuilder("upt:", "api")
 	rng := rand.New(rand.NewPCG(29, 4))
 	now := time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC).UnixMicro()
-	win := limiter.Win{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 40, Burst: 6}
+	// The policy changes with the phase on every node at once (a reload:
+	// limit 40 and burst 6, then limit 80, then burst 4), so keys written by
+	// one release under one T and B are read by the other under another,
+	// which rescales them (this release's fast path hands a key to decide
+	// when its field p, which the previous release does not write, is
+	// missing or says another T and B).
+	wins := []limiter.Win{{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 40, Burst: 6},
+		{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 80, Burst: 6},
+		{Name: limiter.WindowName(80 * time.Second), Len: 80e6, Limit: 40, Burst: 4}}
 	ctx := context.Background()
 	seen := map[string]int{}
 	last := map[string]string{} // a key's last writer: old, fast (this release's fast path) or decide
 	ttls := newTokenTTLs(client)
 	for ph, nodes := range tokenPhases {
+		win := wins[ph%len(wins)]
 		for i := range 150 {
 			now += 50_000 + rng.Int64N(400_000)
 			if rng.IntN(12) == 0 {
@@ -387,14 +396,19 @@ func mixedTokenBuckets(t *testing.T, old *oldEngine, newStore func(...limiter.Re
 // reckoned on the tests' clock, which moves faster than real time: when a
 // request sets the key's TTL (its PEXPIRETIME changes), the key expires
 // PTTL after that request's now, until a request sets it again. So that
-// a TTL set again to the same millisecond (two requests within one, each
-// setting tat + 1 s) is seen to change, check moves the expiry it read 1 ms
-// earlier (PEXPIREAT): shorter, never longer, so never kinder to the
-// script. Redis 6 has no PEXPIRETIME: there the TTLs go unchecked (none
-// set), and the replies alone are held to the in-process store.
+// every TTL a request sets is seen to change it, even to the millisecond
+// the key had, check moves the expiry it read to a mark of its own
+// (PEXPIREAT 10^9 ms later: no script's TTL comes near it, and the key
+// cannot expire in real time while a test runs). (Until 2026-12-03 it
+// moved the expiry 1 ms earlier, which a TTL set a few milliseconds of
+// real time later could meet exactly: a request that set the TTL was then
+// taken for one that left it, seen when the policy began to change by
+// phase in mixedTokenBuckets.) Redis 6 has no PEXPIRETIME: there the TTLs
+// go unchecked (none set), and the replies alone are held to the
+// in-process store.
 type tokenTTLs struct {
 	client *redis.Client
-	set    map[string][2]int64 // by key: PEXPIRETIME (ms) and the expiry it means on the tests' clock (µs)
+	set    map[string][2]int64 // by key: the mark check set as PEXPIRETIME (ms) and the expiry on the tests' clock (µs)
 	none   bool                // the server has no PEXPIRETIME (Redis 6)
 }
 
@@ -429,13 +443,13 @@ func (w *tokenTTLs) check(t *testing.T, key, window string, now int64, where str
 	}
 	prev, ok := w.set[key]
 	if !ok || prev[0] != at.Milliseconds() {
-		prev = [2]int64{at.Milliseconds(), now + pttl.Microseconds()}
+		// The request set the TTL (or the key is new to check).
+		prev = [2]int64{at.Milliseconds() + 1e9, now + pttl.Microseconds()}
+		if !w.client.PExpireAt(ctx, key, time.UnixMilli(prev[0])).Val() {
+			t.Fatalf("%s: PEXPIREAT failed", where)
+		}
+		w.set[key] = prev
 	}
-	prev[0], prev[1] = prev[0]-1, prev[1]-1000
-	if !w.client.PExpireAt(ctx, key, time.UnixMilli(prev[0])).Val() {
-		t.Fatalf("%s: PEXPIREAT failed", where)
-	}
-	w.set[key] = prev
 	if prev[1] < int64(tat)+500_000 {
 		t.Fatalf("%s: the key expires at %d µs, its tat is %d (%d µs from now): it could expire before its bucket is full",
 			where, prev[1], int64(tat), int64(tat)-now)
