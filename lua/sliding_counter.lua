@@ -843,9 +843,9 @@ end
 local C4H = 20
 -- (A library's body cannot read the global string when it loads: c4_init
 -- sets them on a call's first use.)
-local schar, sbyte, ssub = false, false, false
+local schar, sbyte, ssub, sfind = false, false, false, false
 local function c4_init()
-  schar, sbyte, ssub = string.char, string.byte, string.sub
+  schar, sbyte, ssub, sfind = string.char, string.byte, string.sub, string.find
 end
 
 -- b_put is x (a whole number, 0 <= x < 256^w, w 1..7) in w bytes.
@@ -1315,6 +1315,100 @@ local function c4_get(m)
   return c4_slot(c4v, C4H + (m % CTR3_R) * 3 * c4w, c4w)
 end
 
+-- c4_next is the first bucket m' of m .. k (k <= top) whose units are not 0
+-- in field s (width wd; the buckets after top read 0), or k + 1: one
+-- string.find over the slots in the ring's order (an empty bucket's slot
+-- is all zero bytes; a slot found is read to be sure of its units).
+local function c4_next(s, top, wd, m, k)
+  if k > top then
+    k = top
+  end
+  local sw = 3 * wd
+  while m <= k do
+    local i = m % CTR3_R
+    local last = i + (k - m)
+    if last > CTR3_N then
+      last = CTR3_N
+    end
+    local q = sfind(s, "[^%z]", C4H + i * sw + 1)
+    if q and q <= C4H + (last + 1) * sw then
+      local x = q - C4H - 1
+      local j = (x - x % sw) / sw
+      if b_get(s, C4H + j * sw, wd) > 0 then
+        return m + (j - i)
+      end
+      m = m + (j - i) + 1
+    else
+      m = m + (last - i) + 1
+    end
+  end
+  return m
+end
+
+-- c4_until is ctr3_until(1, target, base) with the buckets read from field
+-- s (width wd; those after top read 0) rather than from ca[1] past its
+-- oldest two, and the empty buckets that cannot end the search (r < 0)
+-- skipped by c4_next: the same steps on the same numbers, so the same
+-- answer, without reading every slot of a window still filling.
+local function c4_until(s, top, wd, target, base)
+  if ctr3_le(1, base, target) then
+    return 0
+  end
+  local a, w, bw, b = ca[1], cwl[1], cbw[1], cb[1]
+  local k = a[67]
+  local st = base - w
+  local m = (st - st % bw) / bw
+  local after = ctr3_after(1, m)
+  local sw = 3 * wd
+  local c, f, l = 0, 0, 0
+  if m <= top then
+    c, f, l = c4_slot(s, C4H + (m % CTR3_R) * sw, wd)
+  end
+  while true do
+    local r = target - after
+    if r >= 0 and c - b <= r then
+      local at = m * bw
+      if st > at then
+        at = st
+      end
+      if c > r then
+        f, l = m * bw + f, m * bw + l
+        local y = l
+        if r >= 1 and l > f then
+          y = f
+          if c > 2 then
+            y = l - math.floor((r - 1) * (l - f) / (c - 2))
+            if y < f then
+              y = f
+            end
+          end
+        end
+        if y > at then
+          at = y
+        end
+      end
+      return at + w - base
+    end
+    m = m + 1
+    if r < 0 and m <= k then
+      m = c4_next(s, top, wd, m, k)
+    end
+    if m > k then
+      break
+    end
+    c, f, l = 0, 0, 0
+    if m <= top then
+      c, f, l = c4_slot(s, C4H + (m % CTR3_R) * sw, wd)
+    end
+    after = after - c
+  end
+  local at = (k + 1) * bw
+  if st > at then
+    at = st
+  end
+  return at + w - base
+end
+
 -- The lazy array holds the oldest two buckets, K's, T and K; the first
 -- index read of another bucket reads them all.
 local C4LAZY = {__index = function(a, o)
@@ -1386,7 +1480,11 @@ local function ctr4_fast(a, k, V)
   if retry > 0 then
     local reset = 0
     if count > 0 then
-      reset = ctr3_until(1, count - 1, base) + (base - now)
+      if v then
+        reset = c4_until(v, c4sk, wd, count - 1, base) + (base - now)
+      else
+        reset = ctr3_until(1, count - 1, base) + (base - now)
+      end
     end
     return {0, now, now_redis or 0, count, retry, reset}
   end
@@ -1416,7 +1514,7 @@ local function ctr4_fast(a, k, V)
   local n = ctr3_count(1, base)
   local reset = 0
   if n > 0 then
-    reset = ctr3_until(1, n - 1, base) + (base - now)
+    reset = c4_until(field, kk, sbyte(field, 6), n - 1, base) + (base - now)
   end
   return {1, now, now_redis or 0, count + cost, 0, reset}
 end
