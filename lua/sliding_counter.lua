@@ -1338,8 +1338,9 @@ end
 
 -- c4_next is the first bucket m' of m .. k whose units are not 0 in field s
 -- (width wd; the buckets after top read 0) and its c, f, l, or k + 1: one
--- string.find over the slots in the ring's order (an empty bucket's slot
--- is all zero bytes; a slot found is read to be sure of its units).
+-- string.find of the run of zero bytes over the slots in the ring's order
+-- (an empty bucket's slot is all zero bytes; the slot of the first byte
+-- that is not is read to be sure of its units).
 local function c4_next(s, top, wd, m, k)
   local e = k
   if e > top then
@@ -1352,9 +1353,9 @@ local function c4_next(s, top, wd, m, k)
     if last > CTR3_N then
       last = CTR3_N
     end
-    local q = string.find(s, "[^%z]", C4H + i * sw + 1)
-    if q and q <= C4H + (last + 1) * sw then
-      local x = q - C4H - 1
+    local _, q = string.find(s, "^%z*", C4H + i * sw + 1)
+    if q < C4H + (last + 1) * sw then
+      local x = q - C4H
       local j = (x - x % sw) / sw
       local c, f, l = c4_slot(s, C4H + j * sw, wd)
       if c > 0 then
