@@ -843,9 +843,14 @@ end
 local C4H = 20
 -- (A library's body cannot read the global string when it loads: c4_init
 -- sets them on a call's first use.)
-local schar, sbyte, ssub = false, false, false
+-- C4PRE[W] is a field's first 6 bytes for width W.
+local schar, sbyte, ssub, mceil = false, false, false, false
+local C4PRE = {}
 local function c4_init()
-  schar, sbyte, ssub = string.char, string.byte, string.sub
+  schar, sbyte, ssub, mceil = string.char, string.byte, string.sub, math.ceil
+  for wd = 1, 7 do
+    C4PRE[wd] = "[3,#4" .. schar(wd)
+  end
 end
 
 -- b_put is x (a whole number, 0 <= x < 256^w, w 1..7) in w bytes.
@@ -1296,6 +1301,22 @@ local function c4_slot(v, p, w)
   return b_get(v, p, w), b_get(v, p + w, w), b_get(v, p + 2 * w, w)
 end
 
+-- c4_two is c4_slot of the slot after byte p of v (width w) and of the
+-- next one, by one string.byte.
+local function c4_two(v, p, w)
+  if w == 3 then
+    local a1, a2, a3, b1, b2, b3, c1, c2, c3, d1, d2, d3, e1, e2, e3, g1, g2, g3 = sbyte(v, p + 1, p + 18)
+    return (a1 * 256 + a2) * 256 + a3, (b1 * 256 + b2) * 256 + b3, (c1 * 256 + c2) * 256 + c3,
+      (d1 * 256 + d2) * 256 + d3, (e1 * 256 + e2) * 256 + e3, (g1 * 256 + g2) * 256 + g3
+  elseif w == 2 then
+    local a1, a2, b1, b2, c1, c2, d1, d2, e1, e2, g1, g2 = sbyte(v, p + 1, p + 12)
+    return a1 * 256 + a2, b1 * 256 + b2, c1 * 256 + c2, d1 * 256 + d2, e1 * 256 + e2, g1 * 256 + g2
+  end
+  local c, f, l = c4_slot(v, p, w)
+  local c1, f1, l1 = c4_slot(v, p + 3 * w, w)
+  return c, f, l, c1, f1, l1
+end
+
 -- c4_slotput is c, f, l as a slot of width w.
 local function c4_slotput(c, f, l, w)
   if w == 3 then
@@ -1315,6 +1336,134 @@ local function c4_get(m)
   return c4_slot(c4v, C4H + (m % CTR3_R) * 3 * c4w, c4w)
 end
 
+-- c4_next is the first bucket m' of m .. k whose units are not 0 in field s
+-- (width wd; the buckets after top read 0) and its c, f, l, or k + 1: one
+-- string.find of the run of zero bytes over the slots in the ring's order
+-- (an empty bucket's slot is all zero bytes; the slot of the first byte
+-- that is not is read to be sure of its units).
+local function c4_next(s, top, wd, m, k)
+  local e = k
+  if e > top then
+    e = top
+  end
+  local sw = 3 * wd
+  while m <= e do
+    local i = m % CTR3_R
+    local last = i + (e - m)
+    if last > CTR3_N then
+      last = CTR3_N
+    end
+    local _, q = string.find(s, "^%z*", C4H + i * sw + 1)
+    if q < C4H + (last + 1) * sw then
+      local x = q - C4H
+      local j = (x - x % sw) / sw
+      local c, f, l = c4_slot(s, C4H + j * sw, wd)
+      if c > 0 then
+        return m + (j - i), c, f, l
+      end
+      m = m + (j - i) + 1
+    else
+      m = m + (last - i) + 1
+    end
+  end
+  return k + 1
+end
+
+-- c4_walk goes on with ctr3_until's search from bucket m (after the oldest
+-- bucket of the window, which did not end it) in field s (width wd; the
+-- buckets after top read 0), after being the units of the buckets after
+-- m - 1, k the newest bucket, st the window's start: the same steps on the
+-- same numbers, with the empty buckets that cannot end the search (r < 0:
+-- they leave r as it is) skipped by c4_next. It returns the µs the search
+-- ends at (ctr3_until's at).
+local function c4_walk(s, top, wd, k, m, after, target, st, bw, b)
+  local sw = 3 * wd
+  local r = target - after
+  while m <= k do
+    local c, f, l = 0, 0, 0
+    if r < 0 then
+      m, c, f, l = c4_next(s, top, wd, m, k)
+      if m > k then
+        break
+      end
+    elseif m <= top then
+      c, f, l = c4_slot(s, C4H + (m % CTR3_R) * sw, wd)
+    end
+    after = after - c
+    r = target - after
+    if r >= 0 and c - b <= r then
+      local at = m * bw
+      if st > at then
+        at = st
+      end
+      if c > r then
+        f, l = m * bw + f, m * bw + l
+        local y = l
+        if r >= 1 and l > f then
+          y = f
+          if c > 2 then
+            y = l - math.floor((r - 1) * (l - f) / (c - 2))
+            if y < f then
+              y = f
+            end
+          end
+        end
+        if y > at then
+          at = y
+        end
+      end
+      return at
+    end
+    m = m + 1
+  end
+  local at = (k + 1) * bw
+  if st > at then
+    at = st
+  end
+  return at
+end
+
+-- c4_until is ctr3_until(1, target, base) with the buckets past the
+-- window's oldest read from field s (width wd; those after top read 0)
+-- rather than from ca[1], by c4_walk.
+local function c4_until(s, top, wd, target, base)
+  if ctr3_le(1, base, target) then
+    return 0
+  end
+  local a, w, bw, b = ca[1], cwl[1], cbw[1], cb[1]
+  local k = a[67]
+  local st = base - w
+  local m = (st - st % bw) / bw
+  local after = ctr3_after(1, m)
+  local r = target - after
+  local o = 63 + 3 * (m - k)
+  local c = a[o]
+  if r >= 0 and c - b <= r then
+    local at = m * bw
+    if st > at then
+      at = st
+    end
+    if c > r then
+      local f, l = m * bw + a[o + 1], m * bw + a[o + 2]
+      local y = l
+      if r >= 1 and l > f then
+        y = f
+        if c > 2 then
+          y = l - math.floor((r - 1) * (l - f) / (c - 2))
+          if y < f then
+            y = f
+          end
+        end
+      end
+      if y > at then
+        at = y
+      end
+    end
+    return at + w - base
+  end
+  return c4_walk(s, top, wd, k, m + 1, after, target, st, bw, b) + w - base
+end
+
 -- The lazy array holds the oldest two buckets, K's, T and K; the first
 -- index read of another bucket reads them all.
 local C4LAZY = {__index = function(a, o)
@@ -1326,20 +1475,12 @@ local C4LAZY = {__index = function(a, o)
 end}
 local C4TOP = {256, 65536, 16777216, 4294967296, 1099511627776, 281474976710656, 72057594037927936}
 
-local function ctr4_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
-  end
+-- ctr4_lazy is the fast path of a window whose length is not 20 buckets
+-- exactly (the window may start in either of its two oldest buckets), on
+-- the lazy array and format 3's functions.
+local function ctr4_lazy(k, V, now)
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   local fw, bw = V.fw, V.cbw
-  if not fw then
-    if not sbyte then
-      c4_init()
-    end
-    fw, bw = V[10] .. "w", math.ceil(w / CTR3_N)
-    V.fw, V.cbw, V.cb, V.cttl = fw, bw, math.ceil(limit / CTR3_N), sfmt(INT, math.ceil((w + bw) / 1000) + 1000)
-  end
   local v = rcall("HMGET", key, fw)[1] -- (HMGET, HGETALL: the commands docs/redis.md's ACL grants)
   local kk = (now - now % bw) / bw -- math.floor(now / bw)
   local base, sk, wd, tot = now, false, 1, 0
@@ -1386,7 +1527,11 @@ local function ctr4_fast(a, k, V)
   if retry > 0 then
     local reset = 0
     if count > 0 then
-      reset = ctr3_until(1, count - 1, base) + (base - now)
+      if v then
+        reset = c4_until(v, c4sk, wd, count - 1, base) + (base - now)
+      else
+        reset = ctr3_until(1, count - 1, base) + (base - now)
+      end
     end
     return {0, now, now_redis or 0, count, retry, reset}
   end
@@ -1416,8 +1561,252 @@ local function ctr4_fast(a, k, V)
   local n = ctr3_count(1, base)
   local reset = 0
   if n > 0 then
-    reset = ctr3_until(1, n - 1, base) + (base - now)
+    reset = c4_until(field, kk, sbyte(field, 6), n - 1, base) + (base - now)
   end
   return {1, now, now_redis or 0, count + cost, 0, reset}
+end
+
+-- c4_le is ctr3_le(1, base, target) in a window of 20 buckets exactly
+-- (it starts at st in bucket K - 20, holding c0 units first and last
+-- admitted at F0 and L0), r being target less the units of the buckets
+-- after K - 20.
+local function c4_le(r, c0, F0, L0, st, b)
+  if c0 == 0 then
+    return r >= 0
+  elseif c0 - b > r then
+    return false
+  elseif c0 <= r then
+    return true
+  end
+  if st >= L0 then
+    return r >= 0
+  elseif st < F0 then
+    return false
+  end
+  return (c0 - 2) * (L0 - st) <= (r - 1) * (L0 - F0)
+end
+
+-- c4_at is ctr3_until's at (the window's start at which its estimate is at
+-- most target, not yet at st) in such a window: bucket K - 20's segment
+-- from its values, the others by c4_walk on field s.
+local function c4_at(s, top, wd, k, target, after, c0, F0, L0, st, bw, b)
+  local r = target - after
+  if r >= 0 and c0 - b <= r then
+    local at = st
+    if c0 > r then
+      local y = L0
+      if r >= 1 and L0 > F0 then
+        y = F0
+        if c0 > 2 then
+          y = L0 - math.floor((r - 1) * (L0 - F0) / (c0 - 2))
+          if y < F0 then
+            y = F0
+          end
+        end
+      end
+      if y > at then
+        at = y
+      end
+    end
+    return at
+  end
+  return c4_walk(s, top, wd, k, k - CTR3_N + 1, after, target, st, bw, b)
+end
+
+-- ctr4_fast is the fast path. In a window of 20 buckets exactly (its
+-- length a multiple of 20 µs: every window of whole ms) the window at base
+-- starts in bucket K - 20, so that a check needs the header, that bucket's
+-- slot and K's: it reads them by two or three string.byte, decides on
+-- format 3's arithmetic for that case (c4_le, c4_at: the same operations
+-- on the same numbers as ctr3_count, ctr3_le, ctr3_until and ctr3_put),
+-- writes the header's K and T by one string.char beside K's slot, and
+-- appends its reply flat (decide.lua's OUT). Any other window goes by
+-- ctr4_lazy.
+local function ctr4_fast(a, k, V)
+  local now, late = fast_now(a)
+  if not now then
+    return late
+  end
+  local fw = V.fw
+  if not fw then
+    if not sbyte then
+      c4_init()
+    end
+    local w, limit = V[11], V[12]
+    local bw = math.ceil(w / CTR3_N)
+    fw = V[10] .. "w"
+    V.fw, V.cbw, V.cb, V.cttl = fw, bw, math.ceil(limit / CTR3_N), sfmt(INT, math.ceil((w + bw) / 1000) + 1000)
+    V.ceven = CTR3_N * bw == w
+  end
+  if not V.ceven then
+    return ctr4_lazy(k, V, now)
+  end
+  local key, cost, w, limit, bw, b = KEYS[k], V[2], V[11], V[12], V.cbw, V.cb
+  local v = rcall("HMGET", key, fw)[1] -- (HMGET, HGETALL: the commands docs/redis.md's ACL grants)
+  local kk = (now - now % bw) / bw -- math.floor(now / bw)
+  local base, sk, wd, tot = now, false, 1, 0
+  local k1, k2, k3, k4, k5, k6, k7 = 0, 0, 0, 0, 0, 0, 0 -- the header's K as read
+  local c0, f0, l0, c, f, l = 0, 0, 0, 0, 0, 0
+  if v then
+    local x1, x2, x3, x4, x5, t1, t2, t3, t4, t5, t6, t7
+    x1, x2, x3, x4, x5, wd, k1, k2, k3, k4, k5, k6, k7, t1, t2, t3, t4, t5, t6, t7 = sbyte(v, 1, C4H)
+    if x5 ~= 52 or x4 ~= 35 or x3 ~= 44 or x2 ~= 51 or x1 ~= 91 then -- "[3,#4"
+      return nil
+    end
+    sk = (((((k1 * 256 + k2) * 256 + k3) * 256 + k4) * 256 + k5) * 256 + k6) * 256 + k7
+    tot = (((((t1 * 256 + t2) * 256 + t3) * 256 + t4) * 256 + t5) * 256 + t6) * 256 + t7
+    local sw = 3 * wd
+    if sk > kk then
+      kk, base = sk, sk * bw
+    end
+    if kk - sk <= 1 then
+      -- Slot K % 21 holds bucket K (K the stored one) or the one that
+      -- leaves (K one past it); the next slot in the ring, bucket K - 20.
+      local i, x, y, z = kk % CTR3_R, 0, 0, 0
+      if i < CTR3_N then
+        x, y, z, c0, f0, l0 = c4_two(v, C4H + i * sw, wd)
+      else
+        x, y, z = c4_slot(v, C4H + i * sw, wd)
+        c0, f0, l0 = c4_slot(v, C4H, wd)
+      end
+      if kk == sk then
+        c, f, l = x, y, z
+      else
+        tot = tot - x
+      end
+    else
+      -- Buckets sk - 20 .. kk - 21 leave (at most all 21).
+      local last = kk - CTR3_R
+      if last > sk then
+        last = sk
+      end
+      for m = sk - CTR3_N, last do
+        tot = tot - b_get(v, C4H + (m % CTR3_R) * sw, wd)
+      end
+      if kk - CTR3_N <= sk then
+        c0, f0, l0 = c4_slot(v, C4H + ((kk - CTR3_N) % CTR3_R) * sw, wd)
+      end
+    end
+  elseif #rcall("HGETALL", key) > 0 then
+    return nil
+  end
+  local st = base - w
+  local ob = (kk - CTR3_N) * bw
+  local F0, L0 = ob + f0, ob + l0
+  local after = tot - c0
+  -- ctr3_count's part of bucket K - 20
+  local part = 0
+  if c0 > 0 then
+    if st >= L0 then
+      part = 0
+    elseif st < F0 then
+      part = c0
+    else
+      part = 1 + mceil((c0 - 2) * (L0 - st) / (L0 - F0))
+    end
+    if c0 - b > part then
+      part = c0 - b
+    end
+  end
+  local count = after + part
+  local retry = 0
+  if cost > limit then
+    retry = w
+  elseif not c4_le(limit - cost - after, c0, F0, L0, st, b) then
+    retry = c4_at(v, sk or kk - CTR3_R, wd, kk, limit - cost, after, c0, F0, L0, st, bw, b) + w - now
+  end
+  local o = ON
+  if retry > 0 then
+    local reset = 0
+    if count > 0 then
+      reset = base - now
+      if not c4_le(count - 1 - after, c0, F0, L0, st, b) then
+        reset = c4_at(v, sk or kk - CTR3_R, wd, kk, count - 1, after, c0, F0, L0, st, bw, b) + w - now
+      end
+    end
+    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5], OUT[o + 6], OUT[o + 7] =
+      6, 0, now, now_redis or 0, count, retry, reset
+    ON = o + 7
+    return true
+  end
+  if cost > 0 then
+    -- ctr3_put: bucket K (base's)
+    local x = base - kk * bw
+    if c == 0 then
+      f, l = x, x
+    else
+      if x < f then
+        f = x
+      end
+      if x > l then
+        l = x
+      end
+    end
+    c, tot, after = c + cost, tot + cost, after + cost
+  end
+  -- Bucket K's slot and the header's K and T in place when K moved by one
+  -- at most and its values fit the width; else the field whole.
+  local field
+  local most = C4TOP[wd]
+  if sk and kk - sk <= 1 and c < most and l < most then
+    local sw = 3 * wd
+    local p = C4H + (kk % CTR3_R) * sw
+    if kk > sk then
+      local x = kk
+      k7 = x % 256
+      x = (x - k7) / 256
+      k6 = x % 256
+      x = (x - k6) / 256
+      k5 = x % 256
+      x = (x - k5) / 256
+      k4 = x % 256
+      x = (x - k4) / 256
+      k3 = x % 256
+      x = (x - k3) / 256
+      k2 = x % 256
+      k1 = (x - k2) / 256
+    end
+    local x = tot
+    local u7 = x % 256
+    x = (x - u7) / 256
+    local u6 = x % 256
+    x = (x - u6) / 256
+    local u5 = x % 256
+    x = (x - u5) / 256
+    local u4 = x % 256
+    x = (x - u4) / 256
+    local u3 = x % 256
+    x = (x - u3) / 256
+    local u2 = x % 256
+    field = C4PRE[wd] .. schar(k1, k2, k3, k4, k5, k6, k7, (x - u2) / 256, u2, u3, u4, u5, u6, u7) ..
+      ssub(v, C4H + 1, p) .. c4_slotput(c, f, l, wd) .. ssub(v, p + sw + 1)
+  else
+    c4v, c4k, c4w, c4sk = v, kk, wd, sk or kk - CTR3_R
+    local c1, f1, l1 = c4_get(kk - CTR3_N + 1)
+    local ar = setmetatable({[3] = c0, [4] = f0, [5] = l0, [6] = c1, [7] = f1, [8] = l1, [63] = c, [64] = f,
+      [65] = l, [66] = tot, [67] = kk}, C4LAZY)
+    field = ctr4_encode(ar, bw, limit)
+    wd = sbyte(field, 6)
+  end
+  rcall("HSET", key, fw, field)
+  if not sk or kk > sk then
+    rcall("PEXPIRE", key, V.cttl)
+  end
+  local n = after + part
+  local reset = 0
+  if n > 0 then
+    reset = base - now
+    if not c4_le(n - 1 - after, c0, F0, L0, st, b) then
+      reset = c4_at(field, kk, wd, kk, n - 1, after, c0, F0, L0, st, bw, b) + w - now
+    end
+  end
+  if o == 0 then
+    OUT = {6, 1, now, now_redis or 0, count + cost, 0, reset}
+  else
+    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5], OUT[o + 6], OUT[o + 7] =
+      6, 1, now, now_redis or 0, count + cost, 0, reset
+  end
+  ON = o + 7
+  return true
 end
 FAST[2] = ctr4_fast
