@@ -13,7 +13,7 @@
 -- State per window of length L: "<L>t" = tat, the theoretical arrival time;
 -- "<L>i" and "<L>b" = the T and B it was written with (the fast path
 -- writes tat with ".0" after its digits: tb_fast); "<L>p" = "T:B", the
--- two in one string (tb_policy; since 2026-12-03), which the fast path
+-- two in one string (tb_record; since 2026-12-03), which the fast path
 -- reads in their place. Every write of this release writes p with i and
 -- b. The previous release writes i and b alone, and it drops the key's
 -- fields (DEL) before it writes a T or B other than the stored ones, so a
@@ -128,23 +128,20 @@ local function tb_check(v, f, j0, j1, now, cost)
   return fits, stale
 end
 
--- tb_policy is the value of a window's field p: its T and B as num
--- writes them, in one string (tb_fast makes the same from its own).
-local function tb_policy(interval, burst)
-  return num(interval) .. ":" .. num(burst)
-end
-
 -- tb_record takes cost tokens from windows j0..j1 and queues their fields
--- (p by its name in tbp, made once per window name).
-local tbp = {}
+-- (p by its name kept as .p in the window's field names, made once per
+-- window name; its value, T and B as num writes them in one string, is
+-- what tb_fast makes from its own). (Neither is a local of its own: the
+-- body's main chunk is at Lua's limit of 200 locals.)
 local function tb_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
     local ls = wname[j]
-    local fs, fp = fieldnames[4][ls], tbp[ls]
+    local fs = fieldnames[4][ls]
+    local fp = fs.p
     if not fp then
       fp = ls .. "p"
-      tbp[ls] = fp
+      fs.p = fp
     end
     local d = s3[j] + s2[j] * cost
     cnt[j] = tb_in_use(d, s1[j], s2[j])
@@ -152,7 +149,7 @@ local function tb_record(j0, j1, now, cost)
     hset(fs[1], now + d)
     hset(fs[2], s2[j])
     hset(fs[3], s1[j])
-    hf[hn + 1], hf[hn + 2] = fp, tb_policy(s2[j], s1[j])
+    hf[hn + 1], hf[hn + 2] = fp, num(s2[j]) .. ":" .. num(s1[j])
     hn = hn + 2
     local t = math.ceil(d / 1000) + 1000
     if t > ttl then
