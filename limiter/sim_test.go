@@ -175,8 +175,11 @@ type simNode struct {
 	l     *limiter.Limiter
 	local *oStore
 	cache map[string]*oCached
-	stack *nodeStack              // the Redis stack's pieces, nil in memory
-	deaf  *atomic.Pointer[string] // the identity's tag whose notices the node misses
+	stack *nodeStack // the Redis stack's pieces, nil in memory
+	// retired are the node's stacks before a reload's new client, each
+	// closed once no limiter holds it (retire), or when the node dies.
+	retired []*nodeStack
+	deaf    *atomic.Pointer[string] // the identity's tag whose notices the node misses
 }
 
 // simOpen is a request in flight: decided, its response not yet done.
@@ -828,11 +831,12 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	if err != nil {
 		return fmt.Errorf("reload: %v", err)
 	}
+	r.nodes[ni] = nn
+	old.Close()
+	r.retire(n)
 	if r.closedUnder > 0 {
 		return fmt.Errorf("the old config's Redis client was given back while %d requests decided through it were in flight", r.closedUnder)
 	}
-	r.nodes[ni] = nn
-	old.Close()
 	r.event("reload")
 	if r.c.Stack == "redis" && r.down == "" {
 		// A new limiter reads the overrides' index at start.
@@ -885,6 +889,9 @@ func (r *simRun) die(ni int) error {
 	old.l.Close()
 	if old.stack != nil {
 		old.stack.close()
+	}
+	for _, st := range old.retired {
+		st.closeClient() // its requests in flight never end
 	}
 	nn, err := r.env.node(r, len(r.nodes), old.cfg, true) // as a node of its own: nothing kept
 	if err != nil {

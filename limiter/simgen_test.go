@@ -986,6 +986,15 @@ var simReplays = []simCase{
 			{Op: "reload", Node: 1, Limits: []int64{5, 4, 3}, Client: true, Format: 2, Alg: "sliding_counter"},
 			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
 		}},
+	{Name: "two reloads, the second with a new client, while a count_only request of the first config is in flight: its record still reaches Redis (the simulation closed the old client once the second config's limiter was done, not the first's: 'redis store closed', count 0 where the oracle said 1; seed 1796308074035626193)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"5s"}, Limits: []int64{4}, GWindows: []string{"5s"}, GLimits: []int64{8}, BanAfter: 4, BanWithin: "1s", BanFor: "2s", CountOnly: true, Fail: "local"},
+		Steps: []simStep{
+			{Op: "req", Key: "b", Region: "us", Cost: 1},
+			{Op: "reload", Limits: []int64{3}, Conc: 2},
+			{Op: "reload", Limits: []int64{7}, Client: true, Format: 4},
+			{Op: "done", Status: 401},
+			{Op: "req", Key: "b", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this

@@ -44,18 +44,59 @@ func (e *simEnv) pub() *redis.Client {
 	return e.pc
 }
 
-// nodeStack is a node's Redis stack.
+// nodeStack is a node's Redis stack. users counts the limiters built on
+// it that have not given it back: each gives it back once its own requests
+// in flight are done (retire, as each Caddy handler's Cleanup releases its
+// hold on a shared store), and the client closes when none holds it.
 type nodeStack struct {
 	client  *redis.Client
 	store   *limiter.RedisStore
 	breaker *limiter.Breaker
 	local   *limiter.MemoryStore
+	users   atomic.Int32
+	once    sync.Once
 }
 
 func (s *nodeStack) close() {
-	s.store.Close()
-	s.client.Close()
+	s.closeClient()
 	s.local.Close()
+}
+
+// closeClient closes the store and its client, once.
+func (s *nodeStack) closeClient() {
+	s.once.Do(func() {
+		s.store.Close()
+		s.client.Close()
+	})
+}
+
+// retire gives back n's hold on its Redis stack once n's requests in
+// flight are done; the stack's store and client close when no limiter
+// holds them. (Until 2026-12-03 a reload that made a new client closed
+// the old one once the limiter it replaced was done, not every limiter
+// built on it: after two reloads, the first's requests still in flight
+// lost their count_only records, "redis store closed", TestSimReplay's
+// seed 1796308074035626193.)
+func (r *simRun) retire(n *simNode) {
+	st, l := n.stack, n.l
+	if st == nil {
+		return
+	}
+	l.AfterDone(func(deferred bool) {
+		if st.users.Add(-1) != 0 {
+			return
+		}
+		if !deferred {
+			// At once: no request decided through this limiter may be in
+			// flight (its release and count_only record go through it).
+			for _, o := range r.open {
+				if o.l == l && o.shared {
+					r.closedUnder++
+				}
+			}
+		}
+		st.closeClient()
+	})
 }
 
 // start builds the nodes of a history.
@@ -92,6 +133,7 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 	if i < len(r.nodes) {
 		n.local = r.nodes[i].local
 		n.stack = r.nodes[i].stack
+		n.retired = r.nodes[i].retired
 	} else {
 		n.local = newOStore()
 	}
@@ -141,25 +183,13 @@ func (e *simEnv) node(r *simRun, i int, cfg simCfg, newClient bool) (*simNode, e
 			n.stack = &nodeStack{client: c, store: s, local: local,
 				breaker: limiter.NewBreaker(s, limiter.BreakerConfig{IsFailure: limiter.IsUnavailable, Now: r.clock.Now})}
 			if old != nil && i < len(r.nodes) {
-				// The old client goes with the old config once its
-				// requests in flight are done (as Caddy's Cleanup does).
-				oldL := r.nodes[i].l
-				oldL.AfterDone(func(deferred bool) {
-					if !deferred {
-						// At once: no request decided through the old
-						// client may be in flight (its release and
-						// count_only record still go through it).
-						for _, o := range r.open {
-							if o.l == oldL && o.shared {
-								r.closedUnder++
-							}
-						}
-					}
-					old.store.Close()
-					old.client.Close()
-				})
+				// The old stack closes once no limiter built on it holds
+				// it (retire); the node keeps it until then, to close it
+				// if it dies first.
+				n.retired = append(n.retired, old)
 			}
 		}
+		n.stack.users.Add(1)
 		b = limiter.Backend{Store: n.stack.breaker, Base: n.stack.store, Source: limiter.SourceRedis, Remote: true,
 			Notifier: &simNotifier{Notifier: n.stack.store, deaf: n.deaf}, Local: n.stack.local}
 		if r.c.RedisClock {
@@ -228,6 +258,9 @@ func (r *simRun) close() {
 			n.l.Close()
 			if n.stack != nil {
 				n.stack.close()
+			}
+			for _, st := range n.retired {
+				st.closeClient()
 			}
 		}()
 	}
