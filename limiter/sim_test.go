@@ -785,7 +785,11 @@ func (r *simRun) reload(ni int, s *simStep) error {
 	n := r.nodes[ni]
 	cfg := n.cfg
 	cfg.DryRun = s.DryRun
-	if len(s.Limits) > 0 && cfg.Alg != "token_bucket" {
+	if len(s.Limits) > 0 {
+		// (token_bucket too since 2026-12-03: its buckets keep the T and
+		// B they were written under, i and b and, from this release, p,
+		// which its fast path reads; a reload rescales them, as the
+		// oracle's evalToken does.)
 		cfg.Limits = append([]int64(nil), s.Limits[:len(cfg.Limits)]...)
 	}
 	if len(s.Wins) > 0 && cfg.Alg == "sliding_log" {
