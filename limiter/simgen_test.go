@@ -72,6 +72,15 @@ func genCfg(rng *rand.Rand, stack string, zone string) simCfg {
 	if stack == "redis" {
 		c.Fail = []string{"open", "closed", "local"}[rng.IntN(3)]
 	}
+	if rng.IntN(4) == 0 {
+		// The common form, which each kind's fast path takes on Redis
+		// (one duration window, no ceiling, ban, lease, queue or
+		// count_only): drawn about once in 30 histories otherwise.
+		c.Windows, c.Limits, c.Zone = c.Windows[:1], c.Limits[:1], ""
+		c.GWindows, c.GLimits = nil, nil
+		c.BanAfter, c.BanWithin, c.BanFor = 0, "", ""
+		c.Conc, c.Lease, c.CountOnly, c.Queue, c.DryRun = 0, "", false, "", false
+	}
 	return c
 }
 
