@@ -347,7 +347,7 @@ func TestGlobalUnspentGrantsAreRecalled(t *testing.T) {
 // TestGlobalNoRequestWaitsOnTheLedger: the ledger 200 ms away (a round
 // trip), 2 data centres each asking 30 a second of a ceiling of 120 per 6 s
 // (20 a second: over-demand, each share spent faster than one grant per
-// renewal brings), 4 senders each: after 4 s of it, at most 1 % of the
+// renewal brings), 4 senders each: after 4 s of it, at most 5 % of the
 // requests wait on the ledger (EventWait, counted, not timed; a data centre's first request, which
 // waits for its first grant, is not one): each data centre asks more than
 // its fair rate, the ledger caps its grants at that rate and says until
@@ -401,8 +401,11 @@ func TestGlobalNoRequestWaitsOnTheLedger(t *testing.T) {
 	median, least, _ := w.underUse(full.Add(-win/2), end, win, 200*time.Millisecond, limit)
 	t.Logf("asked %v after the ceiling filled; %d waited on the ledger; windows used: median %.0f %%, least %.0f %%; events %v",
 		asked, waits, 100*median, 100*least, w.events)
-	if n := asked[0] + asked[1]; waits*100 > n {
-		t.Errorf("%d of %d requests waited on the ledger under over-demand; want 1 %% at most (the share says when the ledger capped it; a renewal late on a loaded machine may still be waited for)",
+	// 5 %: the bug waited 26 of 240 (11 %); a quiet machine waits none or
+	// one, a busy one a few renewals late (4 of 240 in CI with two
+	// `yes > /dev/null` beside the tests, 2026-12-03).
+	if n := asked[0] + asked[1]; waits*100 > 5*n {
+		t.Errorf("%d of %d requests waited on the ledger under over-demand; want 5 %% at most (the share says when the ledger capped it; a renewal late on a loaded machine may still be waited for)",
 			waits, n)
 	}
 	w.exact(t, win)
