@@ -40,6 +40,20 @@ func pathOp(key string, peek bool) *limiter.Op {
 }
 
 // mustCount runs a check on key and requires it admitted with count want.
+// countThenPeek makes three checks of key on s (counts 1 to 3), a peek
+// that records nothing (count 3) and a fourth check (count 4).
+func countThenPeek(t *testing.T, s limiter.Store, key string) {
+	t.Helper()
+	for i := range 3 {
+		mustCount(t, s, key, int64(i+1), "check")
+	}
+	r, err := s.Do(context.Background(), pathOp(key, true))
+	if err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 3 {
+		t.Fatalf("peek: %+v %v, want allowed, count 3 (nothing recorded)", r, err)
+	}
+	mustCount(t, s, key, 4, "check after the peek")
+}
+
 func mustCount(t *testing.T, s limiter.Store, key string, want int64, what string) {
 	t.Helper()
 	r, err := s.Do(context.Background(), pathOp(key, false))
@@ -78,14 +92,7 @@ func TestScriptPaths(t *testing.T) {
 			c := srv.Client(t)
 			s := limiter.NewRedisStore(c, p.opts...)
 			t.Cleanup(func() { s.Close() })
-			for i := range 3 {
-				mustCount(t, s, "paths:{a}", int64(i+1), "check")
-			}
-			r, err := s.Do(context.Background(), pathOp("paths:{a}", true))
-			if err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 3 {
-				t.Fatalf("peek: %+v %v, want allowed, count 3 (nothing recorded)", r, err)
-			}
-			mustCount(t, s, "paths:{a}", 4, "check after the peek")
+			countThenPeek(t, s, "paths:{a}")
 			cs := srv.CommandStats(t)
 			fcall, ro, loads := cs["fcall"], cs["fcall_ro"].Calls, cs["function|load"].Calls
 			evals := cs.Sum("evalsha", "eval").Calls

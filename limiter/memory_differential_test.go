@@ -100,6 +100,23 @@ type ovAction struct {
 // override returns, now and then, an override to set or end on one of the
 // identities: a factor or some windows' limits, for every region or one,
 // for a few seconds (so some end while the test runs).
+// applyOverride sets or ends (a.ttl 0) the override a on every store at
+// now; stores[j] is named names[j] in a failure.
+func applyOverride(t *testing.T, ctx context.Context, a *ovAction, now int64, stores []limiter.Store, names []string) {
+	t.Helper()
+	for j, s := range stores {
+		var err error
+		if a.ttl == 0 {
+			_, err = limiter.DeleteOverrideScope(ctx, s, a.key, a.scope, now)
+		} else {
+			_, err = limiter.SetOverrideFields(ctx, s, a.key, a.scope, now, a.ttl, a.fields)
+		}
+		if err != nil {
+			t.Fatalf("override %+v on %s: %v", a, names[j], err)
+		}
+	}
+}
+
 func (g *diffGen) override() *ovAction {
 	r := g.rng
 	if r.IntN(100) >= 4 {
@@ -271,17 +288,7 @@ func TestDifferential(t *testing.T) {
 			for i := 0; i < n; i++ {
 				g.keepAhead()
 				if a := g.override(); a != nil {
-					for j, s := range stores {
-						var err error
-						if a.ttl == 0 {
-							_, err = limiter.DeleteOverrideScope(ctx, s, a.key, a.scope, g.now)
-						} else {
-							_, err = limiter.SetOverrideFields(ctx, s, a.key, a.scope, g.now, a.ttl, a.fields)
-						}
-						if err != nil {
-							t.Fatalf("override %+v on %s: %v", a, names[j], err)
-						}
-					}
+					applyOverride(t, ctx, a, g.now, stores, names)
 					seen["override"]++
 				}
 				op, what := g.op()

@@ -59,14 +59,7 @@ func TestRedis6Paths(t *testing.T) {
 			c := srv.Client(t)
 			s := limiter.NewRedisStore(c, p.opts...)
 			t.Cleanup(func() { s.Close() })
-			for i := range 3 {
-				mustCount(t, s, "paths6:{a}", int64(i+1), "check")
-			}
-			r, err := s.Do(context.Background(), pathOp("paths6:{a}", true))
-			if err != nil || r.Status != limiter.StatusAllowed || r.Usage[0].Count != 3 {
-				t.Fatalf("peek: %+v %v, want allowed, count 3 (nothing recorded)", r, err)
-			}
-			mustCount(t, s, "paths6:{a}", 4, "check after the peek")
+			countThenPeek(t, s, "paths6:{a}")
 			cs := srv.CommandStats(t)
 			if cs["fcall"].Calls+cs["function"].Calls != 0 {
 				t.Errorf("FCALL or FUNCTION sent to Redis 6: %+v", cs)
@@ -178,17 +171,7 @@ func TestRedis6WarmOrCold(t *testing.T) {
 			for i := 0; i < n; i++ {
 				g.keepAhead()
 				if a := g.override(); a != nil {
-					for j, s := range stores {
-						var err error
-						if a.ttl == 0 {
-							_, err = limiter.DeleteOverrideScope(ctx, s, a.key, a.scope, g.now)
-						} else {
-							_, err = limiter.SetOverrideFields(ctx, s, a.key, a.scope, g.now, a.ttl, a.fields)
-						}
-						if err != nil {
-							t.Fatalf("override %+v on %s: %v", a, names[j], err)
-						}
-					}
+					applyOverride(t, ctx, a, g.now, stores, names)
 				}
 				op, what := g.op()
 				var replies []limiter.Reply
