@@ -2,8 +2,13 @@
 -- files (sliding_log.lua, sliding_counter.lua, fixed_window.lua,
 -- token_bucket.lua) are spliced in at the @algorithms line below; lua.go
 -- builds the whole script once, in two forms around the same body:
---   the script    for EVALSHA (Redis 5 and 6): the body runs on every call,
---                 and its last line runs the checks;
+--   the scripts   for EVALSHA: on Redis 5 and 6, lua.DecideCached, whose
+--                 first call in a Lua state runs the body and keeps its
+--                 entry in a global named after the library, so later calls
+--                 run the checks on helpers built once, as FCALL does;
+--                 where functions are unavailable on Redis 7 (or
+--                 ScriptsEval), lua.Decide, DecideLog and DecideFast, whose
+--                 body runs on every call and whose last line runs the checks;
 --   the library   for FUNCTION LOAD (Redis 7, Valkey), named
 --                 sliding_ratelimit_<hash> after its source: the body runs
 --                 once, at load, and registers <library>_decide and, for
@@ -50,8 +55,8 @@
 -- A shape repeats from check to check (a limiter's shape, a request's mode
 -- and cost): it is decoded once per chunk (SHAPE below), so a check hands
 -- Redis five arguments and its changing values, not one per number, and
--- under EVALSHA, where every call decodes its shapes again, one C call
--- reads them all. (Until 2026-12-02 a check began with its numbers of
+-- where a call decodes its shapes again (the EVALSHA scripts but
+-- DecideCached), one C call reads them all. (Until 2026-12-02 a check began with its numbers of
 -- values and keys, nargs nkeys: its shape says them.)
 -- mode:  0 check and record; 1 peek (nothing written); 2 check only
 --        (count_only before the response: the lease is taken, the units are
@@ -113,8 +118,9 @@
 -- every window and takes a lease, or, when one of them says no, nothing is
 -- recorded and no lease is taken. Rejected requests are never recorded.
 
--- The chunk's state (the tables below) lives as long as the chunk: one
--- call under EVALSHA, from one FUNCTION LOAD to the next under FCALL. Every
+-- The chunk's state (the tables below) lives as long as the chunk: from one
+-- FUNCTION LOAD to the next under FCALL, from one SCRIPT FLUSH (or restart)
+-- to the next under DecideCached, one call under the other EVALSHA scripts. Every
 -- check fills what it reads (as the checks of one batch always have), and
 -- run resets what a call shares (the clock read, the queued hash fields).
 
@@ -163,8 +169,8 @@ local function num(x)
 end
 
 -- SHAPE holds the shapes of checks (see the header) decoded, by their
--- string. It lives as long as the chunk (one FUNCTION LOAD; one call under
--- EVALSHA) and starts again past 4096 shapes.
+-- string. It lives as long as the chunk (see above) and starts again past
+-- 4096 shapes.
 -- A shape of the common form (mode 0, one part of one window, no ban, no
 -- lease, no override) of a kind that has a fast path (FAST, filled by the
 -- algorithm files: a function of the check's a, k and shape that decides it
@@ -182,7 +188,7 @@ local FAST = {}
 -- an array: a check appended flat costs it no table. (Copying a returned
 -- table into the call's costs the Lua VM what it saves: measured.)
 -- KEEP is the table run builds a call's reply in, kept from call to call
--- (the library's; under EVALSHA a chunk's lives for one call): a reply
+-- (as long as the chunk lives, see above): a reply
 -- grown from empty rehashes its table at every power of two (eight times
 -- for 16 checks of 7 values) and leaves it to the collector. Its values
 -- always run from 1 without a gap (every write appends or overwrites), so

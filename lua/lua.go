@@ -20,9 +20,7 @@
 // functions for the user, or ScriptsEval) EVALSHA runs the whole body on
 // each call, so a call of sliding_log checks alone goes by DecideLog, the
 // body with the log's file alone, and a call of one kind's checks of the
-// common form by that kind's DecideFast script. (decide.lua's header still
-// says the EVALSHA script runs the body on every call: true of those; an
-// edit there would change Library, the hash of the body, so it is left.)
+// common form by that kind's DecideFast script.
 package lua
 
 import (

@@ -98,6 +98,11 @@
 --     sliding window).
 -- See docs/redis.md, "Upgrading".
 
+-- What decide.lua calls; the file's other locals live in the block below,
+-- which ends with the file (a function's locals are at most 200, and
+-- decide.lua's body is one function).
+local ctr_est, ctr_part, ctr_record, ctr_reset
+do
 local CTR_N = 10
 local CTR_R = CTR_N + 1
 
@@ -250,7 +255,7 @@ end
 
 -- ctr_est is the estimate at t (t >= idx * w) of a window whose index idx
 -- holds cur units and idx - 1 prev units.
-local function ctr_est(w, t, idx, cur, prev)
+function ctr_est(w, t, idx, cur, prev)
   local k = math.floor(t / w)
   if k == idx then
     return prev * (w - (t - idx * w)) / w + cur
@@ -1145,7 +1150,7 @@ end
 -- ctr_part reads and checks a counter part's windows j0..j1 in format want
 -- (1 or 2); it reports whether the cost fits and whether the hash must be
 -- written whole (it holds the other format, or windows a reload replaced).
-local function ctr_part(key, j0, j1, now, cost, want)
+function ctr_part(key, j0, j1, now, cost, want)
   local n = 0
   for j = j0, j1 do
     local fs = ctr_fields(wname[j])
@@ -1205,7 +1210,7 @@ end
 
 -- ctr_record adds cost to windows j0..j1 and queues their fields; it
 -- returns the TTL in ms when the key's TTL is to be set, else 0.
-local function ctr_record(j0, j1, cost, stale)
+function ctr_record(j0, j1, cost, stale)
   if cfmt[j0] == 3 then
     return ctr3_record(j0, j1, cost, stale)
   elseif cfmt[j0] == 1 then
@@ -1256,7 +1261,7 @@ local function ctr_record(j0, j1, cost, stale)
 end
 
 -- ctr_reset fills the windows' resets from their state (after any write).
-local function ctr_reset(j0, j1, now)
+function ctr_reset(j0, j1, now)
   if cfmt[j0] == 3 then
     return ctr3_reset(j0, j1, now)
   elseif cfmt[j0] == 1 then
@@ -1810,3 +1815,4 @@ local function ctr4_fast(a, k, V)
   return true
 end
 FAST[2] = ctr4_fast
+end -- of sliding_counter.lua's block

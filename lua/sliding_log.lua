@@ -71,6 +71,11 @@
 -- reset = the time until the oldest unit in the window leaves it (0 if empty).
 -- An entry exactly w old is out of the window.
 
+-- What decide.lua calls; the file's other locals live in the block below,
+-- which ends with the file (a function's locals are at most 200, and
+-- decide.lua's body is one function).
+local log_check, log_record
+do
 local LOG_MAX_T = 4503599627370496 -- 2^52: rebase B before doubles lose units
 local LOG_MAX_ENTRIES = 10000
 
@@ -373,7 +378,7 @@ end
 -- log_check fills windows j0..j1 of one log and reports whether the cost
 -- fits all of them, with what log_record needs: T, tn, the longest window
 -- and the key's format (as read, and after a conversion to want).
-local function log_check(key, j0, j1, now, cost, peek, want)
+function log_check(key, j0, j1, now, cost, peek, want)
   local maxw = 0
   for j = j0, j1 do
     if wlen[j] > maxw then
@@ -465,7 +470,7 @@ end
 -- log_record adds the request's member in format want (read: the key's
 -- format as log_check read it, fmt: after), sets the TTL as that format
 -- does and brings the windows' counts and resets to after the request.
-local function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt, want)
+function log_record(key, j0, j1, now, cost, total, newest, maxw, read, fmt, want)
   local at = now
   if newest and newest > at then
     at = newest
@@ -708,3 +713,4 @@ local function log3_fast(a, k, V)
   return {1, now, now_redis or 0, cost, 0, at + w - now}
 end
 FAST[11] = log3_fast
+end -- of sliding_log.lua's block
