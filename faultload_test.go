@@ -226,6 +226,31 @@ func startFaultLoad(t *testing.T, targets []*faultTarget, keys int) *faultLoad {
 
 func (l *faultLoad) now() time.Duration { return time.Since(l.t0) }
 
+// faultWarmMin is how many requests of each target check asserts before
+// the fault (a fault begun on a handler that has answered none tests
+// nothing of the warm path).
+const faultWarmMin = 5
+
+// warmUp lets the load run for d, and then on until every target has
+// answered faultWarmMin requests (at most 20s more: a machine too loaded to
+// answer them by then fails check's count rather than hanging), so that the
+// fault begins after a warm-up of answered requests, not of elapsed time,
+// which a loaded machine spends provisioning and loading the script.
+func (l *faultLoad) warmUp(d time.Duration) {
+	time.Sleep(d)
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		l.mu.Lock()
+		least := faultMaxPerWorker * faultWorkers
+		for _, s := range l.samples {
+			least = min(least, len(s))
+		}
+		l.mu.Unlock()
+		if least >= faultWarmMin {
+			return
+		}
+	}
+}
+
 func (l *faultLoad) sleepUntil(d time.Duration) {
 	if w := d - l.now(); w > 0 {
 		time.Sleep(w)
@@ -357,7 +382,7 @@ func (l *faultLoad) check(t *testing.T, win faultWindow) {
 				}
 			}
 		}
-		if win.begin > 0 && warm < 5 {
+		if win.begin > 0 && warm < faultWarmMin {
 			t.Errorf("%s, fail %s: only %d requests before the fault", win.fault, tg.mode, warm)
 		}
 		if inFault < 3 {

@@ -174,7 +174,7 @@ func faultKillRestart(t *testing.T, tm faultTiming) {
 	srv := redistest.Start(t)
 	targets := faultTargets(t, srv.Addr(), "sliding_log", "5", "open", "closed", "local")
 	l := startFaultLoad(t, targets, 0)
-	time.Sleep(tm.warm)
+	l.warmUp(tm.warm)
 
 	begin := l.now()
 	srv.Kill()
@@ -317,7 +317,7 @@ func faultClientPause(t *testing.T, tm faultTiming) {
 	targets := faultTargets(t, srv.Addr(), "sliding_log", "5", "open", "closed")
 	for _, mode := range []string{"WRITE", "ALL"} {
 		l := startFaultLoad(t, targets, 0)
-		time.Sleep(tm.warm)
+		l.warmUp(tm.warm)
 		begin := l.now()
 		if err := c.Do(context.Background(), "CLIENT", "PAUSE", tm.hold.Milliseconds(), mode).Err(); err != nil {
 			t.Fatalf("CLIENT PAUSE %s: %v", mode, err)
@@ -340,7 +340,7 @@ func faultProxyStall(t *testing.T, tm faultTiming) {
 	// the pooled connection, and that wait is bounded by the timeout too.
 	targets = append(targets, faultTargetsWith(t, RedisConfig{Addresses: []string{p.Addr()}, PoolSize: 1}, "sliding_log", "5", "open")...)
 	l := startFaultLoad(t, targets, 0)
-	time.Sleep(tm.warm)
+	l.warmUp(tm.warm)
 	begin := l.now()
 	p.Stall(true)
 	from := l.now()
@@ -359,7 +359,7 @@ func faultDebugSleep(t *testing.T, tm faultTiming) {
 	c := srv.Client(t)
 	targets := faultTargets(t, srv.Addr(), "sliding_log", "5", "open", "closed")
 	l := startFaultLoad(t, targets, 0)
-	time.Sleep(tm.warm)
+	l.warmUp(tm.warm)
 	begin := l.now()
 	secs := strconv.FormatFloat(tm.hold.Seconds(), 'f', 3, 64)
 	if err := c.Do(context.Background(), "DEBUG", "SLEEP", secs).Err(); err != nil {
@@ -387,7 +387,7 @@ func faultMaxmemory(t *testing.T, tm faultTiming) {
 	// and the limiter alone never fills the 2mb.
 	targets := faultTargets(t, srv.Addr(), "sliding_counter", "1000000000", "open", "closed")
 	l := startFaultLoad(t, targets, 16)
-	time.Sleep(tm.warm)
+	l.warmUp(tm.warm)
 
 	begin := l.now()
 	junk := strings.Repeat("x", 16<<10)
