@@ -14,7 +14,7 @@
 //	valgrind --tool=callgrind --toggle-collect=fcallCommand redis-server --port 46887 &
 //	go run ./cmd/scriptcost -addr 127.0.0.1:46887 -keys 500 -fill 1 -n 10000 -baseline=false
 //
-// The checks are those of a one-window limit of 10,000 a minute keyed over
+// The checks are those of a one-window limit of -limit (10,000) a minute keyed over
 // -keys keys, each key getting -per checks a window (so its set holds about
 // -per entries), on a clock the tool moves (clock app), with a deadline, as
 // Caddy sends them. With -eval they go by the script the store sends such
@@ -62,6 +62,7 @@ func main() {
 	addr := flag.String("addr", "", "a running redis-server (default: start one on a free port)")
 	keys := flag.Int("keys", 10000, "keys")
 	per := flag.Int("per", 150, "checks per key per window (about the entries of a log)")
+	limit := flag.Int64("limit", 10000, "the limit of the one-minute window (make bench's many-key sites: 10000 for sliding_log, 1000000000 for the others)")
 	n := flag.Int("n", 200000, "checks measured (in 5 rounds)")
 	batch := flag.Int("batch", 16, "checks per call")
 	kind := flag.Int("kind", 1, "1 sliding_log, 2 sliding_counter (format 4; 12: format 3, state_format 3), 3 fixed_window, 4 token_bucket; 20 go-redis/redis_rate's GCRA (its AllowN: EVALSHA, 1 a call)")
@@ -85,7 +86,7 @@ func main() {
 	} else if k == 1 && *format == 3 {
 		k = 11 // in format 3, the default
 	}
-	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *eval, *cached, *fill, *base, *peer); err != nil {
+	if err := run(os.Stdout, *addr, *keys, *per, *n, *batch, k, *limit, *eval, *cached, *fill, *base, *peer); err != nil {
 		fmt.Fprintln(os.Stderr, "scriptcost:", err)
 		os.Exit(1)
 	}
@@ -96,7 +97,7 @@ func main() {
 // redis_rate's GCRA (peer), each on keys of its own on the one server, so
 // their figures come from the same run; it ends with each one's median
 // Redis CPU per check and their ratios.
-func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval, cached bool, fill float64, base, peer bool) error {
+func run(w io.Writer, addr string, keys, per, n, batch, kind int, limit int64, eval, cached bool, fill float64, base, peer bool) error {
 	ctx := context.Background()
 	if addr == "" {
 		a, stop, err := startRedis()
@@ -127,8 +128,8 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, eval, cached b
 	if err != nil {
 		return err
 	}
-	// mode 0, cost 1, one part of kind, one window of a minute, limit 10,000
-	shape := "[0,1,1,0,0,0," + strconv.Itoa(kind) + ",1,0,\"60000000\",60000000,10000,0]"
+	// mode 0, cost 1, one part of kind, one window of a minute, limit -limit
+	shape := "[0,1,1,0,0,0," + strconv.Itoa(kind) + ",1,0,\"60000000\",60000000," + strconv.FormatInt(limit, 10) + ",0]"
 	step := 60e6 / float64(per*keys) // µs between two checks
 	now := float64(time.Now().UnixMicro())
 	rng := rand.New(rand.NewPCG(1, 2))

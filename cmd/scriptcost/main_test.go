@@ -17,7 +17,7 @@ func TestScriptCost(t *testing.T) {
 	for _, eval := range []int{0, 1, 2} {
 		for kind := 1; kind <= 4; kind++ {
 			var out bytes.Buffer
-			if err := run(&out, "", 50, 20, 400, 4, kind, eval > 0, eval == 2, 1, true, false); err != nil {
+			if err := run(&out, "", 50, 20, 400, 4, kind, 10000, eval > 0, eval == 2, 1, true, false); err != nil {
 				t.Fatalf("kind %d eval %v: %v", kind, eval, err)
 			}
 			m := fig.FindAllStringSubmatch(out.String(), -1)
@@ -38,7 +38,7 @@ func TestScriptCost(t *testing.T) {
 // and the summary's medians and ratios are those of the printed figures.
 func TestScriptCostSameRun(t *testing.T) {
 	var out bytes.Buffer
-	if err := run(&out, "", 50, 20, 400, 4, 4, false, false, 1, true, true); err != nil {
+	if err := run(&out, "", 50, 20, 400, 4, 4, 10000, false, false, 1, true, true); err != nil {
 		t.Fatal(err)
 	}
 	s := out.String()
