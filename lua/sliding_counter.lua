@@ -849,10 +849,10 @@ local C4H = 20
 -- (A library's body cannot read the global string when it loads: c4_init
 -- sets them on a call's first use.)
 -- C4PRE[W] is a field's first 6 bytes for width W.
-local schar, sbyte, ssub, mceil = false, false, false, false
+local schar, sbyte, ssub, mceil, srep = false, false, false, false, false
 local C4PRE = {}
 local function c4_init()
-  schar, sbyte, ssub, mceil = string.char, string.byte, string.sub, math.ceil
+  schar, sbyte, ssub, mceil, srep = string.char, string.byte, string.sub, math.ceil, string.rep
   for wd = 1, 7 do
     C4PRE[wd] = "[3,#4" .. schar(wd)
   end
@@ -1785,6 +1785,38 @@ local function ctr4_fast(a, k, V)
     local u2 = x % 256
     field = C4PRE[wd] .. schar(k1, k2, k3, k4, k5, k6, k7, (x - u2) / 256, u2, u3, u4, u5, u6, u7) ..
       ssub(v, C4H + 1, p) .. c4_slotput(c, f, l, wd) .. ssub(v, p + sw + 1)
+  elseif not sk or (c < most and l < most) then
+    -- A new key, or K moved by two or more (a key seen again after a
+    -- bucket or more without a check: most checks of a key seen a few
+    -- times): bucket K is new (its slot c, f, l) and the buckets between
+    -- the stored K and it are empty (their slots zero bytes, as
+    -- ctr4_encode writes an empty bucket); the others are kept as read, in
+    -- the width as read (a new key's: ctr4_width of its values, as
+    -- ctr4_encode's). Not through the lazy array: ctr4_encode reads its 63
+    -- values by a metamethod each.
+    if not sk then
+      local most = c
+      if l > most then
+        most = l
+      end
+      wd = ctr4_width(most, bw, limit)
+    end
+    local sw = 3 * wd
+    local i1 = kk % CTR3_R
+    local head = C4PRE[wd] .. b_put(kk, 7) .. b_put(tot, 7)
+    local slot = c4_slotput(c, f, l, wd)
+    if not sk or kk - sk >= CTR3_R then
+      field = head .. srep("\0", i1 * sw) .. slot .. srep("\0", (CTR3_N - i1) * sw)
+    else
+      local i0 = (sk + 1) % CTR3_R -- the slot of the first bucket after the stored K
+      if i0 <= i1 then
+        field = head .. ssub(v, C4H + 1, C4H + i0 * sw) .. srep("\0", (i1 - i0) * sw) .. slot ..
+          ssub(v, C4H + (i1 + 1) * sw + 1)
+      else
+        field = head .. srep("\0", i1 * sw) .. slot .. ssub(v, C4H + (i1 + 1) * sw + 1, C4H + i0 * sw) ..
+          srep("\0", (CTR3_R - i0) * sw)
+      end
+    end
   else
     c4v, c4k, c4w, c4sk = v, kk, wd, sk or kk - CTR3_R
     local c1, f1, l1 = c4_get(kk - CTR3_N + 1)
