@@ -1831,7 +1831,15 @@ local function ctr4_fast(a, k, V)
   end
   local n = after + part
   local reset = 0
-  if n > 0 then
+  if not sk or kk - sk >= CTR3_R then
+    -- A new key, or one whose buckets have all left, holds this check's
+    -- units alone, admitted at now: its count drops when they leave the
+    -- window, at now + w (c4_at's answer, without the walk over its empty
+    -- buckets).
+    if n > 0 then
+      reset = w
+    end
+  elseif n > 0 then
     reset = base - now
     if not c4_le(n - 1 - after, c0, F0, L0, st, b) then
       reset = c4_at(field, kk, wd, kk, n - 1, after, c0, F0, L0, st, bw, b) + w - now
