@@ -180,11 +180,17 @@ func (m *stallMeter) stalled(from, to time.Duration) time.Duration {
 // overTimeout reports whether s took longer than the timeout and margin
 // once the process's own stalls are taken out, with the stalled time.
 func (m *stallMeter) overTimeout(s faultSample) (bool, time.Duration) {
-	if s.took() <= faultTimeout+faultMargin {
+	return m.overTimeoutOf(s, faultTimeout)
+}
+
+// overTimeoutOf is overTimeout for a handler whose Redis timeout is
+// timeout.
+func (m *stallMeter) overTimeoutOf(s faultSample, timeout time.Duration) (bool, time.Duration) {
+	if s.took() <= timeout+faultMargin {
 		return false, 0
 	}
 	st := m.stalled(s.start, s.end)
-	return s.took()-st > faultTimeout+faultMargin, st
+	return s.took()-st > timeout+faultMargin, st
 }
 
 var faultLoadSeq atomic.Int64
