@@ -58,6 +58,17 @@ func ctrEst(w, t, idx, cur, prev float64) float64 {
 	return 0
 }
 
+// ctrSlot is the slot of bucket m, Lua's m % (N + 1) for a bucket index
+// (a whole number, 0 <= m < 2^63): an integer remainder, where math.Mod's
+// general float loop cost more than the rest of a check.
+func ctrSlot(m float64) int {
+	x := int64(m) % ctrSlots
+	if x < 0 {
+		x += ctrSlots
+	}
+	return int(x)
+}
+
 // ctrRing is one window's buckets: bucket m of (k - ctrSlots, k] holds
 // c[m % ctrSlots] units, the first admitted at f[...] and the last at
 // l[...] (µs; meaningless while c is 0).
@@ -78,7 +89,7 @@ func (s *ctrWin) sums() {
 	s.sfx[ctrSlots] = 0
 	for i := ctrSlots - 1; i >= 0; i-- {
 		m := s.k - ctrSlots + 1 + float64(i)
-		s.sfx[i] = s.sfx[i+1] + s.r.c[int(math.Mod(m, ctrSlots))]
+		s.sfx[i] = s.sfx[i+1] + s.r.c[ctrSlot(m)]
 	}
 }
 
@@ -94,7 +105,7 @@ func (s *ctrWin) le(t, target float64) bool {
 		return target >= 0
 	}
 	r := target - s.after(m0)
-	i := int(math.Mod(m0, ctrSlots))
+	i := ctrSlot(m0)
 	c := s.r.c[i]
 	switch {
 	case c == 0:
@@ -121,7 +132,7 @@ func (s *ctrWin) count(t float64) float64 {
 	if m0 > s.k {
 		return 0
 	}
-	i := int(math.Mod(m0, ctrSlots))
+	i := ctrSlot(m0)
 	c := s.r.c[i]
 	part := 0.0
 	if c > 0 {
@@ -152,7 +163,7 @@ func (s *ctrWin) until(target, base float64) float64 {
 			lo = base - s.w
 		}
 		r := target - s.after(m)
-		i := int(math.Mod(m, ctrSlots))
+		i := ctrSlot(m)
 		c := s.r.c[i]
 		if r < 0 || c-s.b > r {
 			continue
@@ -195,7 +206,7 @@ func ctrBucket(w, limit float64) (bw, b float64) {
 func ctrFill(r *ctrRing, st *winState, k float64) {
 	for i := 0; i < ctrSlots; i++ {
 		m := k - ctrSlots + 1 + float64(i)
-		x := int(math.Mod(m, ctrSlots))
+		x := ctrSlot(m)
 		r.c[x], r.f[x], r.l[x] = 0, 0, 0
 		if m <= float64(st.a) && m > float64(st.a)-ctrSlots {
 			r.c[x], r.f[x], r.l[x] = float64(st.ring[x]), float64(st.ring[ctrSlots+x]), float64(st.ring[2*ctrSlots+x])
@@ -228,7 +239,7 @@ func ctrCarry(states []winState, wins []Win, now float64) float64 {
 		m0 := math.Floor((t - l) / s.bw)
 		est := 0.0
 		if m0 <= s.k {
-			est = s.after(m0) + ring.c[int(math.Mod(m0, ctrSlots))]
+			est = s.after(m0) + ring.c[ctrSlot(m0)]
 		}
 		if est > most {
 			most = est
@@ -258,7 +269,7 @@ func ctrCheck(states []winState, wins []Win, evs []winEval, now, cost float64) b
 				carried, haveCarry = ctrCarry(states, wins, now), true
 			}
 			if carried > 0 {
-				x := int(math.Mod(k, ctrSlots))
+				x := ctrSlot(k)
 				ev.ring.c[x], ev.ring.f[x], ev.ring.l[x] = carried, base, base
 			}
 		}
@@ -286,7 +297,7 @@ func ctrRecord(wins []Win, evs []winEval, cost float64, out []winState) ([]winSt
 		ev := &evs[j]
 		w := float64(wins[j].Len)
 		bw, _ := ctrBucket(w, float64(wins[j].Limit))
-		i := int(math.Mod(ev.s1, ctrSlots))
+		i := ctrSlot(ev.s1)
 		if cost > 0 {
 			t := ev.s2
 			if ev.ring.c[i] == 0 {

@@ -2,6 +2,7 @@ package limiter
 
 import (
 	"context"
+	"math"
 	"strconv"
 	"testing"
 	"time"
@@ -108,5 +109,20 @@ func TestMemoryExpiryIsIncremental(t *testing.T) {
 	defer sh.mu.Unlock()
 	if len(sh.m) != 100 {
 		t.Fatalf("%d keys left after the passes, want the 100 live ones", len(sh.m))
+	}
+}
+
+// TestCtrSlot holds ctrSlot to Lua's m % (N + 1), a - floor(a / b) * b, on
+// bucket indexes from 0 to past today's µs clock over the shortest bucket.
+func TestCtrSlot(t *testing.T) {
+	lua := func(a float64) int { return int(a - math.Floor(a/ctrSlots)*ctrSlots) }
+	ms := []float64{0, 1, 20, 21, 22, 1<<31 - 1, 1 << 31, 1<<53 - 1, 1 << 53, -1, -21, -22}
+	for m := 1.7e15; m < 1.7e15+200; m++ {
+		ms = append(ms, m)
+	}
+	for _, m := range ms {
+		if got, want := ctrSlot(m), lua(m); got != want {
+			t.Errorf("ctrSlot(%.0f) = %d, Lua's %% gives %d", m, got, want)
+		}
 	}
 }
