@@ -243,10 +243,19 @@ func (s *MemoryStore) Do(_ context.Context, op *Op) (Reply, error) {
 		return m.reply, nil
 	}
 	ban := m.checkBan()
-	var evbuf [2 * MaxWindows]winEval
+	// Room for four windows' evaluations (a region's and a global's two):
+	// an Op with more appends to the heap. A winEval carries a counter's
+	// ring (about 560 bytes): room for the most windows (16) made Do's frame
+	// 10 KB, zeroed on every call and growing the goroutine's stack after
+	// each collection shrank it.
+	var evbuf [4]winEval
+	evs := evbuf[:0]
+	if n := m.op.windows(); n > len(evbuf) {
+		evs = make([]winEval, 0, n)
+	}
 	keys := make([]*memKey, len(m.op.Parts))
 	restate := make([]bool, len(m.op.Parts)) // a token state under another interval or burst
-	evs, fits, others, shareFit := m.checkParts(evbuf[:0], keys, restate)
+	evs, fits, others, shareFit := m.checkParts(evs, keys, restate)
 	lease := m.checkLease()
 
 	allowed := m.record || (m.reply.BanLeft == 0 && fits && !m.reply.LeaseDenied)
@@ -329,7 +338,7 @@ func (m *memDo) checkBan() *memKey {
 }
 
 // checkParts evaluates every window of every part, appending the windows'
-// evaluations to evs, and sets each part's key (nil when it has no state)
+// evaluations to evs (whose capacity holds them all), and sets each part's key (nil when it has no state)
 // and whether its token state is under another interval or burst. It
 // returns the evaluations and whether the cost fits every window.
 func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) (_ []winEval, fits, others, shareFit bool) {
