@@ -1753,6 +1753,9 @@ local function ctr4_fast(a, k, V)
   -- at most and its values fit the width; else the field whole.
   local field
   local most = C4TOP[wd]
+  -- alone: a new key, or one whose buckets have all left (K moved by
+  -- CTR3_R or more): bucket K's units are the key's only ones.
+  local alone = not sk or kk - sk >= CTR3_R
   if sk and kk - sk <= 1 and c < most and l < most then
     local sw = 3 * wd
     local p = C4H + (kk % CTR3_R) * sw
@@ -1805,7 +1808,7 @@ local function ctr4_fast(a, k, V)
     local i1 = kk % CTR3_R
     local head = C4PRE[wd] .. b_put(kk, 7) .. b_put(tot, 7)
     local slot = c4_slotput(c, f, l, wd)
-    if not sk or kk - sk >= CTR3_R then
+    if alone then
       field = head .. srep("\0", i1 * sw) .. slot .. srep("\0", (CTR3_N - i1) * sw)
     else
       local i0 = (sk + 1) % CTR3_R -- the slot of the first bucket after the stored K
@@ -1831,7 +1834,7 @@ local function ctr4_fast(a, k, V)
   end
   local n = after + part
   local reset = 0
-  if not sk or kk - sk >= CTR3_R then
+  if alone then
     -- A new key, or one whose buckets have all left, holds this check's
     -- units alone, admitted at now: its count drops when they leave the
     -- window, at now + w (c4_at's answer, without the walk over its empty
