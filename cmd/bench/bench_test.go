@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -388,6 +389,24 @@ func TestWritePlot(t *testing.T) {
 	}
 	if err := writePlot(path, &report{}); err == nil {
 		t.Error("a report without ratios: no error")
+	}
+	// -replot draws the same plot from the report's JSON (-json's output).
+	data, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, again := filepath.Join(t.TempDir(), "run.json"), filepath.Join(t.TempDir(), "again.png")
+	if err := os.WriteFile(js, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := replot(js, again); err != nil {
+		t.Fatal(err)
+	}
+	if b2, err := os.ReadFile(again); err != nil || !bytes.Equal(b2, b) {
+		t.Errorf("-replot: %d bytes, %v; want the %d bytes writePlot drew from the report itself", len(b2), err, len(b))
+	}
+	if err := replot(js, ""); err == nil {
+		t.Error("-replot without -plot: no error")
 	}
 }
 

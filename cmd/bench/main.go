@@ -77,6 +77,7 @@ type options struct {
 	keep            bool
 	jsonPath        string
 	plotPath        string
+	replot          string
 	generator       string
 	halfLoad        bool
 	halfRate        float64
@@ -120,6 +121,7 @@ func run() (code int) {
 	flag.BoolVar(&o.keep, "keep", false, "keep the temporary directory (Caddyfile, logs, binary)")
 	flag.StringVar(&o.jsonPath, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.plotPath, "plot", "", "also draw each site's ratio to bare Caddy (median and min–max of the pairs, per layout, the peer's beside ours) into this PNG file")
+	flag.StringVar(&o.replot, "replot", "", "with -plot: draw the plot of an earlier run from its -json file, and run nothing")
 	flag.StringVar(&o.generator, "generator", "auto", "load generator: auto (wrk if on PATH, else go), wrk or go")
 	flag.BoolVar(&o.halfLoad, "halfload", true, "measure p99 of none and redis_log at half of redis_log's max rate, per layout (needs redis_log)")
 	flag.Float64Var(&o.halfRate, "half-rate", 0, "rate (req/s) of the half-load measurement; 0 means half of redis_log's median")
@@ -149,6 +151,12 @@ func run() (code int) {
 				_ = flag.Set(name, v)
 			}
 		}
+	}
+	if o.replot != "" {
+		if err := replot(o.replot, o.plotPath); err != nil {
+			return fail(err)
+		}
+		return 0
 	}
 	if err := o.check(); err != nil {
 		return fail(err)
@@ -877,3 +885,20 @@ func fmtMs(d time.Duration) string {
 }
 
 func us(d time.Duration) float64 { return float64(d) / 1e3 }
+
+// replot draws plotPath from a run's -json output (a run's report, as
+// written): the plot of a run measured without -plot, or redrawn.
+func replot(jsonPath, plotPath string) error {
+	if plotPath == "" {
+		return errors.New("-replot needs -plot FILE")
+	}
+	data, err := os.ReadFile(jsonPath)
+	if err != nil {
+		return err
+	}
+	var rep report
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return fmt.Errorf("-replot %s: %w", jsonPath, err)
+	}
+	return writePlot(plotPath, &rep)
+}
