@@ -433,7 +433,11 @@ func TestGlobalCeilingFaults(t *testing.T) {
 				}
 				recovers(6500*time.Millisecond)(t, w, start)
 			}},
-		{name: "cut-off/local", fail: limiter.FailLocal, run: 16 * time.Second, fault: cut(1*time.Second, 10*time.Second),
+		// 18 s: recovery is due by about 12.3 s; the run goes on past the
+		// check's 14.8 s by 3.2 s, not 1.2, so that a loaded machine's late
+		// renewal still lands inside it (it once admitted nothing by 16 s
+		// with four busy processes on two CPUs).
+		{name: "cut-off/local", fail: limiter.FailLocal, run: 18 * time.Second, fault: cut(1*time.Second, 10*time.Second),
 			check: func(t *testing.T, w *mdcWorld, start time.Time) {
 				// The static share: after the wait, dc2 admits on its own.
 				if w.events[limiter.EventStatic] == 0 {
