@@ -38,7 +38,10 @@ func TestCounterFastPathMatchesMemory(t *testing.T) {
 	type cas struct {
 		len, limit int64
 	}
-	cases := []cas{{1_000_000, 3}, {1_000_000, 7}, {10_000_000, 40}, {60_000_000, 25}, {1_000_007, 9}, {2_000, 5}}
+	// Slot widths: 2 bytes (1 s windows), 3 (10 s, 60 s), 1 (2 ms), and 4
+	// and 5 (an hour's buckets of 180 s, limits past 16M and 4G).
+	cases := []cas{{1_000_000, 3}, {1_000_000, 7}, {10_000_000, 40}, {60_000_000, 25}, {1_000_007, 9}, {2_000, 5},
+		{3_600_000_000, 25}, {1_000_000, 20_000_000}, {60_000_000, 100_000_000_000}}
 	const keys, ops = 8, 400
 	run := randomID(t)
 	start := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC).UnixMicro()

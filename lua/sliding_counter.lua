@@ -1313,6 +1313,13 @@ local function c4_two(v, p, w)
     local a1, a2, a3, b1, b2, b3, c1, c2, c3, d1, d2, d3, e1, e2, e3, g1, g2, g3 = sbyte(v, p + 1, p + 18)
     return (a1 * 256 + a2) * 256 + a3, (b1 * 256 + b2) * 256 + b3, (c1 * 256 + c2) * 256 + c3,
       (d1 * 256 + d2) * 256 + d3, (e1 * 256 + e2) * 256 + e3, (g1 * 256 + g2) * 256 + g3
+  elseif w == 4 then
+    -- (a window over 5.6 minutes, or a limit over 16M: bucket µs or units past 3 bytes)
+    local a1, a2, a3, a4, b1, b2, b3, b4, c1, c2, c3, c4, d1, d2, d3, d4, e1, e2, e3, e4, g1, g2, g3, g4 =
+      sbyte(v, p + 1, p + 24)
+    return ((a1 * 256 + a2) * 256 + a3) * 256 + a4, ((b1 * 256 + b2) * 256 + b3) * 256 + b4,
+      ((c1 * 256 + c2) * 256 + c3) * 256 + c4, ((d1 * 256 + d2) * 256 + d3) * 256 + d4,
+      ((e1 * 256 + e2) * 256 + e3) * 256 + e4, ((g1 * 256 + g2) * 256 + g3) * 256 + g4
   elseif w == 2 then
     local a1, a2, b1, b2, c1, c2, d1, d2, e1, e2, g1, g2 = sbyte(v, p + 1, p + 12)
     return a1 * 256 + a2, b1 * 256 + b2, c1 * 256 + c2, d1 * 256 + d2, e1 * 256 + e2, g1 * 256 + g2
@@ -1329,6 +1336,13 @@ local function c4_slotput(c, f, l, w)
     c, f, l = (c - c3) / 256, (f - f3) / 256, (l - l3) / 256
     local c2, f2, l2 = c % 256, f % 256, l % 256
     return schar((c - c2) / 256, c2, c3, (f - f2) / 256, f2, f3, (l - l2) / 256, l2, l3)
+  elseif w == 4 then
+    local c4, f4, l4 = c % 256, f % 256, l % 256
+    c, f, l = (c - c4) / 256, (f - f4) / 256, (l - l4) / 256
+    local c3, f3, l3 = c % 256, f % 256, l % 256
+    c, f, l = (c - c3) / 256, (f - f3) / 256, (l - l3) / 256
+    local c2, f2, l2 = c % 256, f % 256, l % 256
+    return schar((c - c2) / 256, c2, c3, c4, (f - f2) / 256, f2, f3, f4, (l - l2) / 256, l2, l3, l4)
   end
   return b_put(c, w) .. b_put(f, w) .. b_put(l, w)
 end
