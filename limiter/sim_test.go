@@ -360,6 +360,10 @@ func (r *simRun) request(ni int, s *simStep) error {
 	if got.BanStarted {
 		r.event("ban_started")
 	}
+	if os.Getenv("SIM_TRACE") != "" {
+		// Each request's answer, to read a failing history step by step.
+		r.env.t.Logf("TRACE step %d node %d: %v source %s dry %v windows %+v", r.step, ni, got.Outcome, got.Source, got.DryRun, got.Windows)
+	}
 	if err := compareDecision(&got, &want); err != nil {
 		return err
 	}
