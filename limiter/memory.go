@@ -338,9 +338,10 @@ func (m *memDo) checkBan() *memKey {
 }
 
 // checkParts evaluates every window of every part, appending the windows'
-// evaluations to evs (whose capacity holds them all), and sets each part's key (nil when it has no state)
-// and whether its token state is under another interval or burst. It
-// returns the evaluations and whether the cost fits every window.
+// evaluations to evs (whose capacity holds them all), and sets each part's
+// key (nil when it has no state) and whether its token state is under
+// another interval or burst. It returns the evaluations and whether the
+// cost fits every window.
 func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) (_ []winEval, fits, others, shareFit bool) {
 	op := m.op
 	fits, others, shareFit = true, true, true
