@@ -519,8 +519,12 @@ func tbDue(tat, wi, wb, now, burst, interval float64) float64 {
 }
 
 // tbCheck is tb_check; stale reports a state written under another
-// interval or burst.
-func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) (fits, stale bool) {
+// interval or burst. rewrite: the check rewrites the hash even when it
+// records nothing (a window a reload replaced); else a state under another
+// interval or burst that the check does not record in is left as written,
+// and its retry and reset are its own: x - (B - c) * T_old and x, x its
+// time to full as written.
+func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64, rewrite bool) (fits, stale bool) {
 	fits = true
 	for j := range wins {
 		w, limit := float64(wins[j].Len), float64(wins[j].Limit)
@@ -533,10 +537,17 @@ func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) (f
 			interval = 1
 		}
 		d := 0.0
+		x, wo := -1.0, interval // a state left as written: its x (else -1) and T_old
 		if st := stateOf(states, wins[j].Name); st != nil {
 			d = tbDue(float64(st.a), float64(st.b), float64(st.c), now, burst, interval)
 			if float64(st.b) != interval || float64(st.c) != burst {
 				stale = true
+				if !rewrite {
+					x = math.Max(float64(st.a)-now, 0)
+					if st.b > 0 {
+						wo = float64(st.b)
+					}
+				}
 			}
 		} else {
 			for i := range states {
@@ -553,10 +564,17 @@ func tbCheck(states []winState, wins []Win, evs []winEval, now, cost float64) (f
 		} else if allowAt := d + float64(interval*cost) - float64(burst*interval); allowAt > 0 {
 			retry = allowAt
 		}
+		reset := d
+		if x >= 0 {
+			reset = x
+			if retry > 0 && cost <= burst {
+				retry = x - (burst-cost)*wo
+			}
+		}
 		if retry > 0 {
 			fits = false
 		}
-		evs[j] = winEval{count: int64(tbInUse(d, burst, interval)), retry: int64(retry), reset: int64(d), s1: burst, s2: interval, s3: d}
+		evs[j] = winEval{count: int64(tbInUse(d, burst, interval)), retry: int64(retry), reset: int64(reset), s1: burst, s2: interval, s3: d}
 	}
 	return fits, stale
 }

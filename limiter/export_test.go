@@ -58,3 +58,31 @@ func WithCachedScript() RedisOption {
 
 // CachedScriptSHA is lua.DecideCached's SHA-1, as the store sends it.
 var CachedScriptSHA = cachedArg.(string)
+
+// RewriteTokenStates does to s what the previous release's script (and
+// this one's until 2026-12-06) writes on a check of op that records
+// nothing: each token bucket part whose state was written under another
+// interval or burst is rewritten under op's, cost 0, at most a full
+// bucket. This release rewrites such a state only when it records;
+// TestMixedVersions models the previous release's denials with this. It
+// reports whether it rewrote a state.
+func RewriteTokenStates(s *MemoryStore, op *Op) bool {
+	sh := s.shard(op.Parts[0].Key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	m := memDo{s: s, sh: sh, op: op, now: op.Now, wall: s.wallNow()}
+	evs := make([]winEval, 0, op.windows())
+	keys := make([]*memKey, len(op.Parts))
+	restate := make([]bool, len(op.Parts))
+	evs, _, _, _ = m.checkParts(evs, keys, restate)
+	off, rewrote := 0, false
+	for i := range op.Parts {
+		p := &op.Parts[i]
+		if p.Kind == KindToken && restate[i] {
+			m.recordHash(p, keys[i], evs[off:off+len(p.Windows)], true, false)
+			rewrote = true
+		}
+		off += len(p.Windows)
+	}
+	return rewrote
+}

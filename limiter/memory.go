@@ -372,7 +372,11 @@ func (m *memDo) checkParts(evs []winEval, keys []*memKey, restate []bool) (_ []w
 		case KindFixed:
 			ok = fixCheck(states, p.Windows, pe, fnow, fcost)
 		case KindToken:
-			ok, restate[i] = tbCheck(states, p.Windows, pe, fnow, fcost)
+			// As decide.lua: the hash is rewritten even when the check
+			// records nothing when it holds fields of windows a reload
+			// replaced (recordParts).
+			rewrite := k != nil && !m.peek && !complete(states, p.Windows) && hasStale(states, p.Windows)
+			ok, restate[i] = tbCheck(states, p.Windows, pe, fnow, fcost, rewrite)
 		default:
 			ok = calCheck(states, p.Windows, pe, fnow, fcost)
 		}
@@ -423,7 +427,7 @@ func (m *memDo) checkLease() *memKey {
 }
 
 // recordParts records the cost in every part when recording, and rewrites
-// a part's stale hash even when not.
+// a part's hash holding windows a reload replaced even when not.
 func (m *memDo) recordParts(evs []winEval, keys []*memKey, restate []bool, recording bool) {
 	op := m.op
 	off := 0
@@ -448,13 +452,18 @@ func (m *memDo) recordParts(evs []winEval, keys []*memKey, restate []bool, recor
 			continue
 		}
 		// As hash_read: the hash holds fields of other windows when one of
-		// its windows has none (and a token bucket's under another interval
-		// or burst); then it is rewritten from scratch, else updated.
-		stale := k != nil && (restate[i] || !complete(k.wins, p.Windows) && hasStale(k.wins, p.Windows))
-		if !recording && (!stale || m.peek) {
+		// its windows has none (winStale), and then a check rewrites it in
+		// its windows even when it records nothing. A token state under
+		// another interval or burst (restate) is rewritten only by a check
+		// that records, as decide.lua does: rewritten on a denial, capped
+		// at this node's full bucket, it would show a node of a larger
+		// bucket fewer units in use than when it denied. Either way a
+		// rewrite starts the hash from scratch; else it is updated.
+		winStale := k != nil && !complete(k.wins, p.Windows) && hasStale(k.wins, p.Windows)
+		if !recording && (!winStale || m.peek) {
 			continue
 		}
-		m.recordHash(p, k, pe, stale, recording)
+		m.recordHash(p, k, pe, winStale || k != nil && restate[i], recording)
 	}
 }
 

@@ -27,8 +27,8 @@ import (
 type oEntry struct {
 	t, cost int64
 	// T, B: a token bucket's interval and burst when it was written (a
-	// token window's state is rewritten under another T or B, rescaled:
-	// entries of cost 0 mark each check that did so).
+	// record rewrites a token window's state read under another T or B,
+	// rescaled, before it adds its units).
 	T, B int64
 }
 
@@ -360,11 +360,15 @@ func tokenInterval(W, limit int64) int64 { return max((2*W+limit)/(2*limit), 1) 
 // evalToken: token_bucket as GCRA, replayed over the log: tat starts empty;
 // each admitted request sets tat = t + max(tat-t, 0) + T*cost. An entry
 // under another T or B than the one before rescales what is due first, as
-// the stores rewrite a state read under other limits (an override):
+// a record rewrites a state read under other limits (a reload, an override):
 // d = min(ceil(d*T/T_before), B*T). With d = max(tat-now, 0) (rescaled to
 // this check's T and B the same way), a request fits when d + T*cost <=
 // B*T; count: units in use, B - floor((B*T-d)/T) clamped to [0, B];
-// retry: d + T*c - B*T; reset: d.
+// retry: d + T*c - B*T; reset: d. A check that records nothing leaves a
+// state of another T or B as it was written (docs/decision.md, state under
+// another policy): it drains as written, so with x = max(tat-now, 0), its
+// time to full as written, the retry is when it has room, x - (B-c)*T_before,
+// and the reset x.
 func evalToken(log []oEntry, T, B, now, cost int64) (fits bool, count, retry, reset int64) {
 	var tat, cT, cB int64
 	rescale := func(d, t, b int64) int64 {
@@ -384,13 +388,22 @@ func evalToken(log []oEntry, T, B, now, cost int64) (fits bool, count, retry, re
 			tat += xT * x.cost
 		}
 	}
-	d := rescale(max(tat-now, 0), T, B)
+	x := max(tat-now, 0)
+	d := rescale(x, T, B)
 	fits = d+T*cost <= B*T
 	count = min(max(B-floorDiv(B*T-d, T), 0), B)
 	if !fits {
 		retry = d + T*cost - B*T
 	}
 	reset = d
+	if cT != 0 && (T != cT || B != cB) {
+		// Left as written if this check records nothing (a record's
+		// answer is worked out again after it: reevaluate).
+		if !fits {
+			retry = x - (B-cost)*cT
+		}
+		reset = x
+	}
 	return
 }
 
@@ -574,22 +587,16 @@ func (s *oStore) Decide(rule *oRule, q *oReq, now time.Time, checkOnly bool, req
 		}
 		return d
 	}
+	// A token state read under another T or B is rewritten under this
+	// check's only when it records (docs/decision.md, state under another
+	// policy): a check that records nothing leaves the log as it is.
 	for i, w := range rule.wins {
 		k := rule.stateKey(w, bucket)
 		d.wins = append(d.wins, rule.evalWindow(w, false, limits[i], q.limits[i], s.buckets[k], now, cost))
-		if rule.token(w) {
-			// The store rewrites a state read under another T or B.
-			T, B := rule.tokenTB(w, limits[i], q.limits[i], false)
-			s.buckets[k] = append(s.buckets[k], oEntry{t: n, T: T, B: B})
-		}
 	}
 	for i, w := range rule.gwins {
 		k := rule.stateKey(w, q.id)
 		d.wins = append(d.wins, rule.evalWindow(w, true, glimits[i], q.glimit[i], s.ledger.Log(k), now, cost))
-		if rule.token(w) {
-			T, B := rule.tokenTB(w, glimits[i], q.glimit[i], true)
-			s.ledger.logs[k] = append(s.ledger.logs[k], oEntry{t: n, T: T, B: B})
-		}
 	}
 	fits := true
 	for i := range d.wins {

@@ -381,8 +381,10 @@ local function ban_count(key, b, n, now, after, within, bfor)
 end
 
 -- Per part of the check being decided: key, kind, windows j0..j1, whether
--- its hash holds stale fields, and a log's T, newest time and longest window.
-local pkey, pkind, pj0, pj1, pstale = {}, {}, {}, {}, {}
+-- its hash holds stale fields (of windows a reload removed or replaced),
+-- whether it holds a token state written under another interval or burst,
+-- and a log's T, newest time and longest window.
+local pkey, pkind, pj0, pj1, pstale, ptb = {}, {}, {}, {}, {}, {}
 local ptot, pnew, pmax, pread, pfmt, pwant = {}, {}, {}, {}, {}, {}
 
 -- override applies the identity's active override, if any, to the limits
@@ -585,9 +587,7 @@ local function decide(a, k, V, tried)
       if kind == 3 then
         ok = fix_check(v, f, j0, j1, now, cost)
       elseif kind == 4 then
-        local restate
-        ok, restate = tb_check(v, f, j0, j1, now, cost)
-        pstale[p] = pstale[p] or restate
+        ok, ptb[p] = tb_check(v, f, j0, j1, now, cost, pstale[p] and not peek)
       else
         ok = cal_check(v, j0, j1, now, cost)
       end
@@ -637,7 +637,13 @@ local function decide(a, k, V, tried)
       -- A hash with fields of windows a reload replaced is rewritten in the
       -- new windows even when nothing is recorded (cost 0): the budget it
       -- carried over then counts down as its own, and its TTL is the new
-      -- policy's.
+      -- policy's. A token state under another interval or burst alone
+      -- (ptb) is rewritten only by a check that records: rewritten on a
+      -- denial, capped at this node's full bucket, it would show a node of
+      -- a larger bucket (limits apart during a reload) fewer units in use
+      -- than when it denied, and its cached denial would outlast the
+      -- store's answer. Left as written, it drains as written, and the
+      -- check's retry and reset say so (tb_check).
       local c = cost
       if not recording then
         c = 0
@@ -655,7 +661,7 @@ local function decide(a, k, V, tried)
       else
         ttl = cal_record(j0, j1, now, c)
       end
-      hash_write(key, ttl, pstale[p], keep)
+      hash_write(key, ttl, pstale[p] or (kind == 4 and ptb[p]), keep)
       if not recording then
         for j = j0, j1 do
           rst[j] = s1r[j]

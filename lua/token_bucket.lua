@@ -23,7 +23,11 @@
 -- again. A state written under another T or B (a reload changed the limit,
 -- the burst or the window; a window whose length changed takes the state of
 -- the one it replaced) keeps its units in use, d * T_new / T_old, at most a
--- full bucket, so neither the budget nor the wait outlives the new policy. The TTL (past tat + 1 s; tb_fast's span
+-- full bucket. A check that records rewrites it under the new T and B
+-- (d + T * c), so the budget outlives neither; a check that records
+-- nothing leaves it as written (but where the hash holds fields of a
+-- replaced window: decide), and its retry and reset are the state's as
+-- written (tb_check). The TTL (past tat + 1 s; tb_fast's span
 -- below) only collects garbage.
 --
 -- A request of cost c fits when d + T * c - B * T <= 0; it then sets
@@ -82,8 +86,14 @@ end
 -- tb_check fills windows j0..j1 from their fields v (t, i, b in a row per
 -- window; f, the whole hash, when a window has none); record needs s1 (B),
 -- s2 (T) and s3 (d). It also reports whether a state was written under
--- another T or B (to be rewritten under the new ones).
-local function tb_check(v, f, j0, j1, now, cost)
+-- another T or B (to be rewritten under the new ones by a check that
+-- records: decide). rewrite: the check rewrites the hash even when it
+-- records nothing (decide: fields of windows a reload replaced). A state
+-- under another T or B that a check leaves as written goes on draining as
+-- written: its time to full is x = max(tat - now, 0), and it has room for
+-- c when x <= (B - c) * T_old (then ceil(x * T / T_old) + T * c <= B * T),
+-- so such a check's retry is x - (B - c) * T_old and its reset x.
+local function tb_check(v, f, j0, j1, now, cost, rewrite)
   local fits = true
   local stale = false
   for j = j0, j1 do
@@ -99,11 +109,21 @@ local function tb_check(v, f, j0, j1, now, cost)
     local d = 0
     local o = (j - j0) * 3
     local tat = tonumber(v[o + 1])
+    local x, wo = false, interval -- (a state left as written: its x and T_old)
     if tat then
       local wi, wb = tonumber(v[o + 2]), tonumber(v[o + 3])
       d = tb_due(tat, wi, wb, now, burst, interval)
       if wi ~= interval or wb ~= burst then
         stale = true
+        if not rewrite then
+          x = tat - now
+          if x < 0 then
+            x = 0
+          end
+          if wi and wi > 0 then
+            wo = wi
+          end
+        end
       end
     else
       -- A window whose length changed: the units in use of the one it
@@ -119,10 +139,17 @@ local function tb_check(v, f, j0, j1, now, cost)
       end
     end
     local retry = tb_retry(d, cost, burst, interval, w)
+    local reset = d
+    if x then
+      reset = x
+      if retry > 0 and cost <= burst then
+        retry = x - (burst - cost) * wo
+      end
+    end
     if retry > 0 then
       fits = false
     end
-    cnt[j], rty[j], rst[j] = tb_in_use(d, burst, interval), retry, d
+    cnt[j], rty[j], rst[j] = tb_in_use(d, burst, interval), retry, reset
     s1[j], s2[j], s3[j] = burst, interval, d
   end
   return fits, stale
