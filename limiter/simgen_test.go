@@ -153,9 +153,6 @@ func genSteps(rng *rand.Rand, c *simCase, n int) []simStep {
 			for range c.Cfg.Limits {
 				s.Limits = append(s.Limits, int64(2+rng.IntN(6)))
 			}
-			if c.Cfg.Alg == "token_bucket" && c.Stack == "redis" && simAvoid["token-limits-apart-with-deny-cache"] {
-				s.Limits = append(s.Limits[:0], c.Cfg.Limits...)
-			}
 			if c.Cfg.Alg != "token_bucket" && len(steps)%3 == 1 {
 				// Another algorithm (drawn from the step's place, as the
 				// format below): among the three whose state a limit
@@ -1007,21 +1004,17 @@ var simReplays = []simCase{
 			{Op: "done", Status: 401},
 			{Op: "req", Key: "b", Region: "us", Cost: 1},
 		}},
-}
-
-// simPending are histories of known bugs whose fix has not landed on this
-// branch yet (issue 20's classes, fixed on other branches): TestSimReplay
-// runs them with SIM_PENDING=1; once a fix lands they move to simReplays and
-// the matching entry of simAvoid goes.
-var simPending = []simCase{
-	// Found by a fresh seed on 2026-12-04 (issue 29's stop 38): a node
-	// whose token bucket has other limits (a reload half-way through the
-	// nodes) reads the key's state under its own interval and burst, at
-	// most a full bucket, and a denial rewrites it so (decide.lua's
-	// rewrite of a stale hash, cost 0): a node of the old limits, whose
-	// bucket is larger, then finds fewer units in use than when it denied,
-	// and its cached denial outlasts what the store would answer.
-	{Name: "a token bucket's denial cached on a node under other limits (a reload half-way) outlasts the store's answer once a node of the old limits has written the key (fresh seed 1796419387639199618)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+	// Found by a fresh seed on 2026-12-04 (issue 29's stop 38; simPending
+	// until 2026-12-06): a node whose token bucket has other limits (a
+	// reload half-way through the nodes) read the key's state under its own
+	// interval and burst, at most a full bucket, and its denial rewrote it
+	// so (decide.lua's rewrite of a stale hash, cost 0): a node of the old
+	// limits, whose bucket is larger, then found fewer units in use than
+	// when it denied, and its cached denial outlasted what the store would
+	// answer. Fixed: a state under another T or B is rewritten only by a
+	// check that records (decide.lua, memory.go's recordParts, the
+	// oracle), so a denial writes nothing.
+	{Name: "a token bucket's denial cached on a node under other limits (a reload half-way) outlasted the store's answer once a node of the old limits had rewritten the key on a denial, capped at its full bucket; fixed: a denial no longer rewrites a state of another T or B (fresh seed 1796419387639199618)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
 		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"1s", "5s"}, Limits: []int64{4, 2}, Queue: "2s", Fail: "local"},
 		Steps: []simStep{
 			{Op: "reload", Node: 2, Limits: []int64{7, 3}, DryRun: true, Client: true, Format: 2},
@@ -1031,15 +1024,35 @@ var simPending = []simCase{
 			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
 			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
 		}},
+	// Written by hand on 2026-12-06 with the fix above: a check that
+	// records nothing leaves a state of another T or B as written, so it
+	// goes on draining as written; here (limit 5 to 2 in 5 s: T 1 s to
+	// 2.5 s) it reads as 5 s due and drains 2.5 s a second. Its retry must
+	// be the state's as written (x - (B - c) * T_old = 1 s), not that of a
+	// state rewritten under the new T (2.5 s): the node's cached denial
+	// would outlast the store's answer (it did with the fix alone).
+	{Name: "one node, a token bucket's limit lowered: a denial that leaves the state of the old limit as written answers the retry of that state as it drains (1 s), not of it rewritten under the new limit (2.5 s), which its cached denial would outlast", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"5s"}, Limits: []int64{5}, Fail: "open"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "reload", Limits: []int64{2}},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "tick", Dt: 1500000},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
 }
+
+// simPending are histories of known bugs whose fix has not landed on this
+// branch yet (issue 20's classes, fixed on other branches): TestSimReplay
+// runs them with SIM_PENDING=1; once a fix lands they move to simReplays and
+// the matching entry of simAvoid goes.
+var simPending = []simCase{}
 
 // simAvoid names the histories the generator does not draw while their
 // bug's fix has not landed here (see simPending), so the simulation goes on
 // finding others. The oracle is not changed for them.
 var simAvoid = map[string]bool{
-	// simPending's first case: a token bucket's limits apart between nodes
-	// on Redis (the deny cache) are not drawn; reloads keep its limits.
-	"token-limits-apart-with-deny-cache": true,
 	// Fixed on this branch by merging fix-engine and fix-lifecycle:
 	"memory:reload-after-override": false,
 	"dry-run-with-ban":             false,
