@@ -19,6 +19,10 @@ const DefaultDenyCacheSize = 65536
 // in a window (admissions only add), R is the latest retry time of the
 // windows that denied (or the ban's end), measured from before the store
 // call, and a cached denial is used only for a request of the same shape.
+// (Known exception: a token bucket whose nodes hold different limits, a
+// reload half-way, where a node of a faster rate records in the state and
+// a node of a slower rate then reads it draining faster than real time:
+// docs/decision.md, state under another policy.)
 // An admission of another shape (a smaller cost) drops the key's cached
 // denial. A cached answer says only what it knows: the windows that denied,
 // with their retry time counted down; the others are Unknown.
