@@ -43,6 +43,7 @@ type batchOp struct {
 	c     check
 	slot  int
 	vals  []int64 // the check's reply values, when err is nil
+	time  int64   // the call's reading of Redis TIME (µs), 0 for none
 	err   error
 	done  chan struct{}
 	timer *time.Timer // fires at until; kept with the batchOp
@@ -117,7 +118,7 @@ func (b *batcher) do(ctx context.Context, op *Op, deadline int64, sent time.Time
 		if bo.err != nil {
 			return Reply{}, bo.err
 		}
-		return b.store.reply(bo.vals, op, sent)
+		return b.store.reply(bo.vals, bo.time, op, sent)
 	case <-ctx.Done():
 		// The worker still owns bo and will answer into its buffered
 		// channel; bo is not reused.
@@ -377,11 +378,16 @@ func (w *worker) runSlots(ops []*batchOp) {
 				break
 			}
 			var bad error
-			op.vals, op.err, next, bad = valuesOf(replies, next, op.vals[:0])
+			op.vals, op.err, next, bad = valuesOf(replies[:max(len(replies)-1, 0)], next, op.vals[:0])
 			err = bad
 		}
-		if err == nil && next != len(replies) {
-			err = fmt.Errorf("%w: %d values left after %d checks", ErrBadReply, len(replies)-next, len(g.ops))
+		if err == nil {
+			var t int64
+			if t, err = callTime(replies, next, len(g.ops)); err == nil {
+				for _, op := range g.ops {
+					op.time = t
+				}
+			}
 		}
 		if err != nil {
 			for _, op := range g.ops {

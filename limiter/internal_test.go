@@ -49,7 +49,7 @@ func TestBatchKeepsEachChecksDeadline(t *testing.T) {
 	if open.err != nil {
 		t.Fatalf("the check without a deadline failed with its neighbour's: %v", open.err)
 	}
-	if _, err := s.reply(open.vals, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
+	if _, err := s.reply(open.vals, open.time, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
 		t.Fatalf("its reply: %v", err)
 	}
 }

@@ -203,30 +203,47 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	out, err := s.call(ctx, args, loads)
 	var buf [16]int64
 	var vals []int64
+	var t int64
 	if err == nil {
-		vals, err = only(out, buf[:0])
+		vals, t, err = only(out, buf[:0])
 	}
 	if err != nil {
 		return Reply{}, err
 	}
-	return s.reply(vals, op, sent)
+	return s.reply(vals, t, op, sent)
 }
 
 // only appends the values of the single check of a one-check call's reply,
-// as go-redis parsed it, to vals.
-func only(out any, vals []int64) ([]int64, error) {
+// as go-redis parsed it, to vals, and returns the call's reading of Redis
+// TIME (0: none).
+func only(out any, vals []int64) ([]int64, int64, error) {
 	l, ok := out.([]any)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T for 1 check", ErrBadReply, out)
+		return nil, 0, fmt.Errorf("%w: %T for 1 check", ErrBadReply, out)
 	}
-	vals, err, next, bad := valuesOf(l, 0, vals)
-	if bad == nil && next != len(l) {
-		bad = fmt.Errorf("%w: %d elements for 1 check, %d left", ErrBadReply, len(l), len(l)-next)
+	vals, err, next, bad := valuesOf(l[:max(len(l)-1, 0)], 0, vals)
+	var t int64
+	if bad == nil {
+		t, bad = callTime(l, next, 1)
 	}
 	if bad != nil {
-		return nil, bad
+		return nil, 0, bad
 	}
-	return vals, err
+	return vals, t, err
+}
+
+// callTime is the call's reading of Redis TIME, the last element of a
+// call's reply as go-redis parsed it (decide.lua's header), which must be
+// l[next], next being where the checks' replies (of n checks) end.
+func callTime(l []any, next, n int) (int64, error) {
+	if next != len(l)-1 {
+		return 0, fmt.Errorf("%w: %d elements for %d checks and the time, %d left", ErrBadReply, len(l), n, len(l)-next)
+	}
+	t, ok := l[next].(int64)
+	if !ok || t < 0 {
+		return 0, fmt.Errorf("%w: the call's time is %T", ErrBadReply, l[next])
+	}
+	return t, nil
 }
 
 // valuesOf appends the values of the check whose reply starts at l[i] in a
@@ -270,15 +287,20 @@ func valuesOf(l []any, i int, vals []int64) (_ []int64, err error, next int, bad
 }
 
 // reply reads one check's reply values, checked for shape before they are
-// used.
-func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
-	if len(n) < 3 {
+// used, with its call's reading of Redis TIME, t (0: none; decide.lua's
+// header): the check's now is op's, or t when op sent 0.
+func (s *RedisStore) reply(n []int64, t int64, op *Op, sent time.Time) (Reply, error) {
+	if len(n) < 1 {
 		return Reply{}, fmt.Errorf("%w: %d values", ErrBadReply, len(n))
 	}
-	if n[2] > 0 {
-		s.clock.sample(n[2], sent)
+	if t > 0 {
+		// Read in a call sent after this check was: at least the offset.
+		s.clock.sample(t, sent)
 	}
-	r := Reply{Status: Status(n[0]), Now: n[1]}
+	r := Reply{Status: Status(n[0]), Now: op.Now}
+	if r.Now == 0 {
+		r.Now = t
+	}
 	switch r.Status {
 	case StatusLate:
 		return Reply{}, ErrLate
@@ -291,19 +313,19 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 		return r, nil
 	}
 	nw := op.windows()
-	if len(n) == 3+3*nw {
+	if len(n) == 1+3*nw {
 		// The short form (decide.lua's header): no ban, no lease, no flag.
-		// (3+3*nw is never 7+3*nw nor 7+5*nw.)
+		// (1+3*nw is never 5+3*nw nor 5+5*nw.)
 		r.InFlight = -1
-		return s.usage(r, n[3:], op, nw)
+		return s.usage(r, n[1:], op, nw)
 	}
 	switch len(n) {
-	case 7 + 3*nw:
-	case 7 + 5*nw:
+	case 5 + 3*nw:
+	case 5 + 5*nw:
 		// An override changed a limit: the windows' limits and bursts.
 		r.Limits, r.Bursts = make([]int64, nw), make([]int64, nw)
 		for j := range nw {
-			r.Limits[j], r.Bursts[j] = n[7+3*nw+2*j], n[8+3*nw+2*j]
+			r.Limits[j], r.Bursts[j] = n[5+3*nw+2*j], n[6+3*nw+2*j]
 			if r.Limits[j] <= 0 || r.Bursts[j] < 0 {
 				return Reply{}, fmt.Errorf("%w: limit %d, burst %d", ErrBadReply, r.Limits[j], r.Bursts[j])
 			}
@@ -311,9 +333,9 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 	default:
 		return Reply{}, fmt.Errorf("%w: %d values for %d windows", ErrBadReply, len(n), nw)
 	}
-	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
-	r.Share = ShareFlags(n[6] &^ 1)
-	return s.usage(r, n[7:], op, nw)
+	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[1], n[2] == 1, n[3], n[4]&1 == 1
+	r.Share = ShareFlags(n[4] &^ 1)
+	return s.usage(r, n[5:], op, nw)
 }
 
 // usage reads the windows' count, retry and reset (n, from the first

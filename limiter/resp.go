@@ -44,9 +44,11 @@ func (replyError) RedisError() {}
 // then its values as elements of their own (the flat form a fast path
 // writes: decide.lua's OUT), or its error (its own error); a value that is
 // not an integer, or any other value where a check's reply begins, makes
-// that check's reply malformed, for that check alone. The error is for a
-// reply that cannot be read as that (not an array, a count past its end,
-// too few or too many elements): the whole call failed.
+// that check's reply malformed, for that check alone; then, last, the
+// call's reading of Redis TIME (an integer, 0 for none), into every check's
+// time. The error is for a reply that cannot be read as that (not an
+// array, a count past its end, too few or too many elements, no TIME): the
+// whole call failed.
 func readReplies(buf []byte, ops []*batchOp) error {
 	r := respReader{buf: buf}
 	if r.at('!') {
@@ -60,10 +62,10 @@ func readReplies(buf []byte, ops []*batchOp) error {
 		r.pos = 0
 		return fmt.Errorf("%w: %s for %d checks", ErrBadReply, r.describe(), len(ops))
 	}
-	left := n
+	left := n - 1 // the last is the call's TIME
 	for i, op := range ops {
-		if left == 0 {
-			return fmt.Errorf("%w: %d values for %d checks, none for check %d", ErrBadReply, n, len(ops), i)
+		if left <= 0 {
+			return fmt.Errorf("%w: %d values for %d checks and the time, none for check %d", ErrBadReply, n, len(ops), i)
 		}
 		var err error
 		op.vals, op.err, left, err = r.check(op.vals[:0], left)
@@ -72,7 +74,14 @@ func readReplies(buf []byte, ops []*batchOp) error {
 		}
 	}
 	if left != 0 {
-		return fmt.Errorf("%w: %d values left after %d checks", ErrBadReply, left, len(ops))
+		return fmt.Errorf("%w: %d values left after %d checks and the time", ErrBadReply, left, len(ops))
+	}
+	typ, t, ok := r.header()
+	if !ok || typ != ':' || t < 0 {
+		return fmt.Errorf("%w: the call's time is not a whole number of µs", ErrBadReply)
+	}
+	for _, op := range ops {
+		op.time = t
 	}
 	return nil
 }

@@ -26,12 +26,17 @@
 -- each with its own reply: with n > 1 an error in one check (a key of the
 -- wrong type) is that check's reply, and the others go on. The call's reply
 -- is an array of the checks' replies, in order, each an array or, from a
--- fast path, flat: its number of values, then its values (OUT below). All keys of one
--- call share a hash slot on a Redis Cluster: the caller groups checks by slot.
+-- fast path, flat: its number of values, then its values (OUT below); then,
+-- last, the call's reading of Redis TIME in µs (0 when no check read it).
+-- All keys of one call share a hash slot on a Redis Cluster: the caller
+-- groups checks by slot.
 --
 -- Clock: a check's now is the caller's, in µs (clock app), or 0, which makes
 -- the script read Redis TIME, once per call (clock redis: one clock for every
--- Caddy node). Units: every time is in µs, every number a whole number below
+-- Caddy node): a check's now is therefore what its caller sent, or else the
+-- call's TIME, which the reply carries once, so no check's reply repeats
+-- either (the caller knows both; until 2026-12-06 each reply began with
+-- them). Units: every time is in µs, every number a whole number below
 -- 2^53 (the caller refuses larger ones), so Lua's doubles hold them exactly.
 -- Numbers are written into keys and replies with %.0f, never tostring (which
 -- would round them to 14 digits).
@@ -95,14 +100,16 @@
 --        window's retry is at most the time until the first override that
 --        changed a limit ends (the limits change again then).
 --
--- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
--- flags, then count, retry, reset per window, in order}; or, when ban_left,
--- ban_started and flags are 0, in_flight -1 and no override changed a limit,
--- the short form {status, now, time, then count, retry, reset per window}.
+-- Reply per check: {status, ban_left, ban_started, in_flight, flags, then
+-- count, retry, reset per window, in order}; or, when ban_left, ban_started
+-- and flags are 0, in_flight -1 and no override changed a limit, the short
+-- form {status, then count, retry, reset per window}; or {3} (late), or
+-- {1, 0, 0, -1, 0} (a lease released, mode 4). A flat reply is the same
+-- values after their number. The check's now and Redis TIME are not in it:
+-- the call's TIME ends the call's reply (see above), and a check's now is
+-- the one it sent, or that TIME when it sent 0.
 --   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
 --                written), 4 too large under an override (nothing written)
---   time         Redis TIME when it was read (clock redis, or a deadline), 0
---                otherwise
 --   ban_left     µs the ban lasts (when banned)
 --   in_flight    leases held after the check (-1: no lease)
 --   flags        the sum of: 1 the concurrency bound denied the request;
@@ -186,11 +193,12 @@ local FAST = {}
 -- returning true. Redis turns each table of a reply into RESP by looking
 -- up seven field names in it (err, ok, double, ...) before it reads it as
 -- an array: a check appended flat costs it no table. (Copying a returned
--- table into the call's costs the Lua VM what it saves: measured.)
+-- table into the call's costs the Lua VM what it saves: measured.) run
+-- ends it with the call's reading of Redis TIME.
 -- KEEP is the table run builds a call's reply in, kept from call to call
 -- (as long as the chunk lives, see above): a reply
--- grown from empty rehashes its table at every power of two (eight times
--- for 16 checks of 7 values) and leaves it to the collector. Its values
+-- grown from empty rehashes its table at every power of two (seven times
+-- for 16 checks of 5 values) and leaves it to the collector. Its values
 -- always run from 1 without a gap (every write appends or overwrites), so
 -- run clears what a longer call left past the end of this one's reply
 -- until it meets a nil; past 4096 values it is not kept.
@@ -205,7 +213,7 @@ local function fast_now(a)
   if deadline ~= 0 then
     local t = clock()
     if deadline > 0 and t > deadline then
-      return false, {3, t, t}
+      return false, {3}
     end
   end
   if now == 0 then
@@ -214,15 +222,14 @@ local function fast_now(a)
   return now
 end
 -- fast_reply appends a fast path's short reply to the call's, flat (see
--- OUT): its number of values, then status, now, time, count, retry and
--- reset; it returns true, as a fast path that appended its own does. Flat,
--- the reply costs Redis no table to read (at 16 checks a call, 3.3k
--- instructions a check less than a table of the six: callgrind, 12-06).
-local function fast_reply(status, now, count, retry, reset)
+-- OUT): its number of values, then status, count, retry and reset; it
+-- returns true, as a fast path that appended its own does. Flat, the reply
+-- costs Redis no table to read (at 16 checks a call, 3.3k instructions a
+-- check less than a table of the six: callgrind, 12-06).
+local function fast_reply(status, count, retry, reset)
   local o = ON
-  OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5], OUT[o + 6], OUT[o + 7] =
-    6, status, now, now_redis or 0, count, retry, reset
-  ON = o + 7
+  OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5] = 4, status, count, retry, reset
+  ON = o + 5
   return true
 end
 local SHAPE, SHAPEN = {}, 0
@@ -457,7 +464,7 @@ end
 
 -- with_limits appends the windows' limits and bursts to a reply.
 local function with_limits(reply, nw)
-  local o = 7 + 3 * nw
+  local o = 5 + 3 * nw
   for j = 1, nw do
     reply[o + 2 * j - 1] = wlim[j]
     reply[o + 2 * j] = (wkind[j] == 4 and wburst[j]) or 0
@@ -489,7 +496,7 @@ local function decide(a, k, V, tried)
   if deadline ~= 0 then
     local t = clock()
     if deadline > 0 and t > deadline then
-      return {3, t, t}
+      return {3}
     end
   end
   if now == 0 then
@@ -547,7 +554,7 @@ local function decide(a, k, V, tried)
   end
   if mode == 4 then
     redis.call("ZREM", lkey, lid)
-    return {1, now, now_redis or 0, 0, 0, -1, 0}
+    return {1, 0, 0, -1, 0}
   end
   local overridden, ovend = false, 0
   if hasov then
@@ -561,9 +568,9 @@ local function decide(a, k, V, tried)
           capacity = wburst[j]
         end
         if cost > capacity then
-          local reply = {4, now, now_redis or 0, 0, 0, -1, 0}
+          local reply = {4, 0, 0, -1, 0}
           for i = 1, nw do
-            reply[3 * i + 5], reply[3 * i + 6], reply[3 * i + 7] = 0, 0, 0
+            reply[3 * i + 3], reply[3 * i + 4], reply[3 * i + 5] = 0, 0, 0
           end
           return with_limits(reply, nw)
         end
@@ -719,20 +726,20 @@ local function decide(a, k, V, tried)
     -- to turn into RESP). (One constructor sizes the table once; appending
     -- grows it.)
     if nw == 1 then
-      return {status, now, now_redis or 0, cnt[1], rty[1], rst[1]}
+      return {status, cnt[1], rty[1], rst[1]}
     end
-    reply = {status, now, now_redis or 0}
+    reply = {status}
     for j = 1, nw do
-      reply[3 * j + 1], reply[3 * j + 2], reply[3 * j + 3] = cnt[j], rty[j], rst[j]
+      reply[3 * j - 1], reply[3 * j], reply[3 * j + 1] = cnt[j], rty[j], rst[j]
     end
     return reply
   end
   if nw == 1 then
-    reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
+    reply = {status, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
   else
-    reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
+    reply = {status, banleft, started, inflight, leasedenied + shflags}
     for j = 1, nw do
-      reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
+      reply[3 * j + 3], reply[3 * j + 4], reply[3 * j + 5] = cnt[j], rty[j], rst[j]
     end
   end
   if overridden then
@@ -756,7 +763,7 @@ local function run()
     local r = decide(a, k, SHAPE[ARGV[a]] or shape_of(ARGV[a]))
     if r ~= true then
       -- One table for Redis to turn into RESP, not two: flat, built in C.
-      OUT = {#r, unpack(r)}
+      OUT, ON = {#r, unpack(r)}, #r + 1
     end
   else
     for _ = 1, n do
@@ -782,7 +789,10 @@ local function run()
       a, k = a + V.na, k + V.nk
     end
   end
+  -- The call's reading of Redis TIME (0: none), after the checks' replies.
+  ON = ON + 1
   local out = OUT
+  out[ON] = now_redis or 0
   OUT = false
   if out == KEEP then
     local i = ON + 1

@@ -198,12 +198,12 @@ local function fix_fast(a, k, V)
     if count > 0 then
       reset = e - now
     end
-    return fast_reply(0, now, count, retry, reset)
+    return fast_reply(0, count, retry, reset)
   end
   rcall("HSET", key, fw, ids, fn, sfmt(INT, count + cost))
   if not cur then
     rcall("PEXPIRE", key, sfmt(INT, math.ceil((e - now) / 1000) + 1000))
   end
-  return fast_reply(1, now, count + cost, 0, e - now)
+  return fast_reply(1, count + cost, 0, e - now)
 end
 FAST[3] = fix_fast

@@ -236,7 +236,8 @@ local function fast_one(a, k, V, s)
   return slow(a, k, s)
 end
 -- As run: the checks in order, each its own reply (OUT: a table, or flat
--- from the fast path); with n > 1 an error is its check's reply.
+-- from the fast path); with n > 1 an error is its check's reply; then the
+-- call's reading of Redis TIME (0: none).
 local function fast_run()
   now_redis = false
   if not INT then
@@ -248,8 +249,9 @@ local function fast_run()
     local s = ARGV[2]
     local r = fast_one(2, 1, SHAPE[s] or shape_of(s), s)
     if r ~= true then
-      return {#r, unpack(r)} -- one table, flat (run's way)
+      OUT, ON = {#r, unpack(r)}, #r + 1 -- one table, flat (run's way)
     end
+    OUT[ON + 1] = now_redis or 0 -- the call's reading of TIME, as run's
     return OUT
   end
   local a, k = 2, 1
@@ -269,6 +271,7 @@ local function fast_run()
     end
     a, k = a + V.na, k + V.nk
   end
+  OUT[ON + 1] = now_redis or 0
   return OUT
 end
 return fast_run()

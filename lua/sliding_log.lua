@@ -527,7 +527,7 @@ local function log_fast(a, k, V)
   if not m or (m == "#2" and not h[3]) then
     -- No entry: the check's cost alone.
     if cost > limit then
-      return fast_reply(0, now, 0, w, 0)
+      return fast_reply(0, 0, w, 0)
     end
     if m then
       rcall("ZADD", key, sfmt(INT, now), log_member(0, cost))
@@ -535,7 +535,7 @@ local function log_fast(a, k, V)
       rcall("ZADD", key, "-inf", "#2", sfmt(INT, now), log_member(0, cost))
     end
     rcall("PEXPIRE", key, sfmt(INT, log_ttl2(w)))
-    return fast_reply(1, now, cost, 0, w)
+    return fast_reply(1, cost, 0, w)
   end
   if m ~= "#2" then
     return nil
@@ -576,7 +576,7 @@ local function log_fast(a, k, V)
     if full > retry then
       retry = full
     end
-    return fast_reply(0, now, count, retry, ot + w - now)
+    return fast_reply(0, count, retry, ot + w - now)
   end
   local at = now
   if newest > at then
@@ -590,7 +590,7 @@ local function log_fast(a, k, V)
   if at - at % span ~= newest - newest % span then
     rcall("PEXPIRE", key, sfmt(INT, log_ttl2(w)))
   end
-  return fast_reply(1, now, count + cost, 0, ot + w - now)
+  return fast_reply(1, count + cost, 0, ot + w - now)
 end
 FAST[1] = log_fast
 
@@ -620,7 +620,7 @@ local function log3_fast(a, k, V)
   if not nm or nm == "#3" then
     -- No entry: the check's cost alone.
     if cost > limit then
-      return fast_reply(0, now, 0, w, 0)
+      return fast_reply(0, 0, w, 0)
     end
     local sc = (nowarg ~= "0" and "-" .. nowarg) or sfmt(INT, -now)
     if nm then
@@ -629,7 +629,7 @@ local function log3_fast(a, k, V)
       rcall("ZADD", key, "+inf", "#3", sc, log3_member(0, cost, now))
     end
     rcall("PEXPIRE", key, ttl)
-    return fast_reply(1, now, cost, 0, w)
+    return fast_reply(1, cost, 0, w)
   end
   if sbyte(nm) >= 32 then
     return nil
@@ -655,10 +655,10 @@ local function log3_fast(a, k, V)
       if cost <= limit then
         retry = log_retry(key, rcall("ZREVRANK", key, om), ob, total + cost - limit, w, now, log3_at)
       end
-      return fast_reply(0, now, count, retry, ot + w - now)
+      return fast_reply(0, count, retry, ot + w - now)
     end
   elseif cost > limit then
-    return fast_reply(0, now, 0, w, 0)
+    return fast_reply(0, 0, w, 0)
   end
   if total + cost >= LOG_MAX_T then
     return nil
@@ -708,9 +708,9 @@ local function log3_fast(a, k, V)
     rcall("PEXPIRE", key, ttl)
   end
   if ot then
-    return fast_reply(1, now, count + cost, 0, ot + w - now)
+    return fast_reply(1, count + cost, 0, ot + w - now)
   end
-  return fast_reply(1, now, cost, 0, at + w - now)
+  return fast_reply(1, cost, 0, at + w - now)
 end
 FAST[11] = log3_fast
 end -- of sliding_log.lua's block

@@ -192,7 +192,7 @@ local function tb_fast(a, k, V)
   if deadline ~= 0 then
     local t = now_redis or clock()
     if deadline > 0 and t > deadline then
-      return {3, t, t}
+      return {3}
     end
   end
   if now == 0 then
@@ -253,14 +253,12 @@ local function tb_fast(a, k, V)
     local retry = tb_retry(d, cost, burst, interval, w)
     if retry > 0 then
       local o = ON
-      OUT[o + 1] = 6
+      OUT[o + 1] = 4
       OUT[o + 2] = 0
-      OUT[o + 3] = now
-      OUT[o + 4] = now_redis or 0
-      OUT[o + 5] = tb_in_use(d, burst, interval)
-      OUT[o + 6] = retry
-      OUT[o + 7] = d
-      ON = o + 7
+      OUT[o + 3] = tb_in_use(d, burst, interval)
+      OUT[o + 4] = retry
+      OUT[o + 5] = d
+      ON = o + 5
       return true
     end
     d = d + interval * cost
@@ -282,17 +280,15 @@ local function tb_fast(a, k, V)
   if o == 0 and OUT ~= KEEP then
     -- The call's first reply in a table of its own (EVALSHA's fast
     -- script): made to size (no growing). run's KEEP is sized already.
-    OUT = {6, 1, now, now_redis or 0, count, 0, d}
+    OUT = {4, 1, count, 0, d}
   else
-    OUT[o + 1] = 6
+    OUT[o + 1] = 4
     OUT[o + 2] = 1
-    OUT[o + 3] = now
-    OUT[o + 4] = now_redis or 0
-    OUT[o + 5] = count
-    OUT[o + 6] = 0
-    OUT[o + 7] = d
+    OUT[o + 3] = count
+    OUT[o + 4] = 0
+    OUT[o + 5] = d
   end
-  ON = o + 7
+  ON = o + 5
   return true
 end
 FAST[4] = tb_fast
