@@ -16,8 +16,8 @@
 //
 // The checks are those of a one-window limit of -limit (10,000) a minute keyed over
 // -keys keys, each key getting -per checks a window (so its set holds about
-// -per entries), on a clock the tool moves (clock app), with a deadline, as
-// Caddy sends them. With -eval they go by the script the store sends such
+// -per entries), on a clock the tool moves (clock app), each with a deadline
+// an hour after its time, as Caddy sends them. With -eval they go by the script the store sends such
 // checks by: the kind's fast script (lua.DecideFast: sliding_log,
 // sliding_counter in format 4, fixed_window, token_bucket), the log's
 // (format 1) or the full one (the counter in format 3: kind 12); the
@@ -47,6 +47,9 @@ import (
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
+
+// deadlineAfter is how long after its time (µs) a check's deadline is.
+const deadlineAfter = 3600e6
 
 // baseline is the original design's script, for 16 keys a call as ours.
 const baseline = `for i = 1, #KEYS do
@@ -143,8 +146,11 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, limit int64, e
 			for range batch {
 				now += step
 				ks = append(ks, key())
-				// One check as the store encodes it (see decide.lua's header).
-				av = append(av, shape, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991")
+				// One check as the store encodes it (see decide.lua's header):
+				// its deadline its time and an hour, a number of its own as
+				// each request's is (its time and timeout), never passed in
+				// a run under valgrind.
+				av = append(av, shape, strconv.FormatFloat(now, 'f', 0, 64), strconv.FormatFloat(now+deadlineAfter, 'f', 0, 64))
 			}
 			args := append(append(append(append([]any{}, call...), len(ks)), ks...), av...)
 			if err := c.Do(ctx, args...).Err(); err != nil {
