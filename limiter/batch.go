@@ -177,6 +177,7 @@ type worker struct {
 	ctx   *batchCtx
 	batch []*batchOp
 	args  []any    // the script call's arguments
+	base  int64    // its deadlines' base (deadlineBase)
 	reply rawReply // its reply, off a cluster
 	// On a cluster: a script call per slot, in one pipeline.
 	groups []group
@@ -264,8 +265,13 @@ func (w *worker) runOne(ops []*batchOp) {
 		}
 	}
 	args[2] = len(args) - 3
-	args = append(args, len(ops))
+	w.base = 0
 	for _, op := range ops {
+		w.base = deadlineBase(op.c.deadline, w.base)
+	}
+	args = append(args, len(ops), &w.base)
+	for _, op := range ops {
+		op.c.relative(w.base)
 		args = append(args, op.c.args...)
 	}
 	w.args = args
@@ -332,6 +338,7 @@ func (w *worker) call(args []any) error {
 type group struct {
 	ops  []*batchOp
 	args []any
+	base int64 // its deadlines' base (deadlineBase)
 	cmd  *redis.Cmd
 	err  error
 	send bool // exec sends it
@@ -434,8 +441,13 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 			}
 		}
 		args[2] = len(args) - 3
-		args = append(args, len(g.ops))
+		g.base = 0
 		for _, op := range g.ops {
+			g.base = deadlineBase(op.c.deadline, g.base)
+		}
+		args = append(args, len(g.ops), &g.base)
+		for _, op := range g.ops {
+			op.c.relative(g.base)
 			args = append(args, op.c.args...)
 		}
 		g.args = args

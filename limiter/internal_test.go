@@ -126,3 +126,93 @@ func TestCtrSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestCallDeadlinesAndTime: the checks of one call send their deadlines
+// relative to the call's base (one below the earliest), and the call's
+// reading of Redis TIME comes once, after the checks' replies: a check past
+// its deadline is late and the others of its call, whose deadlines are
+// later, none (0) or none but read TIME (-1), run, whether the call goes by
+// FCALL, by the kind's fast script or by the full script; each reply's now
+// is the check's own (clock app) or the call's TIME (0 sent). A check alone
+// (Do) sends its deadline as 1 over a base of its own.
+func TestCallDeadlinesAndTime(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+	redisNow := func() int64 {
+		tm, err := client.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMicro()
+	}
+	// op is check i of a call, on keys under ns: fixed_window's fast form,
+	// or (mixed, odd i) a log of two windows, which only decide takes.
+	op := func(ns string, i int, mixed bool, now int64) *Op {
+		o := &Op{Now: now, Cost: 1, Parts: []Part{{Key: ns + ":{t}:" + strconv.Itoa(i), Kind: KindFixed,
+			Windows: []Win{{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}}}}
+		if mixed && i%2 == 1 {
+			o.Parts[0].Kind = KindLog
+			o.Parts[0].Windows = append(o.Parts[0].Windows, Win{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 9})
+		}
+		return o
+	}
+	for name, opts := range map[string][]RedisOption{"fcall": nil, "evalsha": {WithScripts(ScriptsEval)}} {
+		s := NewRedisStore(client, opts...)
+		b := newBatcher(s, 1, 16)
+		w := b.newWorker()
+		for _, mixed := range []bool{false, true} {
+			rnow := redisNow()
+			ns := name + ":" + strconv.FormatBool(mixed)
+			deadlines := []int64{rnow + 60e6, 0, rnow - 1e6, -1, rnow + 30e6, rnow - 2e6, rnow + 45e6}
+			late := map[int]bool{2: true, 5: true}
+			var ops []*Op
+			var bops []*batchOp
+			for i, d := range deadlines {
+				now := rnow + int64(i)
+				if i%3 == 0 {
+					now = 0 // Redis's clock
+				}
+				ops = append(ops, op(ns, i, mixed, now))
+				bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+				bo.c.encode(ops[i], d, 0)
+				bops = append(bops, bo)
+			}
+			w.run(bops)
+			for i, bo := range bops {
+				<-bo.done
+				if bo.err != nil {
+					t.Fatalf("%s, check %d: %v", ns, i, bo.err)
+				}
+				if bo.time < rnow {
+					t.Errorf("%s, check %d: the call's time %d, want Redis TIME (from %d)", ns, i, bo.time, rnow)
+				}
+				r, err := s.reply(bo.vals, bo.time, ops[i], time.Now())
+				if late[i] {
+					if err != ErrLate {
+						t.Errorf("%s, check %d (deadline %d µs from TIME): %+v %v, want late", ns, i, deadlines[i]-rnow, r, err)
+					}
+					continue
+				}
+				want := ops[i].Now
+				if want == 0 {
+					want = bo.time
+				}
+				if err != nil || r.Status != StatusAllowed || r.Now != want || r.Usage[0].Count != 1 {
+					t.Errorf("%s, check %d (deadline %d): %+v %v, want admitted at %d", ns, i, deadlines[i], r, err, want)
+				}
+			}
+		}
+		o := op(name+":alone", 0, false, 0)
+		o.Deadline = time.Now().Add(time.Minute)
+		before := redisNow()
+		if r, err := s.Do(ctx, o); err != nil || r.Status != StatusAllowed || r.Now < before || r.Now > redisNow() {
+			t.Errorf("%s alone: %+v %v, want admitted at Redis's time", name, r, err)
+		}
+		b.close()
+		w.ctx.close()
+		s.Close()
+	}
+}

@@ -193,12 +193,14 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	var c check
 	c.encode(op, deadline, s.format)
 	cmd, name, loads := s.head(ctx, c.peek, c.log, c.fast)
-	args := make([]any, 0, 4+len(c.keys)+len(c.args))
+	args := make([]any, 0, 5+len(c.keys)+len(c.args))
 	args = append(args, cmd, name, len(c.keys))
 	for i := range c.keys {
 		args = append(args, &c.keys[i])
 	}
-	args = append(args, 1)
+	base := deadlineBase(c.deadline, 0)
+	c.relative(base)
+	args = append(args, 1, c.int(base))
 	args = append(args, c.args...)
 	out, err := s.call(ctx, args, loads)
 	var buf [16]int64
@@ -383,9 +385,12 @@ type check struct {
 	// limiter, mode and cost: no allocation).
 	sb    []byte
 	shape string
-	peek  bool // the Op only peeks: it writes nothing
-	log   bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
-	fast  Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
+	// deadline is the check's deadline on Redis's clock (0 none, -1 none
+	// but read TIME); args holds it relative to its call's base (relative).
+	deadline int64
+	peek     bool // the Op only peeks: it writes nothing
+	log      bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
+	fast     Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
 }
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
@@ -416,7 +421,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 	}
 	c.keys = resize(c.keys, nk)
 	c.args = resize(c.args, nargs)
-	c.ints = resize(c.ints, nargs)
+	c.ints = resize(c.ints, nargs+2) // and the deadline and a call's base (relative, Do)
 	c.strs = resize(c.strs, len(op.Parts)+3)
 	c.peek = op.Mode == ModePeek
 	c.log = op.Ban == nil
@@ -429,7 +434,10 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 
 	c.encodeShape(op, format)
 
-	c.args = append(c.args, c.str(c.shape), c.int(op.Now), c.int(deadline))
+	// The deadline goes relative to its call's base (relative): nil until
+	// the call is built.
+	c.deadline = deadline
+	c.args = append(c.args, c.str(c.shape), c.int(op.Now), nil)
 	if o := op.Override; o != nil {
 		c.args = append(c.args, c.str(o.Scope))
 	}
@@ -544,6 +552,32 @@ func boolValue(v bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// deadlineBase is the base of a call's deadlines given the deadline d of one
+// more of its checks and the base of those before it (0 for none, as for a
+// call none of whose checks has a deadline): one below the earliest
+// deadline, so that every deadline sent relative to it (deadline - base)
+// is at least 1 and the specials 0 (none) and -1 (none, but read TIME)
+// keep their meaning (decide.lua's header). The checks of one call ask
+// within a batch's wait of each other, so their deadlines differ by little:
+// a few digits for Redis to read where each sent its own 16 (which Lua's
+// strtod reads by its slow path).
+func deadlineBase(d, base int64) int64 {
+	if d > 0 && (base == 0 || d-1 < base) {
+		return d - 1
+	}
+	return base
+}
+
+// relative sets the check's deadline in args relative to its call's base
+// (deadlineBase).
+func (c *check) relative(base int64) {
+	d := c.deadline
+	if d > 0 {
+		d -= base
+	}
+	c.args[2] = c.int(d)
 }
 
 // int is v for args: itself below 256, else a pointer to its copy.

@@ -19,9 +19,10 @@
 -- per-call state (run below).
 --
 -- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... (or FCALL <function>
--- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the
--- number of checks, followed by n checks (each check's shape says how many
--- values and keys it has: V.na and V.nk below). The checks run in order, each
+-- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the number of checks, ARGV[2]
+-- = base, the base of the call's deadlines (below), followed by n checks
+-- (each check's shape says how many values and keys it has: V.na and V.nk
+-- below). The checks run in order, each
 -- all-or-nothing over its own keys (it reads everything before it writes),
 -- each with its own reply: with n > 1 an error in one check (a key of the
 -- wrong type) is that check's reply, and the others go on. The call's reply
@@ -78,8 +79,13 @@
 --        and its windows are the global ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
---        stalled network) is never charged; 0 for none, -1 for none but
---        read TIME (the caller learns Redis's clock from the reply).
+--        stalled network) is never charged; sent as deadline - base (at
+--        least 1: the caller makes base one below the call's earliest
+--        deadline, 0 when no check has one), so a check sends a few digits,
+--        not 16 (which Lua's strtod reads by its slow path); 0 for none, -1
+--        for none but read TIME (the caller learns Redis's clock from the
+--        reply). (Until 2026-12-06 a check sent its deadline whole and
+--        ARGV[2] was the first check's shape.)
 -- ban:   after n refusals by a window (weighted over a sliding span of
 --        within µs) the key is banned for `for` µs. A refusal by the
 --        concurrency bound alone does not count, nor one whose every
@@ -131,7 +137,8 @@
 -- check fills what it reads (as the checks of one batch always have), and
 -- run resets what a call shares (the clock read, the queued hash fields).
 
-local now_redis = false
+-- DBASE is the call's base of deadlines (ARGV[2]), set by run.
+local now_redis, DBASE = false, 0
 local function clock()
   if not now_redis then
     local t = redis.call("TIME")
@@ -212,7 +219,7 @@ local function fast_now(a)
   local deadline = ARGV[a + 2] + 0
   if deadline ~= 0 then
     local t = clock()
-    if deadline > 0 and t > deadline then
+    if deadline > 0 and t > deadline + DBASE then
       return false, {3}
     end
   end
@@ -495,7 +502,7 @@ local function decide(a, k, V, tried)
   end
   if deadline ~= 0 then
     local t = clock()
-    if deadline > 0 and t > deadline then
+    if deadline > 0 and t > deadline + DBASE then
       return {3}
     end
   end
@@ -757,8 +764,9 @@ local function run()
   end
   hn = 0
   local n = tonumber(ARGV[1])
+  DBASE = ARGV[2] + 0
   OUT, ON = KEEP, 0
-  local a, k = 2, 1
+  local a, k = 3, 1
   if n == 1 then
     local r = decide(a, k, SHAPE[ARGV[a]] or shape_of(ARGV[a]))
     if r ~= true then

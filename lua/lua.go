@@ -204,9 +204,12 @@ local function general()
   local function set_t(t)
     now_redis = t
   end
+  local function get_base()
+    return DBASE
+  end
 ` + body + `
   return function(a, k, s)
-    now_redis = get_t()
+    now_redis, DBASE = get_t(), get_base()
     if not INT then
       formats()
     end
@@ -244,17 +247,18 @@ local function fast_run()
     formats()
   end
   local n = ARGV[1] + 0
+  DBASE = ARGV[2] + 0
   OUT, ON = {}, 0
   if n == 1 then
-    local s = ARGV[2]
-    local r = fast_one(2, 1, SHAPE[s] or shape_of(s), s)
+    local s = ARGV[3]
+    local r = fast_one(3, 1, SHAPE[s] or shape_of(s), s)
     if r ~= true then
       OUT, ON = {#r, unpack(r)}, #r + 1 -- one table, flat (run's way)
     end
     OUT[ON + 1] = now_redis or 0 -- the call's reading of TIME, as run's
     return OUT
   end
-  local a, k = 2, 1
+  local a, k = 3, 1
   for _ = 1, n do
     local s = ARGV[a]
     local V = SHAPE[s] or shape_of(s)

@@ -191,7 +191,7 @@ local function tb_fast(a, k, V)
   local deadline = ARGV[a + 2] + 0
   if deadline ~= 0 then
     local t = now_redis or clock()
-    if deadline > 0 and t > deadline then
+    if deadline > 0 and t > deadline + DBASE then
       return {3}
     end
   end
