@@ -177,7 +177,7 @@ type worker struct {
 	ctx   *batchCtx
 	batch []*batchOp
 	args  []any    // the script call's arguments
-	base  int64    // its deadlines' base (deadlineBase)
+	base  [2]int64 // its bases of deadlines and nows (bases)
 	reply rawReply // its reply, off a cluster
 	// On a cluster: a script call per slot, in one pipeline.
 	groups []group
@@ -265,13 +265,14 @@ func (w *worker) runOne(ops []*batchOp) {
 		}
 	}
 	args[2] = len(args) - 3
-	w.base = 0
+	var b bases
 	for _, op := range ops {
-		w.base = deadlineBase(op.c.deadline, w.base)
+		b.add(&op.c)
 	}
-	args = append(args, len(ops), &w.base)
+	w.base = [2]int64{b.deadline, b.nowBase()}
+	args = append(args, len(ops), &w.base[0], &w.base[1])
 	for _, op := range ops {
-		op.c.relative(w.base)
+		op.c.relative(&b)
 		args = append(args, op.c.args...)
 	}
 	w.args = args
@@ -338,7 +339,7 @@ func (w *worker) call(args []any) error {
 type group struct {
 	ops  []*batchOp
 	args []any
-	base int64 // its deadlines' base (deadlineBase)
+	base [2]int64 // its bases of deadlines and nows (bases)
 	cmd  *redis.Cmd
 	err  error
 	send bool // exec sends it
@@ -441,13 +442,14 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 			}
 		}
 		args[2] = len(args) - 3
-		g.base = 0
+		var b bases
 		for _, op := range g.ops {
-			g.base = deadlineBase(op.c.deadline, g.base)
+			b.add(&op.c)
 		}
-		args = append(args, len(g.ops), &g.base)
+		g.base = [2]int64{b.deadline, b.nowBase()}
+		args = append(args, len(g.ops), &g.base[0], &g.base[1])
 		for _, op := range g.ops {
-			op.c.relative(g.base)
+			op.c.relative(&b)
 			args = append(args, op.c.args...)
 		}
 		g.args = args

@@ -498,7 +498,7 @@ func TestFastScripts(t *testing.T) {
 		c.Set(ctx, key+":bad", "x", 0)
 		c.HSet(ctx, key+":old", "60000000t", "1000018000000", "60000000i", "3000000", "60000000b", "10",
 			"60000000w", "16666", "60000000n", "3")
-		out, err := c.EvalSha(ctx, sha, []string{key, key + ":bad", key + ":old"}, 3, 0, // no deadline: its base 0
+		out, err := c.EvalSha(ctx, sha, []string{key, key + ":bad", key + ":old"}, 3, 0, 0, // no deadline, nows whole: bases 0
 			shape, "1000000000000", "0", shape, "1000000000000", "0", shape, "1000000000000", "0").Slice()
 		if err == nil && (len(out) == 0 || out[len(out)-1] != int64(0)) {
 			t.Fatalf("%v: a call of three checks on the caller's clock without deadlines: %v, want the call's time 0 last", kind, out)

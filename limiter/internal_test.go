@@ -128,13 +128,15 @@ func TestCtrSlot(t *testing.T) {
 }
 
 // TestCallDeadlinesAndTime: the checks of one call send their deadlines
-// relative to the call's base (one below the earliest), and the call's
-// reading of Redis TIME comes once, after the checks' replies: a check past
-// its deadline is late and the others of its call, whose deadlines are
-// later, none (0) or none but read TIME (-1), run, whether the call goes by
-// FCALL, by the kind's fast script or by the full script; each reply's now
-// is the check's own (clock app) or the call's TIME (0 sent). A check alone
-// (Do) sends its deadline as 1 over a base of its own.
+// and nows relative to the call's bases (one below the earliest), and the
+// call's reading of Redis TIME comes once, after the checks' replies: a
+// check past its deadline is late and the others of its call, whose
+// deadlines are later, none (0) or none but read TIME (-1), run, whether
+// the call goes by FCALL, by the kind's fast script or by the full script,
+// each at its own now (clock app: the reset of its fixed window, the score
+// of its log's entry) or at the call's TIME (0 sent); each reply's now is
+// that one. A call holding a log's check of the fast form in format 3 sends
+// its nows whole. A check alone (Do) sends its own bases.
 func TestCallDeadlinesAndTime(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -148,14 +150,18 @@ func TestCallDeadlinesAndTime(t *testing.T) {
 		}
 		return tm.UnixMicro()
 	}
-	// op is check i of a call, on keys under ns: fixed_window's fast form,
-	// or (mixed, odd i) a log of two windows, which only decide takes.
-	op := func(ns string, i int, mixed bool, now int64) *Op {
-		o := &Op{Now: now, Cost: 1, Parts: []Part{{Key: ns + ":{t}:" + strconv.Itoa(i), Kind: KindFixed,
-			Windows: []Win{{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}}}}}
-		if mixed && i%2 == 1 {
+	minute := Win{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}
+	// op is check i of a call of the given form, on keys under ns:
+	// fixed_window's fast form; in a mixed call, a log of two windows
+	// (decide's path) for odd i; in a log3 call, a log of one window (the
+	// fast form of format 3) for odd i.
+	op := func(ns, form string, i int, now int64) *Op {
+		o := &Op{Now: now, Cost: 1, Parts: []Part{{Key: ns + ":{t}:" + strconv.Itoa(i), Kind: KindFixed, Windows: []Win{minute}}}}
+		if i%2 == 1 && form != "fixed" {
 			o.Parts[0].Kind = KindLog
-			o.Parts[0].Windows = append(o.Parts[0].Windows, Win{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 9})
+			if form == "mixed" {
+				o.Parts[0].Windows = append(o.Parts[0].Windows, Win{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 9})
+			}
 		}
 		return o
 	}
@@ -163,24 +169,27 @@ func TestCallDeadlinesAndTime(t *testing.T) {
 		s := NewRedisStore(client, opts...)
 		b := newBatcher(s, 1, 16)
 		w := b.newWorker()
-		for _, mixed := range []bool{false, true} {
+		for _, form := range []string{"fixed", "mixed", "log3"} {
 			rnow := redisNow()
-			ns := name + ":" + strconv.FormatBool(mixed)
-			deadlines := []int64{rnow + 60e6, 0, rnow - 1e6, -1, rnow + 30e6, rnow - 2e6, rnow + 45e6}
+			ns := name + ":" + form
+			deadlines := []int64{rnow + 60e6, 0, rnow - 1e6, -1, rnow + 30e6, rnow - 2e6, rnow + 45e6, 0}
 			late := map[int]bool{2: true, 5: true}
 			var ops []*Op
 			var bops []*batchOp
 			for i, d := range deadlines {
-				now := rnow + int64(i)
+				now := rnow + 1000*int64(i) - 5000
 				if i%3 == 0 {
 					now = 0 // Redis's clock
 				}
-				ops = append(ops, op(ns, i, mixed, now))
+				ops = append(ops, op(ns, form, i, now))
 				bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
 				bo.c.encode(ops[i], d, 0)
 				bops = append(bops, bo)
 			}
 			w.run(bops)
+			if whole := w.base[1] == 0; whole != (form == "log3") {
+				t.Errorf("%s: the call's base of nows %d", ns, w.base[1])
+			}
 			for i, bo := range bops {
 				<-bo.done
 				if bo.err != nil {
@@ -196,20 +205,37 @@ func TestCallDeadlinesAndTime(t *testing.T) {
 					}
 					continue
 				}
-				want := ops[i].Now
-				if want == 0 {
-					want = bo.time
+				now := ops[i].Now
+				if now == 0 {
+					now = bo.time
 				}
-				if err != nil || r.Status != StatusAllowed || r.Now != want || r.Usage[0].Count != 1 {
-					t.Errorf("%s, check %d (deadline %d): %+v %v, want admitted at %d", ns, i, deadlines[i], r, err, want)
+				if err != nil || r.Status != StatusAllowed || r.Now != now || r.Usage[0].Count != 1 {
+					t.Fatalf("%s, check %d (deadline %d): %+v %v, want admitted at %d", ns, i, deadlines[i], r, err, now)
+				}
+				p := ops[i].Parts[0]
+				if p.Kind == KindFixed {
+					if want := minute.Len - now%minute.Len; r.Usage[0].Reset != want {
+						t.Errorf("%s, check %d: reset %d, want %d (the window's end from %d)", ns, i, r.Usage[0].Reset, want, now)
+					}
+					continue
+				}
+				// A log's entry (format 3) is scored -at, its time.
+				zs := client.ZRangeWithScores(ctx, p.Key, 0, -1).Val()
+				if len(zs) != 2 || int64(zs[0].Score) != -now {
+					t.Errorf("%s, check %d: the log holds %v, want an entry at %d", ns, i, zs, -now)
 				}
 			}
 		}
-		o := op(name+":alone", 0, false, 0)
+		o := op(name+":alone", "fixed", 0, 0)
 		o.Deadline = time.Now().Add(time.Minute)
 		before := redisNow()
 		if r, err := s.Do(ctx, o); err != nil || r.Status != StatusAllowed || r.Now < before || r.Now > redisNow() {
 			t.Errorf("%s alone: %+v %v, want admitted at Redis's time", name, r, err)
+		}
+		o = op(name+":alone", "fixed", 1, before-3e6)
+		o.Deadline = time.Now().Add(time.Minute)
+		if r, err := s.Do(ctx, o); err != nil || r.Status != StatusAllowed || r.Usage[0].Reset != minute.Len-o.Now%minute.Len {
+			t.Errorf("%s alone at %d: %+v %v, want admitted, reset from then", name, o.Now, r, err)
 		}
 		b.close()
 		w.ctx.close()

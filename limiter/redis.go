@@ -193,14 +193,15 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	var c check
 	c.encode(op, deadline, s.format)
 	cmd, name, loads := s.head(ctx, c.peek, c.log, c.fast)
-	args := make([]any, 0, 5+len(c.keys)+len(c.args))
+	args := make([]any, 0, 6+len(c.keys)+len(c.args))
 	args = append(args, cmd, name, len(c.keys))
 	for i := range c.keys {
 		args = append(args, &c.keys[i])
 	}
-	base := deadlineBase(c.deadline, 0)
-	c.relative(base)
-	args = append(args, 1, c.int(base))
+	var b bases
+	b.add(&c)
+	c.relative(&b)
+	args = append(args, 1, c.int(b.deadline), c.int(b.nowBase()))
 	args = append(args, c.args...)
 	out, err := s.call(ctx, args, loads)
 	var buf [16]int64
@@ -385,12 +386,14 @@ type check struct {
 	// limiter, mode and cost: no allocation).
 	sb    []byte
 	shape string
-	// deadline is the check's deadline on Redis's clock (0 none, -1 none
-	// but read TIME); args holds it relative to its call's base (relative).
-	deadline int64
-	peek     bool // the Op only peeks: it writes nothing
-	log      bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
-	fast     Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
+	// now and deadline are the check's (op.Now; the deadline on Redis's
+	// clock: 0 none, -1 none but read TIME); args holds them relative to
+	// their call's bases (relative). wholeNow: its now goes whole (bases).
+	now, deadline int64
+	wholeNow      bool
+	peek          bool // the Op only peeks: it writes nothing
+	log           bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
+	fast          Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
 }
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
@@ -421,7 +424,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 	}
 	c.keys = resize(c.keys, nk)
 	c.args = resize(c.args, nargs)
-	c.ints = resize(c.ints, nargs+2) // and the deadline and a call's base (relative, Do)
+	c.ints = resize(c.ints, nargs+3) // and a call's bases (Do)
 	c.strs = resize(c.strs, len(op.Parts)+3)
 	c.peek = op.Mode == ModePeek
 	c.log = op.Ban == nil
@@ -434,10 +437,11 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 
 	c.encodeShape(op, format)
 
-	// The deadline goes relative to its call's base (relative): nil until
-	// the call is built.
-	c.deadline = deadline
-	c.args = append(c.args, c.str(c.shape), c.int(op.Now), nil)
+	// Now and the deadline go relative to their call's bases (relative):
+	// nil until the call is built.
+	c.now, c.deadline = op.Now, deadline
+	c.wholeNow = c.fast == KindLog && format != LogFormat2
+	c.args = append(c.args, c.str(c.shape), nil, nil)
 	if o := op.Override; o != nil {
 		c.args = append(c.args, c.str(o.Scope))
 	}
@@ -554,30 +558,54 @@ func boolValue(v bool) int64 {
 	return 0
 }
 
-// deadlineBase is the base of a call's deadlines given the deadline d of one
-// more of its checks and the base of those before it (0 for none, as for a
-// call none of whose checks has a deadline): one below the earliest
-// deadline, so that every deadline sent relative to it (deadline - base)
-// is at least 1 and the specials 0 (none) and -1 (none, but read TIME)
-// keep their meaning (decide.lua's header). The checks of one call ask
-// within a batch's wait of each other, so their deadlines differ by little:
-// a few digits for Redis to read where each sent its own 16 (which Lua's
-// strtod reads by its slow path).
-func deadlineBase(d, base int64) int64 {
-	if d > 0 && (base == 0 || d-1 < base) {
-		return d - 1
-	}
-	return base
+// bases are a call's bases of deadlines and of nows (decide.lua's
+// header), taken over its checks (add): each one below the earliest, so
+// that every value sent relative to it (value - base) is at least 1 and
+// the specials keep their meaning: a deadline of 0 (none) or -1 (none, but
+// read TIME), a now of 0 (Redis's clock). The checks of one call ask within
+// a batch's wait of each other, so their deadlines, and their nows on the
+// caller's clock (clock app), differ by little: a few digits for Redis to
+// read where each sent its own 16 (which Lua's strtod reads by its slow
+// path, and each a string Redis's Lua makes anew). The nows go whole (base
+// 0) in a call holding a check of sliding_log's fast form in format 3,
+// whose score is the now's digits as sent (sliding_log.lua's log3_fast):
+// formatting them costs Redis more than reading them saves.
+type bases struct {
+	deadline, now       int64
+	hasDeadline, hasNow bool
+	whole               bool
 }
 
-// relative sets the check's deadline in args relative to its call's base
-// (deadlineBase).
-func (c *check) relative(base int64) {
-	d := c.deadline
-	if d > 0 {
-		d -= base
+// add takes in one more check of the call.
+func (b *bases) add(c *check) {
+	if d := c.deadline; d > 0 && (!b.hasDeadline || d-1 < b.deadline) {
+		b.deadline, b.hasDeadline = d-1, true
 	}
-	c.args[2] = c.int(d)
+	if n := c.now; n != 0 && (!b.hasNow || n-1 < b.now) {
+		b.now, b.hasNow = n-1, true
+	}
+	b.whole = b.whole || c.wholeNow
+}
+
+// nowBase is the call's base of nows.
+func (b *bases) nowBase() int64 {
+	if b.whole {
+		return 0
+	}
+	return b.now
+}
+
+// relative sets the check's now and deadline in args relative to its
+// call's bases.
+func (c *check) relative(b *bases) {
+	n, d := c.now, c.deadline
+	if n != 0 {
+		n -= b.nowBase()
+	}
+	if d > 0 {
+		d -= b.deadline
+	}
+	c.args[1], c.args[2] = c.int(n), c.int(d)
 }
 
 // int is v for args: itself below 256, else a pointer to its copy.

@@ -20,9 +20,9 @@
 --
 -- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... (or FCALL <function>
 -- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the number of checks, ARGV[2]
--- = base, the base of the call's deadlines (below), followed by n checks
--- (each check's shape says how many values and keys it has: V.na and V.nk
--- below). The checks run in order, each
+-- and ARGV[3] the bases of the call's deadlines and of its nows (below),
+-- followed by n checks (each check's shape says how many values and keys it
+-- has: V.na and V.nk below). The checks run in order, each
 -- all-or-nothing over its own keys (it reads everything before it writes),
 -- each with its own reply: with n > 1 an error in one check (a key of the
 -- wrong type) is that check's reply, and the others go on. The call's reply
@@ -32,15 +32,19 @@
 -- All keys of one call share a hash slot on a Redis Cluster: the caller
 -- groups checks by slot.
 --
--- Clock: a check's now is the caller's, in µs (clock app), or 0, which makes
--- the script read Redis TIME, once per call (clock redis: one clock for every
--- Caddy node): a check's now is therefore what its caller sent, or else the
--- call's TIME, which the reply carries once, so no check's reply repeats
--- either (the caller knows both; until 2026-12-06 each reply began with
--- them). Units: every time is in µs, every number a whole number below
--- 2^53 (the caller refuses larger ones), so Lua's doubles hold them exactly.
--- Numbers are written into keys and replies with %.0f, never tostring (which
--- would round them to 14 digits).
+-- Clock: a check's now is the caller's, in µs (clock app), sent as now -
+-- base (ARGV[3]: at least 1; the caller makes base one below the call's
+-- earliest now, or 0, which sends them whole, as it does for a call that
+-- holds a check of sliding_log's fast form in format 3, whose score is the
+-- now's digits as sent), or 0, which makes the script read Redis TIME, once
+-- per call (clock redis: one clock for every Caddy node). A check's now is
+-- therefore the caller's own, or else the call's TIME, which the reply
+-- carries once, so no check's reply repeats either (the caller knows both;
+-- until 2026-12-06 each reply began with them). Units: every time is in
+-- µs, every number a whole number below 2^53 (the caller refuses larger
+-- ones), so Lua's doubles hold them exactly. Numbers are written into keys
+-- and replies with %.0f, never tostring (which would round them to 14
+-- digits).
 --
 -- One check, in ARGV (from its first value) and KEYS (one per part, then the
 -- ban key, then the lease key, then the override key):
@@ -79,13 +83,15 @@
 --        and its windows are the global ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
---        stalled network) is never charged; sent as deadline - base (at
---        least 1: the caller makes base one below the call's earliest
---        deadline, 0 when no check has one), so a check sends a few digits,
---        not 16 (which Lua's strtod reads by its slow path); 0 for none, -1
---        for none but read TIME (the caller learns Redis's clock from the
---        reply). (Until 2026-12-06 a check sent its deadline whole and
---        ARGV[2] was the first check's shape.)
+--        stalled network) is never charged; sent as deadline - base
+--        (ARGV[2]: at least 1: the caller makes base one below the call's
+--        earliest deadline, 0 when no check has one), so a check sends a
+--        few digits, not 16 (which Lua's strtod reads by its slow path, a
+--        string Redis's Lua makes anew for each; a now on the caller's
+--        clock the same); 0 for none, -1 for none but read TIME (the caller
+--        learns Redis's clock from the reply). (Until 2026-12-06 a check
+--        sent its now and deadline whole and ARGV[2] was the first check's
+--        shape.)
 -- ban:   after n refusals by a window (weighted over a sliding span of
 --        within µs) the key is banned for `for` µs. A refusal by the
 --        concurrency bound alone does not count, nor one whose every
@@ -137,8 +143,9 @@
 -- check fills what it reads (as the checks of one batch always have), and
 -- run resets what a call shares (the clock read, the queued hash fields).
 
--- DBASE is the call's base of deadlines (ARGV[2]), set by run.
-local now_redis, DBASE = false, 0
+-- DBASE and NBASE are the call's bases of deadlines and of nows (ARGV[2],
+-- ARGV[3]), set by run.
+local now_redis, DBASE, NBASE = false, 0, 0
 local function clock()
   if not now_redis then
     local t = redis.call("TIME")
@@ -225,6 +232,8 @@ local function fast_now(a)
   end
   if now == 0 then
     now = clock()
+  else
+    now = now + NBASE
   end
   return now
 end
@@ -508,6 +517,8 @@ local function decide(a, k, V, tried)
   end
   if now == 0 then
     now = clock()
+  else
+    now = now + NBASE
   end
   local i = 7
   local nw = 0
@@ -764,9 +775,9 @@ local function run()
   end
   hn = 0
   local n = tonumber(ARGV[1])
-  DBASE = ARGV[2] + 0
+  DBASE, NBASE = ARGV[2] + 0, ARGV[3] + 0
   OUT, ON = KEEP, 0
-  local a, k = 3, 1
+  local a, k = 4, 1
   if n == 1 then
     local r = decide(a, k, SHAPE[ARGV[a]] or shape_of(ARGV[a]))
     if r ~= true then

@@ -205,11 +205,12 @@ local function general()
     now_redis = t
   end
   local function get_base()
-    return DBASE
+    return DBASE, NBASE
   end
 ` + body + `
   return function(a, k, s)
-    now_redis, DBASE = get_t(), get_base()
+    now_redis = get_t()
+    DBASE, NBASE = get_base()
     if not INT then
       formats()
     end
@@ -247,18 +248,18 @@ local function fast_run()
     formats()
   end
   local n = ARGV[1] + 0
-  DBASE = ARGV[2] + 0
+  DBASE, NBASE = ARGV[2] + 0, ARGV[3] + 0
   OUT, ON = {}, 0
   if n == 1 then
-    local s = ARGV[3]
-    local r = fast_one(3, 1, SHAPE[s] or shape_of(s), s)
+    local s = ARGV[4]
+    local r = fast_one(4, 1, SHAPE[s] or shape_of(s), s)
     if r ~= true then
       OUT, ON = {#r, unpack(r)}, #r + 1 -- one table, flat (run's way)
     end
     OUT[ON + 1] = now_redis or 0 -- the call's reading of TIME, as run's
     return OUT
   end
-  local a, k = 3, 1
+  local a, k = 4, 1
   for _ = 1, n do
     local s = ARGV[a]
     local V = SHAPE[s] or shape_of(s)

@@ -616,7 +616,12 @@ local function log3_fast(a, k, V)
     sbyte, schar = string.byte, string.char
   end
   local nm = rcall("ZRANGE", key, "0", "0")[1]
-  local nowarg = ARGV[a + 1]
+  -- nowarg: the check's now as sent, when sent whole (no base: NBASE 0;
+  -- the caller sends a call's nows so when it holds a check of this form).
+  local nowarg = "0"
+  if NBASE == 0 then
+    nowarg = ARGV[a + 1]
+  end
   if not nm or nm == "#3" then
     -- No entry: the check's cost alone.
     if cost > limit then

@@ -197,6 +197,8 @@ local function tb_fast(a, k, V)
   end
   if now == 0 then
     now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w = KEYS[k], V[2], V[11]
   -- What the shape alone says, worked out on its first check: field

@@ -147,18 +147,25 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, limit int64, e
 	baseKey := func() string { return "ratelimit:bench:base:{k" + strconv.Itoa(rng.IntN(keys)) + "}" }
 	ours := func(checks int) error {
 		for done := 0; done < checks; done += batch {
-			// The call's base of deadlines (decide.lua's header): one below
-			// the earliest, its first check's.
-			base := now + step + deadlineAfter - 1
-			ks, av := make([]any, 0, batch), []any{batch, strconv.FormatFloat(base, 'f', 0, 64)}
+			// The call's bases (decide.lua's header): one below the
+			// earliest deadline and now, its first check's; its nows go
+			// whole (base 0) for the log in format 3 (kind 11), whose fast
+			// path writes their digits.
+			base := math.Round(now+step+deadlineAfter) - 1
+			nbase := math.Round(now+step) - 1
+			if kind == 11 {
+				nbase = 0
+			}
+			ks, av := make([]any, 0, batch), []any{batch, strconv.FormatFloat(base, 'f', 0, 64), strconv.FormatFloat(nbase, 'f', 0, 64)}
 			for range batch {
 				now += step
 				ks = append(ks, key())
 				// One check as the store encodes it (see decide.lua's header):
 				// its deadline its time and an hour, a number of its own as
 				// each request's is (its time and timeout), never passed in
-				// a run under valgrind, sent relative to the call's base.
-				av = append(av, shape, strconv.FormatFloat(now, 'f', 0, 64), strconv.FormatFloat(math.Round(now+deadlineAfter)-math.Round(base), 'f', 0, 64))
+				// a run under valgrind; it and its now sent relative to the
+				// call's bases.
+				av = append(av, shape, strconv.FormatFloat(math.Round(now)-nbase, 'f', 0, 64), strconv.FormatFloat(math.Round(now+deadlineAfter)-base, 'f', 0, 64))
 			}
 			args := append(append(append(append([]any{}, call...), len(ks)), ks...), av...)
 			if err := c.Do(ctx, args...).Err(); err != nil {
