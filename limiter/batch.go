@@ -269,7 +269,7 @@ func (w *worker) runOne(ops []*batchOp) {
 	for _, op := range ops {
 		b.add(&op.c)
 	}
-	w.base = [2]int64{b.deadline, b.nowBase()}
+	w.base = [2]int64{b.deadlineBase(), b.nowBase()}
 	args = append(args, len(ops), &w.base[0], &w.base[1])
 	for _, op := range ops {
 		op.c.relative(&b)
@@ -446,7 +446,7 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 		for _, op := range g.ops {
 			b.add(&op.c)
 		}
-		g.base = [2]int64{b.deadline, b.nowBase()}
+		g.base = [2]int64{b.deadlineBase(), b.nowBase()}
 		args = append(args, len(g.ops), &g.base[0], &g.base[1])
 		for _, op := range g.ops {
 			op.c.relative(&b)

@@ -226,6 +226,28 @@ func TestCallDeadlinesAndTime(t *testing.T) {
 				}
 			}
 		}
+		// A call of no deadline reads no TIME; one that asks for it (-1)
+		// and has none does.
+		for _, asks := range []bool{false, true} {
+			rnow := redisNow()
+			var bops []*batchOp
+			for i := range 3 {
+				bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+				d := int64(0)
+				if asks && i == 1 {
+					d = -1
+				}
+				bo.c.encode(op(name+":none:"+strconv.FormatBool(asks), "fixed", i, rnow+int64(i)), d, 0)
+				bops = append(bops, bo)
+			}
+			w.run(bops)
+			for i, bo := range bops {
+				<-bo.done
+				if bo.err != nil || (bo.time >= rnow) != asks || (bo.time == 0) == asks {
+					t.Errorf("%s, a call asking for TIME %v, check %d: time %d %v", name, asks, i, bo.time, bo.err)
+				}
+			}
+		}
 		o := op(name+":alone", "fixed", 0, 0)
 		o.Deadline = time.Now().Add(time.Minute)
 		before := redisNow()

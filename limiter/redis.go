@@ -201,7 +201,7 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	var b bases
 	b.add(&c)
 	c.relative(&b)
-	args = append(args, 1, c.int(b.deadline), c.int(b.nowBase()))
+	args = append(args, 1, c.int(b.deadlineBase()), c.int(b.nowBase()))
 	args = append(args, c.args...)
 	out, err := s.call(ctx, args, loads)
 	var buf [16]int64
@@ -569,22 +569,37 @@ func boolValue(v bool) int64 {
 // path, and each a string Redis's Lua makes anew). The nows go whole (base
 // 0) in a call holding a check of sliding_log's fast form in format 3,
 // whose score is the now's digits as sent (sliding_log.lua's log3_fast):
-// formatting them costs Redis more than reading them saves.
+// formatting them costs Redis more than reading them saves. The base of
+// deadlines is 0 when no check has one, and -1 when none has one but one
+// asks for TIME (-1): the script reads TIME at the call's start when it is
+// not 0, and a check's deadline only when TIME is past the earliest (a
+// deadline is µs since 1970 on Redis's clock, so the base of one is never
+// 0 or below).
 type bases struct {
 	deadline, now       int64
 	hasDeadline, hasNow bool
-	whole               bool
+	whole, readTime     bool
 }
 
 // add takes in one more check of the call.
 func (b *bases) add(c *check) {
 	if d := c.deadline; d > 0 && (!b.hasDeadline || d-1 < b.deadline) {
 		b.deadline, b.hasDeadline = d-1, true
+	} else if d == -1 {
+		b.readTime = true
 	}
 	if n := c.now; n != 0 && (!b.hasNow || n-1 < b.now) {
 		b.now, b.hasNow = n-1, true
 	}
 	b.whole = b.whole || c.wholeNow
+}
+
+// deadlineBase is the call's base of deadlines.
+func (b *bases) deadlineBase() int64 {
+	if !b.hasDeadline && b.readTime {
+		return -1
+	}
+	return b.deadline
 }
 
 // nowBase is the call's base of nows.
@@ -603,7 +618,7 @@ func (c *check) relative(b *bases) {
 		n -= b.nowBase()
 	}
 	if d > 0 {
-		d -= b.deadline
+		d -= b.deadlineBase()
 	}
 	c.args[1], c.args[2] = c.int(n), c.int(d)
 }

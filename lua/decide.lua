@@ -89,9 +89,12 @@
 --        few digits, not 16 (which Lua's strtod reads by its slow path, a
 --        string Redis's Lua makes anew for each; a now on the caller's
 --        clock the same); 0 for none, -1 for none but read TIME (the caller
---        learns Redis's clock from the reply). (Until 2026-12-06 a check
---        sent its now and deadline whole and ARGV[2] was the first check's
---        shape.)
+--        learns Redis's clock from the reply; base is -1 when no check of
+--        the call has a deadline and one sends -1). A call whose base is not
+--        0 reads TIME at its start (bases below), and its checks read their
+--        deadlines only when TIME is past the earliest. (Until 2026-12-06 a
+--        check sent its now and deadline whole, each read them, and ARGV[2]
+--        was the first check's shape.)
 -- ban:   after n refusals by a window (weighted over a sliding span of
 --        within µs) the key is banned for `for` µs. A refusal by the
 --        concurrency bound alone does not count, nor one whose every
@@ -144,14 +147,26 @@
 -- run resets what a call shares (the clock read, the queued hash fields).
 
 -- DBASE and NBASE are the call's bases of deadlines and of nows (ARGV[2],
--- ARGV[3]), set by run.
-local now_redis, DBASE, NBASE = false, 0, 0
+-- ARGV[3]); LATE says whether a check of the call may be past its deadline.
+local now_redis, DBASE, NBASE, LATE = false, 0, 0, false
 local function clock()
   if not now_redis then
     local t = redis.call("TIME")
     now_redis = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return now_redis
+end
+
+-- bases reads the call's bases and, when a check has a deadline (DBASE > 0:
+-- one below the earliest) or asks for TIME (DBASE -1), reads TIME, which
+-- every such check would: only when TIME is past the earliest deadline
+-- (LATE) may a check be late, and only then does each check read its own
+-- deadline (a number fewer for Lua's strtod a check).
+local function bases()
+  DBASE, NBASE, LATE = ARGV[2] + 0, ARGV[3] + 0, false
+  if DBASE ~= 0 then
+    LATE = clock() > DBASE + 1 and DBASE > 0
+  end
 end
 
 -- num is x as redis.call's argument: an integer below 2^53 as its decimal
@@ -220,22 +235,20 @@ local OUT, ON = false, 0
 local KEEP = {}
 
 -- fast_now reads a fast path's now and deadline as decide does: it returns
--- now, or false and the late reply.
+-- now, or false and the late reply. (A now of "0" is Redis's clock: a
+-- string compared, no number read.)
 local function fast_now(a)
-  local now = ARGV[a + 1] + 0
-  local deadline = ARGV[a + 2] + 0
-  if deadline ~= 0 then
-    local t = clock()
-    if deadline > 0 and t > deadline + DBASE then
+  if LATE then
+    local deadline = ARGV[a + 2] + 0
+    if deadline > 0 and now_redis > deadline + DBASE then
       return false, {3}
     end
   end
-  if now == 0 then
-    now = clock()
-  else
-    now = now + NBASE
+  local now = ARGV[a + 1]
+  if now == "0" then
+    return now_redis or clock()
   end
-  return now
+  return now + NBASE
 end
 -- fast_reply appends a fast path's short reply to the call's, flat (see
 -- OUT): its number of values, then status, count, retry and reset; it
@@ -500,8 +513,7 @@ local function decide(a, k, V, tried)
   end
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
-  local now = ARGV[a + 1] + 0
-  local deadline = ARGV[a + 2] + 0
+  local now = ARGV[a + 1]
   local mode, cost, nparts = V[1], V[2], V[3]
   local hasban, haslease, hasov = V[4] == 1, V[5] == 1, V[6] == 1
   local x = a + 3 -- the next changing value in ARGV
@@ -509,13 +521,13 @@ local function decide(a, k, V, tried)
   if hasov then
     scope, x = ARGV[x], x + 1
   end
-  if deadline ~= 0 then
-    local t = clock()
-    if deadline > 0 and t > deadline + DBASE then
+  if LATE then
+    local deadline = ARGV[a + 2] + 0
+    if deadline > 0 and now_redis > deadline + DBASE then
       return {3}
     end
   end
-  if now == 0 then
+  if now == "0" then
     now = clock()
   else
     now = now + NBASE
@@ -775,7 +787,7 @@ local function run()
   end
   hn = 0
   local n = tonumber(ARGV[1])
-  DBASE, NBASE = ARGV[2] + 0, ARGV[3] + 0
+  bases()
   OUT, ON = KEEP, 0
   local a, k = 4, 1
   if n == 1 then

@@ -205,12 +205,12 @@ local function general()
     now_redis = t
   end
   local function get_base()
-    return DBASE, NBASE
+    return DBASE, NBASE, LATE
   end
 ` + body + `
   return function(a, k, s)
     now_redis = get_t()
-    DBASE, NBASE = get_base()
+    DBASE, NBASE, LATE = get_base()
     if not INT then
       formats()
     end
@@ -248,7 +248,7 @@ local function fast_run()
     formats()
   end
   local n = ARGV[1] + 0
-  DBASE, NBASE = ARGV[2] + 0, ARGV[3] + 0
+  bases()
   OUT, ON = {}, 0
   if n == 1 then
     local s = ARGV[4]

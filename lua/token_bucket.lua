@@ -187,15 +187,14 @@ end
 -- the clock of the node that wrote it, as before).
 local function tb_fast(a, k, V)
   -- fast_now, in line (a call fewer): now and the deadline as decide reads them.
-  local now = ARGV[a + 1] + 0
-  local deadline = ARGV[a + 2] + 0
-  if deadline ~= 0 then
-    local t = now_redis or clock()
-    if deadline > 0 and t > deadline + DBASE then
+  if LATE then
+    local deadline = ARGV[a + 2] + 0
+    if deadline > 0 and now_redis > deadline + DBASE then
       return {3}
     end
   end
-  if now == 0 then
+  local now = ARGV[a + 1]
+  if now == "0" then
     now = now_redis or clock()
   else
     now = now + NBASE
