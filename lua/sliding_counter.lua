@@ -1861,7 +1861,10 @@ local function ctr4_fast(a, k, V)
       reset = c4_at(field, kk, wd, kk, n - 1, after, c0, F0, L0, st, bw, b) + w - now
     end
   end
-  if o == 0 then
+  if o == 0 and OUT ~= KEEP then
+    -- The call's first reply in a table of its own (EVALSHA's fast
+    -- script): made to size. run's KEEP is sized already (replacing it
+    -- grew a new table at every power of two, as tb_fast's comment says).
     OUT = {4, 1, count + cost, 0, reset}
   else
     OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5] = 4, 1, count + cost, 0, reset
