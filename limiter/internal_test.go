@@ -2,14 +2,17 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
 // TestBatchKeepsEachChecksDeadline: a batch holds a check with a short
@@ -262,5 +265,71 @@ func TestCallDeadlinesAndTime(t *testing.T) {
 		b.close()
 		w.ctx.close()
 		s.Close()
+	}
+}
+
+// TestCallErrorsAreTheirChecks: in a call of several checks, a check that
+// fails (a key of the wrong type) answers its error alone, wherever it
+// stands, and the checks after it run on their own values and keys, whether
+// the call goes by FCALL, by the kind's fast script or by the full one; a
+// shape Redis cannot read fails the whole call.
+func TestCallErrorsAreTheirChecks(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+	minute := Win{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 20}
+	for name, opts := range map[string][]RedisOption{"fcall": nil, "evalsha": {WithScripts(ScriptsEval)}} {
+		s := NewRedisStore(client, opts...)
+		b := newBatcher(s, 1, 16)
+		w := b.newWorker()
+		for _, mixed := range []bool{false, true} {
+			ns := name + ":" + strconv.FormatBool(mixed) + ":{t}:"
+			bad := map[int]bool{0: true, 2: true, 5: true}
+			for i := range bad {
+				client.Set(ctx, ns+strconv.Itoa(i), "x", 0)
+			}
+			for round := range 2 {
+				var ops []*Op
+				var bops []*batchOp
+				for i := range 6 {
+					o := &Op{Now: time.Now().UnixMicro(), Cost: int64(i + 1), Parts: []Part{{Key: ns + strconv.Itoa(i), Kind: KindFixed, Windows: []Win{minute}}}}
+					if mixed && i%2 == 1 {
+						o.Parts[0].Kind = KindLog
+						o.Parts[0].Windows = append(o.Parts[0].Windows, Win{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 40})
+						o.Ban = &BanOp{Key: ns + strconv.Itoa(i) + ":ban", After: 3, Within: 10e6, For: 60e6}
+					}
+					ops = append(ops, o)
+					bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+					bo.c.encode(o, 0, 0)
+					bops = append(bops, bo)
+				}
+				w.run(bops)
+				for i, bo := range bops {
+					<-bo.done
+					r, err := bo.err, error(nil)
+					if r == nil {
+						var rep Reply
+						rep, err = s.reply(bo.vals, bo.time, ops[i], time.Now())
+						if err == nil && (rep.Status != StatusAllowed || rep.Usage[0].Count != int64((round+1)*(i+1))) {
+							err = fmt.Errorf("%+v", rep)
+						}
+					}
+					if bad[i] != (r != nil) || bad[i] && !strings.Contains(r.Error(), "WRONGTYPE") || err != nil {
+						t.Errorf("%s, round %d, check %d: %v %v, want %s", ns, round, i, r, err,
+							map[bool]string{true: "WRONGTYPE", false: "admitted with count (round+1)*cost"}[bad[i]])
+					}
+				}
+			}
+		}
+		b.close()
+		w.ctx.close()
+		s.Close()
+	}
+	shape := `[0,1,1,0,0,0,3,1,0,"60000000",60000000,5,0]`
+	err := client.Do(ctx, "FCALL", lua.DecideFunction, 2, "e:{t}:1", "e:{t}:2", 2, 0, 0, shape, 1e15, 0, "[0,1", 1e15, 0).Err()
+	if err == nil || !strings.Contains(err.Error(), "Expected comma or array end") {
+		t.Errorf("a call with a shape Redis cannot read: %v, want its decoding error", err)
 	}
 }

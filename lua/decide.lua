@@ -778,6 +778,33 @@ local function decide(a, k, V, tried)
   return reply
 end
 
+-- checks decides the checks of a call of several from the RI-th (of n),
+-- whose values start at ARGV[RA] and keys at KEYS[RK], appending their
+-- replies to OUT. Before a check runs, RA, RK and RI say the next one's and
+-- RV that its shape was read.
+local RA, RK, RI, RV = 0, 0, 0, false
+local function checks(n)
+  local a, k = RA, RK
+  for i = RI, n do
+    hn = 0
+    RV = false
+    local V = SHAPE[ARGV[a]] or shape_of(ARGV[a])
+    RA, RK, RI, RV = a + V.na, k + V.nk, i + 1, true
+    local f, r = V.fast, nil
+    if f then
+      r = f(a, k, V)
+    end
+    if not r then
+      r = decide(a, k, V, true)
+    end
+    if r ~= true then
+      ON = ON + 1
+      OUT[ON] = r
+    end
+    a, k = RA, RK
+  end
+end
+
 -- run decides the call's checks, in order, and returns their replies. A
 -- check that failed leaves nothing queued for the next one.
 local function run()
@@ -797,27 +824,24 @@ local function run()
       OUT, ON = {#r, unpack(r)}, #r + 1
     end
   else
-    for _ = 1, n do
-      hn = 0
-      local V = SHAPE[ARGV[a]] or shape_of(ARGV[a])
-      local f, ok, r = V.fast, true, nil
-      if f then
-        ok, r = pcall(f, a, k, V)
+    -- One pcall for the checks, not one each: an error ends checks with
+    -- RI past the check that raised it, which the error answers, and the
+    -- next pcall goes on from there; an error reading a shape (RV false)
+    -- fails the call, as it did outside the checks' pcalls.
+    RA, RK, RI = a, k, 1
+    while true do
+      local ok, r = pcall(checks, n)
+      if ok then
+        break
       end
-      if ok and not r then
-        ok, r = pcall(decide, a, k, V, true)
+      if not RV then
+        error(r, 0)
       end
-      if not ok then
-        if type(r) ~= "table" or not r.err then
-          r = {err = tostring(r)}
-        end
-        ON = ON + 1
-        OUT[ON] = r
-      elseif r ~= true then
-        ON = ON + 1
-        OUT[ON] = r
+      if type(r) ~= "table" or not r.err then
+        r = {err = tostring(r)}
       end
-      a, k = a + V.na, k + V.nk
+      ON = ON + 1
+      OUT[ON] = r
     end
   end
   -- The call's reading of Redis TIME (0: none), after the checks' replies.
