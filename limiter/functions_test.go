@@ -505,14 +505,16 @@ func TestFastScripts(t *testing.T) {
 		}
 		if err == nil {
 			// Every fast path appends its reply flat (decide.lua's OUT and
-			// fast_reply): 4, then its values; decide's is an array. The
-			// call's reading of TIME (0: none) ends the reply.
+			// fast_reply): 8 × 4 + status, then its other values; decide's
+			// is an array. The call's reading of TIME (0: none) ends the
+			// reply.
 			out = out[:len(out)-1]
 			var checks []any
 			for i := 0; i < len(out); i++ {
-				if n, ok := out[i].(int64); ok && i+int(n) < len(out) {
-					checks = append(checks, out[i+1:i+1+int(n)])
-					i += int(n)
+				if x, ok := out[i].(int64); ok && i+int(x/8) <= len(out) {
+					n := int(x / 8)
+					checks = append(checks, append([]any{x % 8}, out[i+1:i+n]...))
+					i += n - 1
 					continue
 				}
 				checks = append(checks, out[i])

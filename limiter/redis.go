@@ -251,8 +251,8 @@ func callTime(l []any, next, n int) (int64, error) {
 
 // valuesOf appends the values of the check whose reply starts at l[i] in a
 // call's reply, as go-redis parsed it (an array of its values; or, the flat
-// form a fast path writes, decide.lua's OUT, its number of values and then
-// its values; or its error), to vals: an error reply is the check's error,
+// form a fast path writes, decide.lua's OUT, its values, the first 8 ×
+// their number + the status: flatHead; or its error), to vals: an error reply is the check's error,
 // and next is where the next check's starts; any other value is a
 // malformed reply for that check alone. bad is for a reply that cannot be
 // read on from there (a count past its end): the whole call's error.
@@ -273,14 +273,16 @@ func valuesOf(l []any, i int, vals []int64) (_ []int64, err error, next int, bad
 		}
 		return vals, nil, i + 1, nil
 	case int64:
-		if x < 0 || x > int64(len(l)-i-1) {
-			return nil, nil, i, fmt.Errorf("%w: a count of %d values at %d of %d", ErrBadReply, x, i, len(l))
+		n, status, err := flatHead(x)
+		if err != nil || n > int64(len(l)-i) {
+			return nil, nil, i, fmt.Errorf("%w: a flat reply's first value %d (8 × its values + its status) at %d of %d", ErrBadReply, x, i, len(l))
 		}
-		end := i + 1 + int(x)
+		vals = append(vals, status)
+		end := i + int(n)
 		for j, y := range l[i+1 : end] {
 			n, ok := y.(int64)
 			if !ok {
-				return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, j, y), end, nil
+				return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, j+1, y), end, nil
 			}
 			vals = append(vals, n)
 		}

@@ -13,7 +13,7 @@ import (
 )
 
 // TestReadReplies: a batch's raw reply gives each check its own values
-// (an array, or flat from a fast path: a count, then that many values) or
+// (an array, or flat from a fast path: 8 × n + status, then n - 1 values) or
 // its own error, in order, and every check the call's reading of Redis TIME
 // (its last element); a check whose reply is neither form of integers is
 // malformed alone, and the checks after it still get theirs. A reply that
@@ -51,18 +51,19 @@ func TestReadReplies(t *testing.T) {
 			reply: "*5\r\n!9\r\nERR x\r\nyz\r\n%1\r\n+k\r\n:1\r\n*2\r\n|1\r\n+a\r\n:1\r\n:7\r\n:8\r\n=7\r\ntxt:abc\r\n:0\r\n",
 			checks: []want{{err: "ERR x\r\nyz"}, {err: "a map", bad: true}, {err: "value 0 is a value of type '|'", bad: true},
 				{err: "a string", bad: true}}},
-		{name: "flat replies (a fast path's) beside arrays",
-			reply:  "*11\r\n:3\r\n:1\r\n:2\r\n:3\r\n*2\r\n:4\r\n:5\r\n-ERR x\r\n:0\r\n:2\r\n:6\r\n:7\r\n:5\r\n",
-			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{4, 5}}, {err: "ERR x"}, {vals: []int64{}}, {vals: []int64{6, 7}}}, time: 5},
+		{name: "flat replies (a fast path's: 8 × n + status, then n - 1 values) beside arrays",
+			reply:  "*9\r\n:25\r\n:2\r\n:3\r\n*2\r\n:4\r\n:5\r\n-ERR x\r\n:8\r\n:22\r\n:7\r\n:5\r\n",
+			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{4, 5}}, {err: "ERR x"}, {vals: []int64{0}}, {vals: []int64{6, 7}}}, time: 5},
 		{name: "short flat replies (status, count, retry, reset), then the time",
-			reply:  "*11\r\n:4\r\n:1\r\n:3\r\n:0\r\n:60000000\r\n:4\r\n:0\r\n:10\r\n:59000000\r\n:1000000\r\n:1796000000000001\r\n",
+			reply:  "*9\r\n:33\r\n:3\r\n:0\r\n:60000000\r\n:32\r\n:10\r\n:59000000\r\n:1000000\r\n:1796000000000001\r\n",
 			checks: []want{{vals: []int64{1, 3, 0, 60000000}}, {vals: []int64{0, 10, 59000000, 1000000}}}, time: 1796000000000001},
 		{name: "a flat value that is not an integer",
-			reply:  "*6\r\n:2\r\n:1\r\n$3\r\nabc\r\n:1\r\n:5\r\n:0\r\n",
+			reply:  "*4\r\n:17\r\n$3\r\nabc\r\n:13\r\n:0\r\n",
 			checks: []want{{err: "value 1 is a string", bad: true}, {vals: []int64{5}}}},
-		{name: "a flat count past the end", reply: "*3\r\n:2\r\n:1\r\n:0\r\n", checks: make([]want, 1), callErr: "a count of 2 values where 1 are left"},
-		{name: "a flat count over the time", reply: "*3\r\n:2\r\n:1\r\n:7\r\n", checks: make([]want, 1), callErr: "a count of 2 values where 1 are left"},
-		{name: "a negative flat count", reply: "*3\r\n:-1\r\n:1\r\n:0\r\n", checks: make([]want, 1), callErr: "a count of -1 values"},
+		{name: "a flat reply past the end", reply: "*3\r\n:24\r\n:1\r\n:0\r\n", checks: make([]want, 1), callErr: "first value 24 (8 × its values + its status) where 2 values are left"},
+		{name: "a flat reply over the time", reply: "*3\r\n:25\r\n:1\r\n:7\r\n", checks: make([]want, 1), callErr: "first value 25 (8 × its values + its status) where 2 values are left"},
+		{name: "a flat reply of no values", reply: "*2\r\n:4\r\n:0\r\n", checks: make([]want, 1), callErr: "first value 4 "},
+		{name: "a negative flat first value", reply: "*3\r\n:-1\r\n:1\r\n:0\r\n", checks: make([]want, 1), callErr: "first value -1 "},
 		{name: "too many values", reply: "*3\r\n*1\r\n:1\r\n:5\r\n:0\r\n", checks: make([]want, 1), callErr: "1 values left after 1 checks"},
 		{name: "no time", reply: "*1\r\n*1\r\n:1\r\n", checks: make([]want, 1), callErr: "1 values for 1 checks and the time, none for check 0"},
 		{name: "a time that is not an integer", reply: "*2\r\n*1\r\n:1\r\n$1\r\n0\r\n", checks: make([]want, 1), callErr: "the call's time"},
@@ -155,8 +156,9 @@ func FuzzReadReplies(f *testing.F) {
 		// The form since 2026-12-06: the call's TIME last, short replies
 		// of status, count, retry, reset.
 		"*3\r\n*3\r\n:1\r\n:2\r\n:3\r\n-ERR x\r\n:1796000000000000\r\n",
-		"*11\r\n:4\r\n:1\r\n:3\r\n:0\r\n:60000000\r\n:4\r\n:0\r\n:10\r\n:5\r\n:1\r\n:0\r\n",
-		"*7\r\n:4\r\n:1\r\n:3\r\n:0\r\n:6\r\n*1\r\n:3\r\n:-1\r\n",
+		"*9\r\n:33\r\n:3\r\n:0\r\n:60000000\r\n:32\r\n:10\r\n:5\r\n:1\r\n:0\r\n",
+		"*6\r\n:33\r\n:3\r\n:0\r\n:6\r\n*1\r\n:3\r\n:-1\r\n",
+		"*2\r\n:8\r\n:1\r\n",
 		"*2\r\n:4\r\n:1\r\n",
 	} {
 		f.Add([]byte(s), 2)
@@ -240,12 +242,12 @@ func TestRespInt(t *testing.T) {
 
 // BenchmarkReadReplies reads a batch's raw reply of 16 admitted
 // sliding_log checks (the short form, flat as the fast path appends it:
-// 4, status, a window's count, retry and reset), then the call's time.
+// 8 × 4 + status, a window's count, retry and reset), then the call's time.
 func BenchmarkReadReplies(b *testing.B) {
 	var buf []byte
-	buf = append(buf, "*81\r\n"...)
+	buf = append(buf, "*65\r\n"...)
 	for i := range 16 {
-		buf = append(buf, ":4\r\n:1\r\n"...)
+		buf = append(buf, ":33\r\n"...)
 		buf = append(buf, ":"+strconv.Itoa(i+1)+"\r\n:0\r\n:59999123\r\n"...)
 	}
 	buf = append(buf, ":1764700000123456\r\n"...)

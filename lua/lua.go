@@ -254,7 +254,7 @@ local function fast_run()
     local s = ARGV[4]
     local r = fast_one(4, 1, SHAPE[s] or shape_of(s), s)
     if r ~= true then
-      OUT, ON = {#r, unpack(r)}, #r + 1 -- one table, flat (run's way)
+      OUT, ON = {8 * #r + r[1], unpack(r, 2)}, #r -- one table, flat (run's way)
     end
     OUT[ON + 1] = now_redis or 0 -- the call's reading of TIME, as run's
     return OUT

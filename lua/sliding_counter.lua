@@ -1743,8 +1743,8 @@ local function ctr4_fast(a, k, V)
         reset = c4_at(v, sk or kk - CTR3_R, wd, kk, count - 1, after, c0, F0, L0, st, bw, b) + w - now
       end
     end
-    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5] = 4, 0, count, retry, reset
-    ON = o + 5
+    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4] = 32, count, retry, reset -- 8 × 4 + status 0
+    ON = o + 4
     return true
   end
   if cost > 0 then
@@ -1865,11 +1865,11 @@ local function ctr4_fast(a, k, V)
     -- The call's first reply in a table of its own (EVALSHA's fast
     -- script): made to size. run's KEEP is sized already (replacing it
     -- grew a new table at every power of two, as tb_fast's comment says).
-    OUT = {4, 1, count + cost, 0, reset}
+    OUT = {33, count + cost, 0, reset} -- 8 × 4 + status 1
   else
-    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5] = 4, 1, count + cost, 0, reset
+    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4] = 33, count + cost, 0, reset
   end
-  ON = o + 5
+  ON = o + 4
   return true
 end
 FAST[2] = ctr4_fast

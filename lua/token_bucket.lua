@@ -254,12 +254,11 @@ local function tb_fast(a, k, V)
     local retry = tb_retry(d, cost, burst, interval, w)
     if retry > 0 then
       local o = ON
-      OUT[o + 1] = 4
-      OUT[o + 2] = 0
-      OUT[o + 3] = tb_in_use(d, burst, interval)
-      OUT[o + 4] = retry
-      OUT[o + 5] = d
-      ON = o + 5
+      OUT[o + 1] = 32 -- 8 × 4 values + status 0
+      OUT[o + 2] = tb_in_use(d, burst, interval)
+      OUT[o + 3] = retry
+      OUT[o + 4] = d
+      ON = o + 4
       return true
     end
     d = d + interval * cost
@@ -281,15 +280,14 @@ local function tb_fast(a, k, V)
   if o == 0 and OUT ~= KEEP then
     -- The call's first reply in a table of its own (EVALSHA's fast
     -- script): made to size (no growing). run's KEEP is sized already.
-    OUT = {4, 1, count, 0, d}
+    OUT = {33, count, 0, d} -- 8 × 4 values + status 1
   else
-    OUT[o + 1] = 4
-    OUT[o + 2] = 1
-    OUT[o + 3] = count
-    OUT[o + 4] = 0
-    OUT[o + 5] = d
+    OUT[o + 1] = 33
+    OUT[o + 2] = count
+    OUT[o + 3] = 0
+    OUT[o + 4] = d
   end
-  ON = o + 5
+  ON = o + 4
   return true
 end
 FAST[4] = tb_fast
