@@ -790,10 +790,14 @@ end
 local RA, RK, RI, RV = 0, 0, 0, false
 local function checks(n)
   local a, k = RA, RK
+  local ls, V = false, false
   for i = RI, n do
     hn = 0
     RV = false
-    local V = SHAPE[ARGV[a]] or shape_of(ARGV[a])
+    local s = ARGV[a]
+    if s ~= ls then
+      V, ls = SHAPE[s] or shape_of(s), s
+    end
     RA, RK, RI, RV = a + V.na, k + V.nk, i + 1, true
     local f, r = V.fast, nil
     if f then
