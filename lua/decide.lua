@@ -239,21 +239,27 @@ local FAST = {}
 local OUT, ON = false, 0
 local KEEP = {}
 
--- fast_now reads a fast path's now and deadline as decide does: it returns
--- now, or false and the late reply. (A now of "0" is Redis's clock: a
--- string compared, no number read.)
-local function fast_now(a)
-  if LATE then
-    local deadline = ARGV[a + 2] + 0
-    if deadline > 0 and now_redis > deadline + DBASE then
-      return false, {3}
-    end
+-- fast_late is the late reply of the check whose values start at ARGV[a]
+-- when it is past its deadline, else nil; a fast path asks only when LATE.
+-- Each reads its now in line, as decide does (a call fewer), a now of "0"
+-- being Redis's clock (a string compared, no number read):
+--   if LATE then
+--     local late = fast_late(a)
+--     if late then
+--       return late
+--     end
+--   end
+--   local now = ARGV[a + 1]
+--   if now == "0" then
+--     now = now_redis or clock()
+--   else
+--     now = now + NBASE
+--   end
+local function fast_late(a)
+  local deadline = ARGV[a + 2] + 0
+  if deadline > 0 and now_redis > deadline + DBASE then
+    return {3}
   end
-  local now = ARGV[a + 1]
-  if now == "0" then
-    return now_redis or clock()
-  end
-  return now + NBASE
 end
 -- fast_reply appends a fast path's short reply to the call's, flat (see
 -- OUT): 8 × 4 + status, then count, retry and reset; it

@@ -165,9 +165,17 @@ end
 -- window has none (a reload replaced the window) goes to decide, which
 -- carries their count over.
 local function fix_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   local fw, fn = V.fw, V.fn

@@ -167,7 +167,7 @@ var Files = map[string]string{
 }
 
 // fastMarker is the line of decide.lua above which lies all that the fast
-// paths (FAST) need of it: the clock, the formats, num, fast_now and the
+// paths (FAST) need of it: the clock, the formats, num, fast_late and the
 // shapes.
 const fastMarker = "-- @fast"
 

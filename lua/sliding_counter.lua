@@ -1642,9 +1642,17 @@ end
 -- appends its reply flat (decide.lua's OUT). Any other window goes by
 -- ctr4_lazy.
 local function ctr4_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local fw = V.fw
   if not fw then

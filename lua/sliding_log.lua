@@ -516,9 +516,17 @@ end
 -- whose oldest entry is older than it (it cannot be after the prune), goes
 -- to decide, whose prune is this one again.
 local function log_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   rcall("ZREMRANGEBYSCORE", key, "0", sfmt(INT, now - w))
@@ -604,9 +612,17 @@ FAST[1] = log_fast
 -- shape V; a score at now is the argument's digits after "-".
 local sbyte, schar = false, false
 local function log3_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   local span, ttl = V.span3, V.ttl3

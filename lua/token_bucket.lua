@@ -186,11 +186,11 @@ end
 -- every write). A key's expiry is therefore always past its tat + 1 s (in
 -- the clock of the node that wrote it, as before).
 local function tb_fast(a, k, V)
-  -- fast_now, in line (a call fewer): now and the deadline as decide reads them.
+  -- now and the deadline as decide reads them (decide.lua's fast_late).
   if LATE then
-    local deadline = ARGV[a + 2] + 0
-    if deadline > 0 and now_redis > deadline + DBASE then
-      return {3}
+    local late = fast_late(a)
+    if late then
+      return late
     end
   end
   local now = ARGV[a + 1]
