@@ -43,6 +43,7 @@ type batchOp struct {
 	c     check
 	slot  int
 	vals  []int64 // the check's reply values, when err is nil
+	time  int64   // the call's reading of Redis TIME (µs), 0 for none
 	err   error
 	done  chan struct{}
 	timer *time.Timer // fires at until; kept with the batchOp
@@ -117,7 +118,7 @@ func (b *batcher) do(ctx context.Context, op *Op, deadline int64, sent time.Time
 		if bo.err != nil {
 			return Reply{}, bo.err
 		}
-		return b.store.reply(bo.vals, op, sent)
+		return b.store.reply(bo.vals, bo.time, op, sent)
 	case <-ctx.Done():
 		// The worker still owns bo and will answer into its buffered
 		// channel; bo is not reused.
@@ -176,6 +177,7 @@ type worker struct {
 	ctx   *batchCtx
 	batch []*batchOp
 	args  []any    // the script call's arguments
+	base  [2]int64 // its bases of deadlines and nows (bases)
 	reply rawReply // its reply, off a cluster
 	// On a cluster: a script call per slot, in one pipeline.
 	groups []group
@@ -263,8 +265,14 @@ func (w *worker) runOne(ops []*batchOp) {
 		}
 	}
 	args[2] = len(args) - 3
-	args = append(args, len(ops))
+	var b bases
 	for _, op := range ops {
+		b.add(&op.c)
+	}
+	w.base = [2]int64{b.deadlineBase(), b.nowBase()}
+	args = append(args, len(ops), &w.base[0], &w.base[1])
+	for _, op := range ops {
+		op.c.relative(&b)
 		args = append(args, op.c.args...)
 	}
 	w.args = args
@@ -331,6 +339,7 @@ func (w *worker) call(args []any) error {
 type group struct {
 	ops  []*batchOp
 	args []any
+	base [2]int64 // its bases of deadlines and nows (bases)
 	cmd  *redis.Cmd
 	err  error
 	send bool // exec sends it
@@ -377,11 +386,16 @@ func (w *worker) runSlots(ops []*batchOp) {
 				break
 			}
 			var bad error
-			op.vals, op.err, next, bad = valuesOf(replies, next, op.vals[:0])
+			op.vals, op.err, next, bad = valuesOf(replies[:max(len(replies)-1, 0)], next, op.vals[:0])
 			err = bad
 		}
-		if err == nil && next != len(replies) {
-			err = fmt.Errorf("%w: %d values left after %d checks", ErrBadReply, len(replies)-next, len(g.ops))
+		if err == nil {
+			var t int64
+			if t, err = callTime(replies, next, len(g.ops)); err == nil {
+				for _, op := range g.ops {
+					op.time = t
+				}
+			}
 		}
 		if err != nil {
 			for _, op := range g.ops {
@@ -428,8 +442,14 @@ func (w *worker) groupBySlot(ops []*batchOp) []group {
 			}
 		}
 		args[2] = len(args) - 3
-		args = append(args, len(g.ops))
+		var b bases
 		for _, op := range g.ops {
+			b.add(&op.c)
+		}
+		g.base = [2]int64{b.deadlineBase(), b.nowBase()}
+		args = append(args, len(g.ops), &g.base[0], &g.base[1])
+		for _, op := range g.ops {
+			op.c.relative(&b)
 			args = append(args, op.c.args...)
 		}
 		g.args = args

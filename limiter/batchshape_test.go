@@ -86,7 +86,7 @@ func batchOfEveryShape(t *testing.T, s *RedisStore, name string) {
 			if bo.err != nil {
 				t.Fatalf("round %d, check %d in the call: %v", round, i, bo.err)
 			}
-			got, err := s.reply(bo.vals, batched[i], time.Now())
+			got, err := s.reply(bo.vals, bo.time, batched[i], time.Now())
 			if err != nil {
 				t.Fatalf("round %d, check %d in the call: %v", round, i, err)
 			}

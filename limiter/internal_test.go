@@ -2,14 +2,17 @@ package limiter
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
+	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
 
 // TestBatchKeepsEachChecksDeadline: a batch holds a check with a short
@@ -49,7 +52,7 @@ func TestBatchKeepsEachChecksDeadline(t *testing.T) {
 	if open.err != nil {
 		t.Fatalf("the check without a deadline failed with its neighbour's: %v", open.err)
 	}
-	if _, err := s.reply(open.vals, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
+	if _, err := s.reply(open.vals, open.time, &Op{Parts: []Part{{Windows: make([]Win, 1)}}}, time.Now()); err != nil {
 		t.Fatalf("its reply: %v", err)
 	}
 }
@@ -124,5 +127,209 @@ func TestCtrSlot(t *testing.T) {
 		if got, want := ctrSlot(m), lua(m); got != want {
 			t.Errorf("ctrSlot(%.0f) = %d, Lua's %% gives %d", m, got, want)
 		}
+	}
+}
+
+// TestCallDeadlinesAndTime: the checks of one call send their deadlines
+// and nows relative to the call's bases (one below the earliest), and the
+// call's reading of Redis TIME comes once, after the checks' replies: a
+// check past its deadline is late and the others of its call, whose
+// deadlines are later, none (0) or none but read TIME (-1), run, whether
+// the call goes by FCALL, by the kind's fast script or by the full script,
+// each at its own now (clock app: the reset of its fixed window, the score
+// of its log's entry) or at the call's TIME (0 sent); each reply's now is
+// that one. A call holding a log's check of the fast form in format 3 sends
+// its nows whole. A check alone (Do) sends its own bases.
+func TestCallDeadlinesAndTime(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+	redisNow := func() int64 {
+		tm, err := client.Time(ctx).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tm.UnixMicro()
+	}
+	minute := Win{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 5}
+	// op is check i of a call of the given form, on keys under ns:
+	// fixed_window's fast form; in a mixed call, a log of two windows
+	// (decide's path) for odd i; in a log3 call, a log of one window (the
+	// fast form of format 3) for odd i.
+	op := func(ns, form string, i int, now int64) *Op {
+		o := &Op{Now: now, Cost: 1, Parts: []Part{{Key: ns + ":{t}:" + strconv.Itoa(i), Kind: KindFixed, Windows: []Win{minute}}}}
+		if i%2 == 1 && form != "fixed" {
+			o.Parts[0].Kind = KindLog
+			if form == "mixed" {
+				o.Parts[0].Windows = append(o.Parts[0].Windows, Win{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 9})
+			}
+		}
+		return o
+	}
+	for name, opts := range map[string][]RedisOption{"fcall": nil, "evalsha": {WithScripts(ScriptsEval)}} {
+		s := NewRedisStore(client, opts...)
+		b := newBatcher(s, 1, 16)
+		w := b.newWorker()
+		for _, form := range []string{"fixed", "mixed", "log3"} {
+			rnow := redisNow()
+			ns := name + ":" + form
+			deadlines := []int64{rnow + 60e6, 0, rnow - 1e6, -1, rnow + 30e6, rnow - 2e6, rnow + 45e6, 0}
+			late := map[int]bool{2: true, 5: true}
+			var ops []*Op
+			var bops []*batchOp
+			for i, d := range deadlines {
+				now := rnow + 1000*int64(i) - 5000
+				if i%3 == 0 {
+					now = 0 // Redis's clock
+				}
+				ops = append(ops, op(ns, form, i, now))
+				bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+				bo.c.encode(ops[i], d, 0)
+				bops = append(bops, bo)
+			}
+			w.run(bops)
+			if whole := w.base[1] == 0; whole != (form == "log3") {
+				t.Errorf("%s: the call's base of nows %d", ns, w.base[1])
+			}
+			for i, bo := range bops {
+				<-bo.done
+				if bo.err != nil {
+					t.Fatalf("%s, check %d: %v", ns, i, bo.err)
+				}
+				if bo.time < rnow {
+					t.Errorf("%s, check %d: the call's time %d, want Redis TIME (from %d)", ns, i, bo.time, rnow)
+				}
+				r, err := s.reply(bo.vals, bo.time, ops[i], time.Now())
+				if late[i] {
+					if err != ErrLate {
+						t.Errorf("%s, check %d (deadline %d µs from TIME): %+v %v, want late", ns, i, deadlines[i]-rnow, r, err)
+					}
+					continue
+				}
+				now := ops[i].Now
+				if now == 0 {
+					now = bo.time
+				}
+				if err != nil || r.Status != StatusAllowed || r.Now != now || r.Usage[0].Count != 1 {
+					t.Fatalf("%s, check %d (deadline %d): %+v %v, want admitted at %d", ns, i, deadlines[i], r, err, now)
+				}
+				p := ops[i].Parts[0]
+				if p.Kind == KindFixed {
+					if want := minute.Len - now%minute.Len; r.Usage[0].Reset != want {
+						t.Errorf("%s, check %d: reset %d, want %d (the window's end from %d)", ns, i, r.Usage[0].Reset, want, now)
+					}
+					continue
+				}
+				// A log's entry (format 3) is scored -at, its time.
+				zs := client.ZRangeWithScores(ctx, p.Key, 0, -1).Val()
+				if len(zs) != 2 || int64(zs[0].Score) != -now {
+					t.Errorf("%s, check %d: the log holds %v, want an entry at %d", ns, i, zs, -now)
+				}
+			}
+		}
+		// A call of no deadline reads no TIME; one that asks for it (-1)
+		// and has none does.
+		for _, asks := range []bool{false, true} {
+			rnow := redisNow()
+			var bops []*batchOp
+			for i := range 3 {
+				bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+				d := int64(0)
+				if asks && i == 1 {
+					d = -1
+				}
+				bo.c.encode(op(name+":none:"+strconv.FormatBool(asks), "fixed", i, rnow+int64(i)), d, 0)
+				bops = append(bops, bo)
+			}
+			w.run(bops)
+			for i, bo := range bops {
+				<-bo.done
+				if bo.err != nil || (bo.time >= rnow) != asks || (bo.time == 0) == asks {
+					t.Errorf("%s, a call asking for TIME %v, check %d: time %d %v", name, asks, i, bo.time, bo.err)
+				}
+			}
+		}
+		o := op(name+":alone", "fixed", 0, 0)
+		o.Deadline = time.Now().Add(time.Minute)
+		before := redisNow()
+		if r, err := s.Do(ctx, o); err != nil || r.Status != StatusAllowed || r.Now < before || r.Now > redisNow() {
+			t.Errorf("%s alone: %+v %v, want admitted at Redis's time", name, r, err)
+		}
+		o = op(name+":alone", "fixed", 1, before-3e6)
+		o.Deadline = time.Now().Add(time.Minute)
+		if r, err := s.Do(ctx, o); err != nil || r.Status != StatusAllowed || r.Usage[0].Reset != minute.Len-o.Now%minute.Len {
+			t.Errorf("%s alone at %d: %+v %v, want admitted, reset from then", name, o.Now, r, err)
+		}
+		b.close()
+		w.ctx.close()
+		s.Close()
+	}
+}
+
+// TestCallErrorsAreTheirChecks: in a call of several checks, a check that
+// fails (a key of the wrong type) answers its error alone, wherever it
+// stands, and the checks after it run on their own values and keys, whether
+// the call goes by FCALL, by the kind's fast script or by the full one; a
+// shape Redis cannot read fails the whole call.
+func TestCallErrorsAreTheirChecks(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { client.Close() })
+	ctx := context.Background()
+	minute := Win{Name: WindowName(time.Minute), Len: time.Minute.Microseconds(), Limit: 20}
+	for name, opts := range map[string][]RedisOption{"fcall": nil, "evalsha": {WithScripts(ScriptsEval)}} {
+		s := NewRedisStore(client, opts...)
+		b := newBatcher(s, 1, 16)
+		w := b.newWorker()
+		for _, mixed := range []bool{false, true} {
+			ns := name + ":" + strconv.FormatBool(mixed) + ":{t}:"
+			bad := map[int]bool{0: true, 2: true, 5: true}
+			for i := range bad {
+				client.Set(ctx, ns+strconv.Itoa(i), "x", 0)
+			}
+			for round := range 2 {
+				var ops []*Op
+				var bops []*batchOp
+				for i := range 6 {
+					o := &Op{Now: time.Now().UnixMicro(), Cost: int64(i + 1), Parts: []Part{{Key: ns + strconv.Itoa(i), Kind: KindFixed, Windows: []Win{minute}}}}
+					if mixed && i%2 == 1 {
+						o.Parts[0].Kind = KindLog
+						o.Parts[0].Windows = append(o.Parts[0].Windows, Win{Name: WindowName(time.Hour), Len: time.Hour.Microseconds(), Limit: 40})
+						o.Ban = &BanOp{Key: ns + strconv.Itoa(i) + ":ban", After: 3, Within: 10e6, For: 60e6}
+					}
+					ops = append(ops, o)
+					bo := &batchOp{ctx: ctx, done: make(chan struct{}, 1)}
+					bo.c.encode(o, 0, 0)
+					bops = append(bops, bo)
+				}
+				w.run(bops)
+				for i, bo := range bops {
+					<-bo.done
+					r, err := bo.err, error(nil)
+					if r == nil {
+						var rep Reply
+						rep, err = s.reply(bo.vals, bo.time, ops[i], time.Now())
+						if err == nil && (rep.Status != StatusAllowed || rep.Usage[0].Count != int64((round+1)*(i+1))) {
+							err = fmt.Errorf("%+v", rep)
+						}
+					}
+					if bad[i] != (r != nil) || bad[i] && !strings.Contains(r.Error(), "WRONGTYPE") || err != nil {
+						t.Errorf("%s, round %d, check %d: %v %v, want %s", ns, round, i, r, err,
+							map[bool]string{true: "WRONGTYPE", false: "admitted with count (round+1)*cost"}[bad[i]])
+					}
+				}
+			}
+		}
+		b.close()
+		w.ctx.close()
+		s.Close()
+	}
+	shape := `[0,1,1,0,0,0,3,1,0,"60000000",60000000,5,0]`
+	err := client.Do(ctx, "FCALL", lua.DecideFunction, 2, "e:{t}:1", "e:{t}:2", 2, 0, 0, shape, 1e15, 0, "[0,1", 1e15, 0).Err()
+	if err == nil || !strings.Contains(err.Error(), "Expected comma or array end") {
+		t.Errorf("a call with a shape Redis cannot read: %v, want its decoding error", err)
 	}
 }

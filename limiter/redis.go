@@ -193,46 +193,66 @@ func (s *RedisStore) Do(ctx context.Context, op *Op) (Reply, error) {
 	var c check
 	c.encode(op, deadline, s.format)
 	cmd, name, loads := s.head(ctx, c.peek, c.log, c.fast)
-	args := make([]any, 0, 4+len(c.keys)+len(c.args))
+	args := make([]any, 0, 6+len(c.keys)+len(c.args))
 	args = append(args, cmd, name, len(c.keys))
 	for i := range c.keys {
 		args = append(args, &c.keys[i])
 	}
-	args = append(args, 1)
+	var b bases
+	b.add(&c)
+	c.relative(&b)
+	args = append(args, 1, c.int(b.deadlineBase()), c.int(b.nowBase()))
 	args = append(args, c.args...)
 	out, err := s.call(ctx, args, loads)
 	var buf [16]int64
 	var vals []int64
+	var t int64
 	if err == nil {
-		vals, err = only(out, buf[:0])
+		vals, t, err = only(out, buf[:0])
 	}
 	if err != nil {
 		return Reply{}, err
 	}
-	return s.reply(vals, op, sent)
+	return s.reply(vals, t, op, sent)
 }
 
 // only appends the values of the single check of a one-check call's reply,
-// as go-redis parsed it, to vals.
-func only(out any, vals []int64) ([]int64, error) {
+// as go-redis parsed it, to vals, and returns the call's reading of Redis
+// TIME (0: none).
+func only(out any, vals []int64) ([]int64, int64, error) {
 	l, ok := out.([]any)
 	if !ok {
-		return nil, fmt.Errorf("%w: %T for 1 check", ErrBadReply, out)
+		return nil, 0, fmt.Errorf("%w: %T for 1 check", ErrBadReply, out)
 	}
-	vals, err, next, bad := valuesOf(l, 0, vals)
-	if bad == nil && next != len(l) {
-		bad = fmt.Errorf("%w: %d elements for 1 check, %d left", ErrBadReply, len(l), len(l)-next)
+	vals, err, next, bad := valuesOf(l[:max(len(l)-1, 0)], 0, vals)
+	var t int64
+	if bad == nil {
+		t, bad = callTime(l, next, 1)
 	}
 	if bad != nil {
-		return nil, bad
+		return nil, 0, bad
 	}
-	return vals, err
+	return vals, t, err
+}
+
+// callTime is the call's reading of Redis TIME, the last element of a
+// call's reply as go-redis parsed it (decide.lua's header), which must be
+// l[next], next being where the checks' replies (of n checks) end.
+func callTime(l []any, next, n int) (int64, error) {
+	if next != len(l)-1 {
+		return 0, fmt.Errorf("%w: %d elements for %d checks and the time, %d left", ErrBadReply, len(l), n, len(l)-next)
+	}
+	t, ok := l[next].(int64)
+	if !ok || t < 0 {
+		return 0, fmt.Errorf("%w: the call's time is %T", ErrBadReply, l[next])
+	}
+	return t, nil
 }
 
 // valuesOf appends the values of the check whose reply starts at l[i] in a
 // call's reply, as go-redis parsed it (an array of its values; or, the flat
-// form a fast path writes, decide.lua's OUT, its number of values and then
-// its values; or its error), to vals: an error reply is the check's error,
+// form a fast path writes, decide.lua's OUT, its values, the first 8 ×
+// their number + the status: flatHead; or its error), to vals: an error reply is the check's error,
 // and next is where the next check's starts; any other value is a
 // malformed reply for that check alone. bad is for a reply that cannot be
 // read on from there (a count past its end): the whole call's error.
@@ -253,14 +273,16 @@ func valuesOf(l []any, i int, vals []int64) (_ []int64, err error, next int, bad
 		}
 		return vals, nil, i + 1, nil
 	case int64:
-		if x < 0 || x > int64(len(l)-i-1) {
-			return nil, nil, i, fmt.Errorf("%w: a count of %d values at %d of %d", ErrBadReply, x, i, len(l))
+		n, status, err := flatHead(x)
+		if err != nil || n > int64(len(l)-i) {
+			return nil, nil, i, fmt.Errorf("%w: a flat reply's first value %d (8 × its values + its status) at %d of %d", ErrBadReply, x, i, len(l))
 		}
-		end := i + 1 + int(x)
+		vals = append(vals, status)
+		end := i + int(n)
 		for j, y := range l[i+1 : end] {
 			n, ok := y.(int64)
 			if !ok {
-				return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, j, y), end, nil
+				return nil, fmt.Errorf("%w: value %d is %T", ErrBadReply, j+1, y), end, nil
 			}
 			vals = append(vals, n)
 		}
@@ -270,15 +292,20 @@ func valuesOf(l []any, i int, vals []int64) (_ []int64, err error, next int, bad
 }
 
 // reply reads one check's reply values, checked for shape before they are
-// used.
-func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
-	if len(n) < 3 {
+// used, with its call's reading of Redis TIME, t (0: none; decide.lua's
+// header): the check's now is op's, or t when op sent 0.
+func (s *RedisStore) reply(n []int64, t int64, op *Op, sent time.Time) (Reply, error) {
+	if len(n) < 1 {
 		return Reply{}, fmt.Errorf("%w: %d values", ErrBadReply, len(n))
 	}
-	if n[2] > 0 {
-		s.clock.sample(n[2], sent)
+	if t > 0 {
+		// Read in a call sent after this check was: at least the offset.
+		s.clock.sample(t, sent)
 	}
-	r := Reply{Status: Status(n[0]), Now: n[1]}
+	r := Reply{Status: Status(n[0]), Now: op.Now}
+	if r.Now == 0 {
+		r.Now = t
+	}
 	switch r.Status {
 	case StatusLate:
 		return Reply{}, ErrLate
@@ -291,19 +318,19 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 		return r, nil
 	}
 	nw := op.windows()
-	if len(n) == 3+3*nw {
+	if len(n) == 1+3*nw {
 		// The short form (decide.lua's header): no ban, no lease, no flag.
-		// (3+3*nw is never 7+3*nw nor 7+5*nw.)
+		// (1+3*nw is never 5+3*nw nor 5+5*nw.)
 		r.InFlight = -1
-		return s.usage(r, n[3:], op, nw)
+		return s.usage(r, n[1:], op, nw)
 	}
 	switch len(n) {
-	case 7 + 3*nw:
-	case 7 + 5*nw:
+	case 5 + 3*nw:
+	case 5 + 5*nw:
 		// An override changed a limit: the windows' limits and bursts.
 		r.Limits, r.Bursts = make([]int64, nw), make([]int64, nw)
 		for j := range nw {
-			r.Limits[j], r.Bursts[j] = n[7+3*nw+2*j], n[8+3*nw+2*j]
+			r.Limits[j], r.Bursts[j] = n[5+3*nw+2*j], n[6+3*nw+2*j]
 			if r.Limits[j] <= 0 || r.Bursts[j] < 0 {
 				return Reply{}, fmt.Errorf("%w: limit %d, burst %d", ErrBadReply, r.Limits[j], r.Bursts[j])
 			}
@@ -311,9 +338,9 @@ func (s *RedisStore) reply(n []int64, op *Op, sent time.Time) (Reply, error) {
 	default:
 		return Reply{}, fmt.Errorf("%w: %d values for %d windows", ErrBadReply, len(n), nw)
 	}
-	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[3], n[4] == 1, n[5], n[6]&1 == 1
-	r.Share = ShareFlags(n[6] &^ 1)
-	return s.usage(r, n[7:], op, nw)
+	r.BanLeft, r.BanStarted, r.InFlight, r.LeaseDenied = n[1], n[2] == 1, n[3], n[4]&1 == 1
+	r.Share = ShareFlags(n[4] &^ 1)
+	return s.usage(r, n[5:], op, nw)
 }
 
 // usage reads the windows' count, retry and reset (n, from the first
@@ -361,9 +388,14 @@ type check struct {
 	// limiter, mode and cost: no allocation).
 	sb    []byte
 	shape string
-	peek  bool // the Op only peeks: it writes nothing
-	log   bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
-	fast  Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
+	// now and deadline are the check's (op.Now; the deadline on Redis's
+	// clock: 0 none, -1 none but read TIME); args holds them relative to
+	// their call's bases (relative). wholeNow: its now goes whole (bases).
+	now, deadline int64
+	wholeNow      bool
+	peek          bool // the Op only peeks: it writes nothing
+	log           bool // the Op's parts are all sliding_log's, with no ban: lua.DecideLog decides it
+	fast          Kind // the Op is of the form lua.DecideFast's script of this kind takes (0: none)
 }
 
 // encode encodes op, with the deadline on Redis's clock, its sliding_log
@@ -394,7 +426,7 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 	}
 	c.keys = resize(c.keys, nk)
 	c.args = resize(c.args, nargs)
-	c.ints = resize(c.ints, nargs)
+	c.ints = resize(c.ints, nargs+3) // and a call's bases (Do)
 	c.strs = resize(c.strs, len(op.Parts)+3)
 	c.peek = op.Mode == ModePeek
 	c.log = op.Ban == nil
@@ -407,7 +439,11 @@ func (c *check) encode(op *Op, deadline int64, format int) {
 
 	c.encodeShape(op, format)
 
-	c.args = append(c.args, c.str(c.shape), c.int(op.Now), c.int(deadline))
+	// Now and the deadline go relative to their call's bases (relative):
+	// nil until the call is built.
+	c.now, c.deadline = op.Now, deadline
+	c.wholeNow = c.fast == KindLog && format != LogFormat2
+	c.args = append(c.args, c.str(c.shape), nil, nil)
 	if o := op.Override; o != nil {
 		c.args = append(c.args, c.str(o.Scope))
 	}
@@ -522,6 +558,71 @@ func boolValue(v bool) int64 {
 		return 1
 	}
 	return 0
+}
+
+// bases are a call's bases of deadlines and of nows (decide.lua's
+// header), taken over its checks (add): each one below the earliest, so
+// that every value sent relative to it (value - base) is at least 1 and
+// the specials keep their meaning: a deadline of 0 (none) or -1 (none, but
+// read TIME), a now of 0 (Redis's clock). The checks of one call ask within
+// a batch's wait of each other, so their deadlines, and their nows on the
+// caller's clock (clock app), differ by little: a few digits for Redis to
+// read where each sent its own 16 (which Lua's strtod reads by its slow
+// path, and each a string Redis's Lua makes anew). The nows go whole (base
+// 0) in a call holding a check of sliding_log's fast form in format 3,
+// whose score is the now's digits as sent (sliding_log.lua's log3_fast):
+// formatting them costs Redis more than reading them saves. The base of
+// deadlines is 0 when no check has one, and -1 when none has one but one
+// asks for TIME (-1): the script reads TIME at the call's start when it is
+// not 0, and a check's deadline only when TIME is past the earliest (a
+// deadline is µs since 1970 on Redis's clock, so the base of one is never
+// 0 or below).
+type bases struct {
+	deadline, now       int64
+	hasDeadline, hasNow bool
+	whole, readTime     bool
+}
+
+// add takes in one more check of the call.
+func (b *bases) add(c *check) {
+	if d := c.deadline; d > 0 && (!b.hasDeadline || d-1 < b.deadline) {
+		b.deadline, b.hasDeadline = d-1, true
+	} else if d == -1 {
+		b.readTime = true
+	}
+	if n := c.now; n != 0 && (!b.hasNow || n-1 < b.now) {
+		b.now, b.hasNow = n-1, true
+	}
+	b.whole = b.whole || c.wholeNow
+}
+
+// deadlineBase is the call's base of deadlines.
+func (b *bases) deadlineBase() int64 {
+	if !b.hasDeadline && b.readTime {
+		return -1
+	}
+	return b.deadline
+}
+
+// nowBase is the call's base of nows.
+func (b *bases) nowBase() int64 {
+	if b.whole {
+		return 0
+	}
+	return b.now
+}
+
+// relative sets the check's now and deadline in args relative to its
+// call's bases.
+func (c *check) relative(b *bases) {
+	n, d := c.now, c.deadline
+	if n != 0 {
+		n -= b.nowBase()
+	}
+	if d > 0 {
+		d -= b.deadlineBase()
+	}
+	c.args[1], c.args[2] = c.int(n), c.int(d)
 }
 
 // int is v for args: itself below 256, else a pointer to its copy.

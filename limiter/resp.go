@@ -40,13 +40,15 @@ func (replyError) RedisError() {}
 
 // readReplies reads the raw reply of a script call of len(ops) checks: an
 // array of, per check in order, either its reply as an array of integers
-// (its values, into its vals), or its number of values as an integer and
-// then its values as elements of their own (the flat form a fast path
-// writes: decide.lua's OUT), or its error (its own error); a value that is
+// (its values, into its vals), or its values as elements of their own, the
+// first 8 × their number + the status (the flat form a fast path writes:
+// decide.lua's OUT; flatHead), or its error (its own error); a value that is
 // not an integer, or any other value where a check's reply begins, makes
-// that check's reply malformed, for that check alone. The error is for a
-// reply that cannot be read as that (not an array, a count past its end,
-// too few or too many elements): the whole call failed.
+// that check's reply malformed, for that check alone; then, last, the
+// call's reading of Redis TIME (an integer, 0 for none), into every check's
+// time. The error is for a reply that cannot be read as that (not an
+// array, a count past its end, too few or too many elements, no TIME): the
+// whole call failed.
 func readReplies(buf []byte, ops []*batchOp) error {
 	r := respReader{buf: buf}
 	if r.at('!') {
@@ -60,10 +62,10 @@ func readReplies(buf []byte, ops []*batchOp) error {
 		r.pos = 0
 		return fmt.Errorf("%w: %s for %d checks", ErrBadReply, r.describe(), len(ops))
 	}
-	left := n
+	left := n - 1 // the last is the call's TIME
 	for i, op := range ops {
-		if left == 0 {
-			return fmt.Errorf("%w: %d values for %d checks, none for check %d", ErrBadReply, n, len(ops), i)
+		if left <= 0 {
+			return fmt.Errorf("%w: %d values for %d checks and the time, none for check %d", ErrBadReply, n, len(ops), i)
 		}
 		var err error
 		op.vals, op.err, left, err = r.check(op.vals[:0], left)
@@ -72,7 +74,14 @@ func readReplies(buf []byte, ops []*batchOp) error {
 		}
 	}
 	if left != 0 {
-		return fmt.Errorf("%w: %d values left after %d checks", ErrBadReply, left, len(ops))
+		return fmt.Errorf("%w: %d values left after %d checks and the time", ErrBadReply, left, len(ops))
+	}
+	typ, t, ok := r.header()
+	if !ok || typ != ':' || t < 0 {
+		return fmt.Errorf("%w: the call's time is not a whole number of µs", ErrBadReply)
+	}
+	for _, op := range ops {
+		op.time = t
 	}
 	return nil
 }
@@ -127,12 +136,12 @@ func (r *respReader) blob() (string, bool) {
 	return s, true
 }
 
-// check reads one check's reply (an array, or a count and that many
-// values, or an error) from a call's reply of which left elements are
-// still to be read: its values appended to vals, or its error; it returns
-// how many elements are left after it. err is for a reply that cannot be
-// read on (cut short, or a count past its end): nothing after it can be
-// read.
+// check reads one check's reply (an array, or flat: 8 × n + status and
+// n - 1 values, or an error) from a call's reply of which left elements
+// are still to be read: its values appended to vals, or its error; it
+// returns how many elements are left after it. err is for a reply that
+// cannot be read on (cut short, or a count past its end): nothing after it
+// can be read.
 func (r *respReader) check(vals []int64, left int64) (_ []int64, _ error, _ int64, err error) {
 	if r.at('!') {
 		if msg, ok := r.blob(); ok {
@@ -149,13 +158,20 @@ func (r *respReader) check(vals []int64, left int64) (_ []int64, _ error, _ int6
 		return nil, replyError(l[1:]), left - 1, nil
 	case '*', ':':
 		n, err := respInt(l[1:])
-		if err != nil || n < 0 || l[0] == ':' && n >= left {
+		if err != nil || n < 0 {
 			break
 		}
-		left-- // the array, or the count
+		first := int64(0) // the index of the first value read below
 		if l[0] == ':' {
-			left -= n // the values after the count
+			var status int64
+			if n, status, err = flatHead(n); err != nil || n > left {
+				break
+			}
+			vals = append(vals, status)
+			n, first = n-1, 1 // the values after the first
+			left -= n
 		}
+		left-- // the array, or the flat reply's first
 		var bad error
 		for i := range n {
 			at := r.pos
@@ -166,7 +182,7 @@ func (r *respReader) check(vals []int64, left int64) (_ []int64, _ error, _ int6
 			}
 			r.pos = at
 			if bad == nil {
-				bad = fmt.Errorf("%w: value %d is %s", ErrBadReply, i, r.describe())
+				bad = fmt.Errorf("%w: value %d is %s", ErrBadReply, first+i, r.describe())
 			}
 			if !r.skip() {
 				return nil, nil, 0, errors.New("cut short")
@@ -179,7 +195,7 @@ func (r *respReader) check(vals []int64, left int64) (_ []int64, _ error, _ int6
 	}
 	r.pos = start
 	if l[0] == ':' {
-		return nil, nil, 0, fmt.Errorf("a count of %s values where %d are left", l[1:], left-1)
+		return nil, nil, 0, fmt.Errorf("a flat reply's first value %s (8 × its values + its status) where %d values are left", l[1:], left)
 	}
 	bad := fmt.Errorf("%w: %s", ErrBadReply, r.describe())
 	if !r.skip() {
@@ -256,6 +272,16 @@ func (r *respReader) skip() bool {
 		}
 	}
 	return true // a value of one line
+}
+
+// flatHead reads the first value of a flat reply (decide.lua's OUT): 8 ×
+// n + status, n its number of values (the status included, so at least 1),
+// status from 0 to 7.
+func flatHead(x int64) (n, status int64, err error) {
+	if x < 8 {
+		return 0, 0, fmt.Errorf("a flat reply's first value %d", x)
+	}
+	return x >> 3, x & 7, nil
 }
 
 // respInt is strconv.ParseInt(string(b), 10, 64) without the conversion

@@ -13,10 +13,11 @@ import (
 )
 
 // TestReadReplies: a batch's raw reply gives each check its own values
-// (an array, or flat from a fast path: a count, then that many values) or
-// its own error, in order; a check whose reply is neither form of integers
-// is malformed alone, and the checks after it still get theirs. A reply that
-// cannot be split into one per check fails the whole call.
+// (an array, or flat from a fast path: 8 × n + status, then n - 1 values) or
+// its own error, in order, and every check the call's reading of Redis TIME
+// (its last element); a check whose reply is neither form of integers is
+// malformed alone, and the checks after it still get theirs. A reply that
+// cannot be split into one per check and the time fails the whole call.
 func TestReadReplies(t *testing.T) {
 	t.Parallel()
 	type want struct {
@@ -28,40 +29,49 @@ func TestReadReplies(t *testing.T) {
 		name    string
 		reply   string
 		checks  []want
+		time    int64  // the call's reading of Redis TIME
 		callErr string // the whole call's error
 	}{
-		{name: "values of each check, in order",
-			reply:  "*2\r\n*3\r\n:1\r\n:2\r\n:3\r\n*3\r\n:-1\r\n:0\r\n:1700000000000000\r\n",
-			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{-1, 0, 1700000000000000}}}},
+		{name: "values of each check, in order, then the call's time",
+			reply:  "*3\r\n*3\r\n:1\r\n:2\r\n:3\r\n*3\r\n:-1\r\n:0\r\n:1700000000000000\r\n:1700000000000123\r\n",
+			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{-1, 0, 1700000000000000}}}, time: 1700000000000123},
 		{name: "an error reply is its check's alone",
-			reply:  "*3\r\n*1\r\n:1\r\n-WRONGTYPE Operation against a key holding the wrong kind of value\r\n*1\r\n:2\r\n",
+			reply:  "*4\r\n*1\r\n:1\r\n-WRONGTYPE Operation against a key holding the wrong kind of value\r\n*1\r\n:2\r\n:0\r\n",
 			checks: []want{{vals: []int64{1}}, {err: "WRONGTYPE Operation"}, {vals: []int64{2}}}},
 		{name: "a value that is not an integer",
-			reply:  "*2\r\n*2\r\n:1\r\n$3\r\nabc\r\n*1\r\n:5\r\n",
+			reply:  "*3\r\n*2\r\n:1\r\n$3\r\nabc\r\n*1\r\n:5\r\n:0\r\n",
 			checks: []want{{err: "value 1 is a string", bad: true}, {vals: []int64{5}}}},
 		{name: "a nested array",
-			reply:  "*2\r\n*2\r\n*2\r\n:1\r\n:2\r\n:3\r\n*1\r\n:4\r\n",
+			reply:  "*3\r\n*2\r\n*2\r\n:1\r\n:2\r\n:3\r\n*1\r\n:4\r\n:0\r\n",
 			checks: []want{{err: "value 0 is an array", bad: true}, {vals: []int64{4}}}},
 		{name: "nil replies (RESP2 and RESP3)",
-			reply:  "*4\r\n*-1\r\n$-1\r\n_\r\n*1\r\n:9\r\n",
+			reply:  "*5\r\n*-1\r\n$-1\r\n_\r\n*1\r\n:9\r\n:0\r\n",
 			checks: []want{{err: "nil", bad: true}, {err: "nil", bad: true}, {err: "nil", bad: true}, {vals: []int64{9}}}},
 		{name: "RESP3 values: blob error, map, attribute, verbatim string",
-			reply: "*4\r\n!9\r\nERR x\r\nyz\r\n%1\r\n+k\r\n:1\r\n*2\r\n|1\r\n+a\r\n:1\r\n:7\r\n:8\r\n=7\r\ntxt:abc\r\n",
+			reply: "*5\r\n!9\r\nERR x\r\nyz\r\n%1\r\n+k\r\n:1\r\n*2\r\n|1\r\n+a\r\n:1\r\n:7\r\n:8\r\n=7\r\ntxt:abc\r\n:0\r\n",
 			checks: []want{{err: "ERR x\r\nyz"}, {err: "a map", bad: true}, {err: "value 0 is a value of type '|'", bad: true},
 				{err: "a string", bad: true}}},
-		{name: "flat replies (a fast path's) beside arrays",
-			reply:  "*10\r\n:3\r\n:1\r\n:2\r\n:3\r\n*2\r\n:4\r\n:5\r\n-ERR x\r\n:0\r\n:2\r\n:6\r\n:7\r\n",
-			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{4, 5}}, {err: "ERR x"}, {vals: []int64{}}, {vals: []int64{6, 7}}}},
+		{name: "flat replies (a fast path's: 8 × n + status, then n - 1 values) beside arrays",
+			reply:  "*9\r\n:25\r\n:2\r\n:3\r\n*2\r\n:4\r\n:5\r\n-ERR x\r\n:8\r\n:22\r\n:7\r\n:5\r\n",
+			checks: []want{{vals: []int64{1, 2, 3}}, {vals: []int64{4, 5}}, {err: "ERR x"}, {vals: []int64{0}}, {vals: []int64{6, 7}}}, time: 5},
+		{name: "short flat replies (status, count, retry, reset), then the time",
+			reply:  "*9\r\n:33\r\n:3\r\n:0\r\n:60000000\r\n:32\r\n:10\r\n:59000000\r\n:1000000\r\n:1796000000000001\r\n",
+			checks: []want{{vals: []int64{1, 3, 0, 60000000}}, {vals: []int64{0, 10, 59000000, 1000000}}}, time: 1796000000000001},
 		{name: "a flat value that is not an integer",
-			reply:  "*5\r\n:2\r\n:1\r\n$3\r\nabc\r\n:1\r\n:5\r\n",
+			reply:  "*4\r\n:17\r\n$3\r\nabc\r\n:13\r\n:0\r\n",
 			checks: []want{{err: "value 1 is a string", bad: true}, {vals: []int64{5}}}},
-		{name: "a flat count past the end", reply: "*2\r\n:2\r\n:1\r\n", checks: make([]want, 1), callErr: "a count of 2 values where 1 are left"},
-		{name: "a negative flat count", reply: "*2\r\n:-1\r\n:1\r\n", checks: make([]want, 1), callErr: "a count of -1 values"},
-		{name: "too many values", reply: "*2\r\n*1\r\n:1\r\n:5\r\n", checks: make([]want, 1), callErr: "1 values left after 1 checks"},
-		{name: "too few replies", reply: "*1\r\n*1\r\n:1\r\n", checks: make([]want, 2), callErr: "1 values for 2 checks, none for check 1"},
+		{name: "a flat reply past the end", reply: "*3\r\n:24\r\n:1\r\n:0\r\n", checks: make([]want, 1), callErr: "first value 24 (8 × its values + its status) where 2 values are left"},
+		{name: "a flat reply over the time", reply: "*3\r\n:25\r\n:1\r\n:7\r\n", checks: make([]want, 1), callErr: "first value 25 (8 × its values + its status) where 2 values are left"},
+		{name: "a flat reply of no values", reply: "*2\r\n:4\r\n:0\r\n", checks: make([]want, 1), callErr: "first value 4 "},
+		{name: "a negative flat first value", reply: "*3\r\n:-1\r\n:1\r\n:0\r\n", checks: make([]want, 1), callErr: "first value -1 "},
+		{name: "too many values", reply: "*3\r\n*1\r\n:1\r\n:5\r\n:0\r\n", checks: make([]want, 1), callErr: "1 values left after 1 checks"},
+		{name: "no time", reply: "*1\r\n*1\r\n:1\r\n", checks: make([]want, 1), callErr: "1 values for 1 checks and the time, none for check 0"},
+		{name: "a time that is not an integer", reply: "*2\r\n*1\r\n:1\r\n$1\r\n0\r\n", checks: make([]want, 1), callErr: "the call's time"},
+		{name: "a negative time", reply: "*2\r\n*1\r\n:1\r\n:-1\r\n", checks: make([]want, 1), callErr: "the call's time"},
+		{name: "too few replies", reply: "*2\r\n*1\r\n:1\r\n:0\r\n", checks: make([]want, 2), callErr: "2 values for 2 checks and the time, none for check 1"},
 		{name: "not an array", reply: "+OK\r\n", checks: make([]want, 1), callErr: "a status for 1 checks"},
 		{name: "a RESP3 error for the call", reply: "!11\r\nERR no luck\r\n", checks: make([]want, 1), callErr: "ERR no luck"},
-		{name: "cut short", reply: "*2\r\n*3\r\n:1\r\n:2\r\n", checks: make([]want, 2), callErr: "cut short"},
+		{name: "cut short", reply: "*3\r\n*3\r\n:1\r\n:2\r\n", checks: make([]want, 2), callErr: "cut short"},
 		{name: "nothing", reply: "", checks: make([]want, 1), callErr: "nothing for 1 checks"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -82,6 +92,9 @@ func TestReadReplies(t *testing.T) {
 			}
 			for i, w := range tc.checks {
 				op := ops[i]
+				if op.time != tc.time {
+					t.Errorf("check %d: the call's time %d, want %d", i, op.time, tc.time)
+				}
 				switch {
 				case w.err == "":
 					if op.err != nil || !slices.Equal(op.vals, w.vals) {
@@ -128,8 +141,9 @@ func TestRawReplyErrorLine(t *testing.T) {
 	}
 }
 
-// FuzzReadReplies: no reply, however broken, panics the reader, and only an
-// array is read as the checks' replies.
+// FuzzReadReplies: no reply, however broken, panics the reader, only an
+// array is read as the checks' replies, and a call's time read is never
+// negative.
 func FuzzReadReplies(f *testing.F) {
 	for _, s := range []string{
 		"*2\r\n*3\r\n:1\r\n:2\r\n:3\r\n-ERR x\r\n",
@@ -139,6 +153,13 @@ func FuzzReadReplies(f *testing.F) {
 		"*3\r\n*9223372036854775807\r\n",
 		"*1\r\n!-5\r\n",
 		"*1\r\n*1\r\n:99999999999999999999\r\n",
+		// The form since 2026-12-06: the call's TIME last, short replies
+		// of status, count, retry, reset.
+		"*3\r\n*3\r\n:1\r\n:2\r\n:3\r\n-ERR x\r\n:1796000000000000\r\n",
+		"*9\r\n:33\r\n:3\r\n:0\r\n:60000000\r\n:32\r\n:10\r\n:5\r\n:1\r\n:0\r\n",
+		"*6\r\n:33\r\n:3\r\n:0\r\n:6\r\n*1\r\n:3\r\n:-1\r\n",
+		"*2\r\n:8\r\n:1\r\n",
+		"*2\r\n:4\r\n:1\r\n",
 	} {
 		f.Add([]byte(s), 2)
 	}
@@ -147,8 +168,14 @@ func FuzzReadReplies(f *testing.F) {
 		for i := range ops {
 			ops[i] = &batchOp{}
 		}
-		if err := readReplies(buf, ops); err == nil && (len(buf) == 0 || buf[0] != '*') {
+		err := readReplies(buf, ops)
+		if err == nil && (len(buf) == 0 || buf[0] != '*') {
 			t.Fatalf("%q read as %d replies", buf, len(ops))
+		}
+		for i, op := range ops {
+			if err == nil && op.time < 0 {
+				t.Fatalf("%q: check %d has the call's time %d", buf, i, op.time)
+			}
 		}
 	})
 }
@@ -214,15 +241,16 @@ func TestRespInt(t *testing.T) {
 }
 
 // BenchmarkReadReplies reads a batch's raw reply of 16 admitted
-// sliding_log checks (the short form: status, now, offset, a window's
-// count, retry and reset).
+// sliding_log checks (the short form, flat as the fast path appends it:
+// 8 × 4 + status, a window's count, retry and reset), then the call's time.
 func BenchmarkReadReplies(b *testing.B) {
 	var buf []byte
-	buf = append(buf, "*16\r\n"...)
+	buf = append(buf, "*65\r\n"...)
 	for i := range 16 {
-		buf = append(buf, "*6\r\n:0\r\n:1764700000123456\r\n:1764700000123456\r\n"...)
+		buf = append(buf, ":33\r\n"...)
 		buf = append(buf, ":"+strconv.Itoa(i+1)+"\r\n:0\r\n:59999123\r\n"...)
 	}
+	buf = append(buf, ":1764700000123456\r\n"...)
 	ops := make([]*batchOp, 16)
 	for i := range ops {
 		ops[i] = &batchOp{vals: make([]int64, 0, 8)}

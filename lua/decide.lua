@@ -19,22 +19,33 @@
 -- per-call state (run below).
 --
 -- Called as EVALSHA <sha> <numkeys> KEYS... ARGV... (or FCALL <function>
--- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the
--- number of checks, followed by n checks (each check's shape says how many
--- values and keys it has: V.na and V.nk below). The checks run in order, each
+-- <numkeys> KEYS... ARGV...) with ARGV[1] = n, the number of checks, ARGV[2]
+-- and ARGV[3] the bases of the call's deadlines and of its nows (below),
+-- followed by n checks (each check's shape says how many values and keys it
+-- has: V.na and V.nk below). The checks run in order, each
 -- all-or-nothing over its own keys (it reads everything before it writes),
 -- each with its own reply: with n > 1 an error in one check (a key of the
 -- wrong type) is that check's reply, and the others go on. The call's reply
 -- is an array of the checks' replies, in order, each an array or, from a
--- fast path, flat: its number of values, then its values (OUT below). All keys of one
--- call share a hash slot on a Redis Cluster: the caller groups checks by slot.
+-- fast path, flat (OUT below): 8 × n + status, n its number of values, then
+-- its values after the status; then, last, the call's reading of Redis TIME
+-- in µs (0 when no check read it).
+-- All keys of one call share a hash slot on a Redis Cluster: the caller
+-- groups checks by slot.
 --
--- Clock: a check's now is the caller's, in µs (clock app), or 0, which makes
--- the script read Redis TIME, once per call (clock redis: one clock for every
--- Caddy node). Units: every time is in µs, every number a whole number below
--- 2^53 (the caller refuses larger ones), so Lua's doubles hold them exactly.
--- Numbers are written into keys and replies with %.0f, never tostring (which
--- would round them to 14 digits).
+-- Clock: a check's now is the caller's, in µs (clock app), sent as now -
+-- base (ARGV[3]: at least 1; the caller makes base one below the call's
+-- earliest now, or 0, which sends them whole, as it does for a call that
+-- holds a check of sliding_log's fast form in format 3, whose score is the
+-- now's digits as sent), or 0, which makes the script read Redis TIME, once
+-- per call (clock redis: one clock for every Caddy node). A check's now is
+-- therefore the caller's own, or else the call's TIME, which the reply
+-- carries once, so no check's reply repeats either (the caller knows both;
+-- until 2026-12-06 each reply began with them). Units: every time is in
+-- µs, every number a whole number below 2^53 (the caller refuses larger
+-- ones), so Lua's doubles hold them exactly. Numbers are written into keys
+-- and replies with %.0f, never tostring (which would round them to 14
+-- digits).
 --
 -- One check, in ARGV (from its first value) and KEYS (one per part, then the
 -- ban key, then the lease key, then the override key):
@@ -73,8 +84,18 @@
 --        and its windows are the global ceiling's, each as name limit 0.
 -- deadline: Redis TIME in µs after which the check must not run: its caller
 --        gave up and applied its fail mode, so a check delivered late (a
---        stalled network) is never charged; 0 for none, -1 for none but
---        read TIME (the caller learns Redis's clock from the reply).
+--        stalled network) is never charged; sent as deadline - base
+--        (ARGV[2]: at least 1: the caller makes base one below the call's
+--        earliest deadline, 0 when no check has one), so a check sends a
+--        few digits, not 16 (which Lua's strtod reads by its slow path, a
+--        string Redis's Lua makes anew for each; a now on the caller's
+--        clock the same); 0 for none, -1 for none but read TIME (the caller
+--        learns Redis's clock from the reply; base is -1 when no check of
+--        the call has a deadline and one sends -1). A call whose base is not
+--        0 reads TIME at its start (bases below), and its checks read their
+--        deadlines only when TIME is past the earliest. (Until 2026-12-06 a
+--        check sent its now and deadline whole, each read them, and ARGV[2]
+--        was the first check's shape.)
 -- ban:   after n refusals by a window (weighted over a sliding span of
 --        within µs) the key is banned for `for` µs. A refusal by the
 --        concurrency bound alone does not count, nor one whose every
@@ -95,14 +116,18 @@
 --        window's retry is at most the time until the first override that
 --        changed a limit ends (the limits change again then).
 --
--- Reply per check: {status, now, time, ban_left, ban_started, in_flight,
--- flags, then count, retry, reset per window, in order}; or, when ban_left,
--- ban_started and flags are 0, in_flight -1 and no override changed a limit,
--- the short form {status, now, time, then count, retry, reset per window}.
+-- Reply per check: {status, ban_left, ban_started, in_flight, flags, then
+-- count, retry, reset per window, in order}; or, when ban_left, ban_started
+-- and flags are 0, in_flight -1 and no override changed a limit, the short
+-- form {status, then count, retry, reset per window}; or {3} (late), or
+-- {1, 0, 0, -1, 0} (a lease released, mode 4). A flat reply is the same
+-- values, its first 8 × n + status (n: its number of values, status
+-- included; until 2026-12-06 n was a value of its own, before them). The
+-- check's now and Redis TIME are not in it: the call's TIME ends the
+-- call's reply (see above), and a check's now is the one it sent, or that
+-- TIME when it sent 0.
 --   status       1 allowed, 0 denied, 2 banned, 3 late (nothing was read or
 --                written), 4 too large under an override (nothing written)
---   time         Redis TIME when it was read (clock redis, or a deadline), 0
---                otherwise
 --   ban_left     µs the ban lasts (when banned)
 --   in_flight    leases held after the check (-1: no lease)
 --   flags        the sum of: 1 the concurrency bound denied the request;
@@ -124,13 +149,27 @@
 -- check fills what it reads (as the checks of one batch always have), and
 -- run resets what a call shares (the clock read, the queued hash fields).
 
-local now_redis = false
+-- DBASE and NBASE are the call's bases of deadlines and of nows (ARGV[2],
+-- ARGV[3]); LATE says whether a check of the call may be past its deadline.
+local now_redis, DBASE, NBASE, LATE = false, 0, 0, false
 local function clock()
   if not now_redis then
     local t = redis.call("TIME")
     now_redis = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return now_redis
+end
+
+-- bases reads the call's bases and, when a check has a deadline (DBASE > 0:
+-- one below the earliest) or asks for TIME (DBASE -1), reads TIME, which
+-- every such check would: only when TIME is past the earliest deadline
+-- (LATE) may a check be late, and only then does each check read its own
+-- deadline (a number fewer for Lua's strtod a check).
+local function bases()
+  DBASE, NBASE, LATE = ARGV[2] + 0, ARGV[3] + 0, false
+  if DBASE ~= 0 then
+    LATE = clock() > DBASE + 1 and DBASE > 0
+  end
 end
 
 -- num is x as redis.call's argument: an integer below 2^53 as its decimal
@@ -181,37 +220,57 @@ local FAST = {}
 
 -- OUT is the call's reply being built, ON its length: one element per
 -- check, its reply (a table, which Redis turns into an array) or its error;
--- or, from a fast path that appends its own (tb_fast), its number of
--- values and then its values, each an element, with the fast path
--- returning true. Redis turns each table of a reply into RESP by looking
+-- or, from a fast path that appends its own (tb_fast), flat: 8 × its
+-- number of values + its status, then its other values, each an element,
+-- with the fast path returning true (the number in the status's element:
+-- an element fewer for Redis to read and write, 0.65k instructions a
+-- check). Redis turns each table of a reply into RESP by looking
 -- up seven field names in it (err, ok, double, ...) before it reads it as
 -- an array: a check appended flat costs it no table. (Copying a returned
--- table into the call's costs the Lua VM what it saves: measured.)
+-- table into the call's costs the Lua VM what it saves: measured.) run
+-- ends it with the call's reading of Redis TIME.
 -- KEEP is the table run builds a call's reply in, kept from call to call
 -- (as long as the chunk lives, see above): a reply
--- grown from empty rehashes its table at every power of two (eight times
--- for 16 checks of 7 values) and leaves it to the collector. Its values
+-- grown from empty rehashes its table at every power of two (seven times
+-- for 16 checks of 4 values) and leaves it to the collector. Its values
 -- always run from 1 without a gap (every write appends or overwrites), so
 -- run clears what a longer call left past the end of this one's reply
 -- until it meets a nil; past 4096 values it is not kept.
 local OUT, ON = false, 0
 local KEEP = {}
 
--- fast_now reads a fast path's now and deadline as decide does: it returns
--- now, or false and the late reply.
-local function fast_now(a)
-  local now = ARGV[a + 1] + 0
+-- fast_late is the late reply of the check whose values start at ARGV[a]
+-- when it is past its deadline, else nil; a fast path asks only when LATE.
+-- Each reads its now in line, as decide does (a call fewer), a now of "0"
+-- being Redis's clock (a string compared, no number read):
+--   if LATE then
+--     local late = fast_late(a)
+--     if late then
+--       return late
+--     end
+--   end
+--   local now = ARGV[a + 1]
+--   if now == "0" then
+--     now = now_redis or clock()
+--   else
+--     now = now + NBASE
+--   end
+local function fast_late(a)
   local deadline = ARGV[a + 2] + 0
-  if deadline ~= 0 then
-    local t = clock()
-    if deadline > 0 and t > deadline then
-      return false, {3, t, t}
-    end
+  if deadline > 0 and now_redis > deadline + DBASE then
+    return {3}
   end
-  if now == 0 then
-    now = clock()
-  end
-  return now
+end
+-- fast_reply appends a fast path's short reply to the call's, flat (see
+-- OUT): 8 × 4 + status, then count, retry and reset; it
+-- returns true, as a fast path that appended its own does. Flat, the reply
+-- costs Redis no table to read (at 16 checks a call, 3.3k instructions a
+-- check less than a table of the six: callgrind, 12-06).
+local function fast_reply(status, count, retry, reset)
+  local o = ON
+  OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4] = 32 + status, count, retry, reset
+  ON = o + 4
+  return true
 end
 local SHAPE, SHAPEN = {}, 0
 local function shape_of(s)
@@ -447,7 +506,7 @@ end
 
 -- with_limits appends the windows' limits and bursts to a reply.
 local function with_limits(reply, nw)
-  local o = 7 + 3 * nw
+  local o = 5 + 3 * nw
   for j = 1, nw do
     reply[o + 2 * j - 1] = wlim[j]
     reply[o + 2 * j] = (wkind[j] == 4 and wburst[j]) or 0
@@ -467,8 +526,7 @@ local function decide(a, k, V, tried)
   end
   -- (s + 0 reads a number argument: one conversion, where tonumber makes
   -- two; the caller always sends numbers there.)
-  local now = ARGV[a + 1] + 0
-  local deadline = ARGV[a + 2] + 0
+  local now = ARGV[a + 1]
   local mode, cost, nparts = V[1], V[2], V[3]
   local hasban, haslease, hasov = V[4] == 1, V[5] == 1, V[6] == 1
   local x = a + 3 -- the next changing value in ARGV
@@ -476,14 +534,16 @@ local function decide(a, k, V, tried)
   if hasov then
     scope, x = ARGV[x], x + 1
   end
-  if deadline ~= 0 then
-    local t = clock()
-    if deadline > 0 and t > deadline then
-      return {3, t, t}
+  if LATE then
+    local deadline = ARGV[a + 2] + 0
+    if deadline > 0 and now_redis > deadline + DBASE then
+      return {3}
     end
   end
-  if now == 0 then
+  if now == "0" then
     now = clock()
+  else
+    now = now + NBASE
   end
   local i = 7
   local nw = 0
@@ -537,7 +597,7 @@ local function decide(a, k, V, tried)
   end
   if mode == 4 then
     redis.call("ZREM", lkey, lid)
-    return {1, now, now_redis or 0, 0, 0, -1, 0}
+    return {1, 0, 0, -1, 0}
   end
   local overridden, ovend = false, 0
   if hasov then
@@ -551,9 +611,9 @@ local function decide(a, k, V, tried)
           capacity = wburst[j]
         end
         if cost > capacity then
-          local reply = {4, now, now_redis or 0, 0, 0, -1, 0}
+          local reply = {4, 0, 0, -1, 0}
           for i = 1, nw do
-            reply[3 * i + 5], reply[3 * i + 6], reply[3 * i + 7] = 0, 0, 0
+            reply[3 * i + 3], reply[3 * i + 4], reply[3 * i + 5] = 0, 0, 0
           end
           return with_limits(reply, nw)
         end
@@ -713,26 +773,57 @@ local function decide(a, k, V, tried)
     -- to turn into RESP). (One constructor sizes the table once; appending
     -- grows it.)
     if nw == 1 then
-      return {status, now, now_redis or 0, cnt[1], rty[1], rst[1]}
+      return {status, cnt[1], rty[1], rst[1]}
     end
-    reply = {status, now, now_redis or 0}
+    reply = {status}
     for j = 1, nw do
-      reply[3 * j + 1], reply[3 * j + 2], reply[3 * j + 3] = cnt[j], rty[j], rst[j]
+      reply[3 * j - 1], reply[3 * j], reply[3 * j + 1] = cnt[j], rty[j], rst[j]
     end
     return reply
   end
   if nw == 1 then
-    reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
+    reply = {status, banleft, started, inflight, leasedenied + shflags, cnt[1], rty[1], rst[1]}
   else
-    reply = {status, now, now_redis or 0, banleft, started, inflight, leasedenied + shflags}
+    reply = {status, banleft, started, inflight, leasedenied + shflags}
     for j = 1, nw do
-      reply[3 * j + 5], reply[3 * j + 6], reply[3 * j + 7] = cnt[j], rty[j], rst[j]
+      reply[3 * j + 3], reply[3 * j + 4], reply[3 * j + 5] = cnt[j], rty[j], rst[j]
     end
   end
   if overridden then
     return with_limits(reply, nw)
   end
   return reply
+end
+
+-- checks decides the checks of a call of several from the RI-th (of n),
+-- whose values start at ARGV[RA] and keys at KEYS[RK], appending their
+-- replies to OUT. Before a check runs, RA, RK and RI say the next one's and
+-- RV that its shape was read.
+local RA, RK, RI, RV = 0, 0, 0, false
+local function checks(n)
+  local a, k = RA, RK
+  local ls, V = false, false
+  for i = RI, n do
+    hn = 0
+    RV = false
+    local s = ARGV[a]
+    if s ~= ls then
+      V, ls = SHAPE[s] or shape_of(s), s
+    end
+    RA, RK, RI, RV = a + V.na, k + V.nk, i + 1, true
+    local f, r = V.fast, nil
+    if f then
+      r = f(a, k, V)
+    end
+    if not r then
+      r = decide(a, k, V, true)
+    end
+    if r ~= true then
+      ON = ON + 1
+      OUT[ON] = r
+    end
+    a, k = RA, RK
+  end
 end
 
 -- run decides the call's checks, in order, and returns their replies. A
@@ -744,39 +835,40 @@ local function run()
   end
   hn = 0
   local n = tonumber(ARGV[1])
+  bases()
   OUT, ON = KEEP, 0
-  local a, k = 2, 1
+  local a, k = 4, 1
   if n == 1 then
     local r = decide(a, k, SHAPE[ARGV[a]] or shape_of(ARGV[a]))
     if r ~= true then
       -- One table for Redis to turn into RESP, not two: flat, built in C.
-      OUT = {#r, unpack(r)}
+      OUT, ON = {8 * #r + r[1], unpack(r, 2)}, #r
     end
   else
-    for _ = 1, n do
-      hn = 0
-      local V = SHAPE[ARGV[a]] or shape_of(ARGV[a])
-      local f, ok, r = V.fast, true, nil
-      if f then
-        ok, r = pcall(f, a, k, V)
+    -- One pcall for the checks, not one each: an error ends checks with
+    -- RI past the check that raised it, which the error answers, and the
+    -- next pcall goes on from there; an error reading a shape (RV false)
+    -- fails the call, as it did outside the checks' pcalls.
+    RA, RK, RI = a, k, 1
+    while true do
+      local ok, r = pcall(checks, n)
+      if ok then
+        break
       end
-      if ok and not r then
-        ok, r = pcall(decide, a, k, V, true)
+      if not RV then
+        error(r, 0)
       end
-      if not ok then
-        if type(r) ~= "table" or not r.err then
-          r = {err = tostring(r)}
-        end
-        ON = ON + 1
-        OUT[ON] = r
-      elseif r ~= true then
-        ON = ON + 1
-        OUT[ON] = r
+      if type(r) ~= "table" or not r.err then
+        r = {err = tostring(r)}
       end
-      a, k = a + V.na, k + V.nk
+      ON = ON + 1
+      OUT[ON] = r
     end
   end
+  -- The call's reading of Redis TIME (0: none), after the checks' replies.
+  ON = ON + 1
   local out = OUT
+  out[ON] = now_redis or 0
   OUT = false
   if out == KEEP then
     local i = ON + 1

@@ -165,9 +165,17 @@ end
 -- window has none (a reload replaced the window) goes to decide, which
 -- carries their count over.
 local function fix_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   local fw, fn = V.fw, V.fn
@@ -198,12 +206,12 @@ local function fix_fast(a, k, V)
     if count > 0 then
       reset = e - now
     end
-    return {0, now, now_redis or 0, count, retry, reset}
+    return fast_reply(0, count, retry, reset)
   end
   rcall("HSET", key, fw, ids, fn, sfmt(INT, count + cost))
   if not cur then
     rcall("PEXPIRE", key, sfmt(INT, math.ceil((e - now) / 1000) + 1000))
   end
-  return {1, now, now_redis or 0, count + cost, 0, e - now}
+  return fast_reply(1, count + cost, 0, e - now)
 end
 FAST[3] = fix_fast

@@ -167,7 +167,7 @@ var Files = map[string]string{
 }
 
 // fastMarker is the line of decide.lua above which lies all that the fast
-// paths (FAST) need of it: the clock, the formats, num, fast_now and the
+// paths (FAST) need of it: the clock, the formats, num, fast_late and the
 // shapes.
 const fastMarker = "-- @fast"
 
@@ -204,9 +204,13 @@ local function general()
   local function set_t(t)
     now_redis = t
   end
+  local function get_base()
+    return DBASE, NBASE, LATE
+  end
 ` + body + `
   return function(a, k, s)
     now_redis = get_t()
+    DBASE, NBASE, LATE = get_base()
     if not INT then
       formats()
     end
@@ -236,23 +240,26 @@ local function fast_one(a, k, V, s)
   return slow(a, k, s)
 end
 -- As run: the checks in order, each its own reply (OUT: a table, or flat
--- from the fast path); with n > 1 an error is its check's reply.
+-- from the fast path); with n > 1 an error is its check's reply; then the
+-- call's reading of Redis TIME (0: none).
 local function fast_run()
   now_redis = false
   if not INT then
     formats()
   end
   local n = ARGV[1] + 0
+  bases()
   OUT, ON = {}, 0
   if n == 1 then
-    local s = ARGV[2]
-    local r = fast_one(2, 1, SHAPE[s] or shape_of(s), s)
+    local s = ARGV[4]
+    local r = fast_one(4, 1, SHAPE[s] or shape_of(s), s)
     if r ~= true then
-      return {#r, unpack(r)} -- one table, flat (run's way)
+      OUT, ON = {8 * #r + r[1], unpack(r, 2)}, #r -- one table, flat (run's way)
     end
+    OUT[ON + 1] = now_redis or 0 -- the call's reading of TIME, as run's
     return OUT
   end
-  local a, k = 2, 1
+  local a, k = 4, 1
   for _ = 1, n do
     local s = ARGV[a]
     local V = SHAPE[s] or shape_of(s)
@@ -269,6 +276,7 @@ local function fast_run()
     end
     a, k = a + V.na, k + V.nk
   end
+  OUT[ON + 1] = now_redis or 0
   return OUT
 end
 return fast_run()

@@ -1552,7 +1552,7 @@ local function ctr4_lazy(k, V, now)
         reset = ctr3_until(1, count - 1, base) + (base - now)
       end
     end
-    return {0, now, now_redis or 0, count, retry, reset}
+    return {0, count, retry, reset}
   end
   if cost > 0 then
     ctr3_put(1, cost, base)
@@ -1582,7 +1582,7 @@ local function ctr4_lazy(k, V, now)
   if n > 0 then
     reset = c4_until(field, kk, sbyte(field, 6), n - 1, base) + (base - now)
   end
-  return {1, now, now_redis or 0, count + cost, 0, reset}
+  return {1, count + cost, 0, reset}
 end
 
 -- c4_le is ctr3_le(1, base, target) in a window of 20 buckets exactly
@@ -1642,9 +1642,17 @@ end
 -- appends its reply flat (decide.lua's OUT). Any other window goes by
 -- ctr4_lazy.
 local function ctr4_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local fw = V.fw
   if not fw then
@@ -1743,9 +1751,8 @@ local function ctr4_fast(a, k, V)
         reset = c4_at(v, sk or kk - CTR3_R, wd, kk, count - 1, after, c0, F0, L0, st, bw, b) + w - now
       end
     end
-    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5], OUT[o + 6], OUT[o + 7] =
-      6, 0, now, now_redis or 0, count, retry, reset
-    ON = o + 7
+    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4] = 32, count, retry, reset -- 8 × 4 + status 0
+    ON = o + 4
     return true
   end
   if cost > 0 then
@@ -1862,13 +1869,15 @@ local function ctr4_fast(a, k, V)
       reset = c4_at(field, kk, wd, kk, n - 1, after, c0, F0, L0, st, bw, b) + w - now
     end
   end
-  if o == 0 then
-    OUT = {6, 1, now, now_redis or 0, count + cost, 0, reset}
+  if o == 0 and OUT ~= KEEP then
+    -- The call's first reply in a table of its own (EVALSHA's fast
+    -- script): made to size. run's KEEP is sized already (replacing it
+    -- grew a new table at every power of two, as tb_fast's comment says).
+    OUT = {33, count + cost, 0, reset} -- 8 × 4 + status 1
   else
-    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4], OUT[o + 5], OUT[o + 6], OUT[o + 7] =
-      6, 1, now, now_redis or 0, count + cost, 0, reset
+    OUT[o + 1], OUT[o + 2], OUT[o + 3], OUT[o + 4] = 33, count + cost, 0, reset
   end
-  ON = o + 7
+  ON = o + 4
   return true
 end
 FAST[2] = ctr4_fast

@@ -516,9 +516,17 @@ end
 -- whose oldest entry is older than it (it cannot be after the prune), goes
 -- to decide, whose prune is this one again.
 local function log_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   rcall("ZREMRANGEBYSCORE", key, "0", sfmt(INT, now - w))
@@ -527,7 +535,7 @@ local function log_fast(a, k, V)
   if not m or (m == "#2" and not h[3]) then
     -- No entry: the check's cost alone.
     if cost > limit then
-      return {0, now, now_redis or 0, 0, w, 0}
+      return fast_reply(0, 0, w, 0)
     end
     if m then
       rcall("ZADD", key, sfmt(INT, now), log_member(0, cost))
@@ -535,7 +543,7 @@ local function log_fast(a, k, V)
       rcall("ZADD", key, "-inf", "#2", sfmt(INT, now), log_member(0, cost))
     end
     rcall("PEXPIRE", key, sfmt(INT, log_ttl2(w)))
-    return {1, now, now_redis or 0, cost, 0, w}
+    return fast_reply(1, cost, 0, w)
   end
   if m ~= "#2" then
     return nil
@@ -576,7 +584,7 @@ local function log_fast(a, k, V)
     if full > retry then
       retry = full
     end
-    return {0, now, now_redis or 0, count, retry, ot + w - now}
+    return fast_reply(0, count, retry, ot + w - now)
   end
   local at = now
   if newest > at then
@@ -590,7 +598,7 @@ local function log_fast(a, k, V)
   if at - at % span ~= newest - newest % span then
     rcall("PEXPIRE", key, sfmt(INT, log_ttl2(w)))
   end
-  return {1, now, now_redis or 0, count + cost, 0, ot + w - now}
+  return fast_reply(1, count + cost, 0, ot + w - now)
 end
 FAST[1] = log_fast
 
@@ -604,9 +612,17 @@ FAST[1] = log_fast
 -- shape V; a score at now is the argument's digits after "-".
 local sbyte, schar = false, false
 local function log3_fast(a, k, V)
-  local now, late = fast_now(a)
-  if not now then
-    return late
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
+    end
+  end
+  local now = ARGV[a + 1]
+  if now == "0" then
+    now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w, limit = KEYS[k], V[2], V[11], V[12]
   local span, ttl = V.span3, V.ttl3
@@ -616,11 +632,16 @@ local function log3_fast(a, k, V)
     sbyte, schar = string.byte, string.char
   end
   local nm = rcall("ZRANGE", key, "0", "0")[1]
-  local nowarg = ARGV[a + 1]
+  -- nowarg: the check's now as sent, when sent whole (no base: NBASE 0;
+  -- the caller sends a call's nows so when it holds a check of this form).
+  local nowarg = "0"
+  if NBASE == 0 then
+    nowarg = ARGV[a + 1]
+  end
   if not nm or nm == "#3" then
     -- No entry: the check's cost alone.
     if cost > limit then
-      return {0, now, now_redis or 0, 0, w, 0}
+      return fast_reply(0, 0, w, 0)
     end
     local sc = (nowarg ~= "0" and "-" .. nowarg) or sfmt(INT, -now)
     if nm then
@@ -629,7 +650,7 @@ local function log3_fast(a, k, V)
       rcall("ZADD", key, "+inf", "#3", sc, log3_member(0, cost, now))
     end
     rcall("PEXPIRE", key, ttl)
-    return {1, now, now_redis or 0, cost, 0, w}
+    return fast_reply(1, cost, 0, w)
   end
   if sbyte(nm) >= 32 then
     return nil
@@ -655,10 +676,10 @@ local function log3_fast(a, k, V)
       if cost <= limit then
         retry = log_retry(key, rcall("ZREVRANK", key, om), ob, total + cost - limit, w, now, log3_at)
       end
-      return {0, now, now_redis or 0, count, retry, ot + w - now}
+      return fast_reply(0, count, retry, ot + w - now)
     end
   elseif cost > limit then
-    return {0, now, now_redis or 0, 0, w, 0}
+    return fast_reply(0, 0, w, 0)
   end
   if total + cost >= LOG_MAX_T then
     return nil
@@ -708,9 +729,9 @@ local function log3_fast(a, k, V)
     rcall("PEXPIRE", key, ttl)
   end
   if ot then
-    return {1, now, now_redis or 0, count + cost, 0, ot + w - now}
+    return fast_reply(1, count + cost, 0, ot + w - now)
   end
-  return {1, now, now_redis or 0, cost, 0, at + w - now}
+  return fast_reply(1, cost, 0, at + w - now)
 end
 FAST[11] = log3_fast
 end -- of sliding_log.lua's block

@@ -213,17 +213,18 @@ end
 -- every write). A key's expiry is therefore always past its tat + 1 s (in
 -- the clock of the node that wrote it, as before).
 local function tb_fast(a, k, V)
-  -- fast_now, in line (a call fewer): now and the deadline as decide reads them.
-  local now = ARGV[a + 1] + 0
-  local deadline = ARGV[a + 2] + 0
-  if deadline ~= 0 then
-    local t = now_redis or clock()
-    if deadline > 0 and t > deadline then
-      return {3, t, t}
+  -- now and the deadline as decide reads them (decide.lua's fast_late).
+  if LATE then
+    local late = fast_late(a)
+    if late then
+      return late
     end
   end
-  if now == 0 then
+  local now = ARGV[a + 1]
+  if now == "0" then
     now = now_redis or clock()
+  else
+    now = now + NBASE
   end
   local key, cost, w = KEYS[k], V[2], V[11]
   -- What the shape alone says, worked out on its first check: field
@@ -280,14 +281,11 @@ local function tb_fast(a, k, V)
     local retry = tb_retry(d, cost, burst, interval, w)
     if retry > 0 then
       local o = ON
-      OUT[o + 1] = 6
-      OUT[o + 2] = 0
-      OUT[o + 3] = now
-      OUT[o + 4] = now_redis or 0
-      OUT[o + 5] = tb_in_use(d, burst, interval)
-      OUT[o + 6] = retry
-      OUT[o + 7] = d
-      ON = o + 7
+      OUT[o + 1] = 32 -- 8 × 4 values + status 0
+      OUT[o + 2] = tb_in_use(d, burst, interval)
+      OUT[o + 3] = retry
+      OUT[o + 4] = d
+      ON = o + 4
       return true
     end
     d = d + interval * cost
@@ -309,17 +307,14 @@ local function tb_fast(a, k, V)
   if o == 0 and OUT ~= KEEP then
     -- The call's first reply in a table of its own (EVALSHA's fast
     -- script): made to size (no growing). run's KEEP is sized already.
-    OUT = {6, 1, now, now_redis or 0, count, 0, d}
+    OUT = {33, count, 0, d} -- 8 × 4 values + status 1
   else
-    OUT[o + 1] = 6
-    OUT[o + 2] = 1
-    OUT[o + 3] = now
-    OUT[o + 4] = now_redis or 0
-    OUT[o + 5] = count
-    OUT[o + 6] = 0
-    OUT[o + 7] = d
+    OUT[o + 1] = 33
+    OUT[o + 2] = count
+    OUT[o + 3] = 0
+    OUT[o + 4] = d
   end
-  ON = o + 7
+  ON = o + 4
   return true
 end
 FAST[4] = tb_fast

@@ -16,8 +16,8 @@
 //
 // The checks are those of a one-window limit of -limit (10,000) a minute keyed over
 // -keys keys, each key getting -per checks a window (so its set holds about
-// -per entries), on a clock the tool moves (clock app), with a deadline, as
-// Caddy sends them. With -eval they go by the script the store sends such
+// -per entries), on a clock the tool moves (clock app), each with a deadline
+// an hour after its time, as Caddy sends them. With -eval they go by the script the store sends such
 // checks by: the kind's fast script (lua.DecideFast: sliding_log,
 // sliding_counter in format 4, fixed_window, token_bucket), the log's
 // (format 1) or the full one (the counter in format 3: kind 12); the
@@ -34,6 +34,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -47,6 +48,9 @@ import (
 
 	"github.com/sliding-ratelimit/sliding_ratelimit/lua"
 )
+
+// deadlineAfter is how long after its time (µs) a check's deadline is.
+const deadlineAfter = 3600e6
 
 // baseline is the original design's script, for 16 keys a call as ours.
 const baseline = `for i = 1, #KEYS do
@@ -131,7 +135,11 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, limit int64, e
 	// mode 0, cost 1, one part of kind, one window of a minute, limit -limit
 	shape := "[0,1,1,0,0,0," + strconv.Itoa(kind) + ",1,0,\"60000000\",60000000," + strconv.FormatInt(limit, 10) + ",0]"
 	step := 60e6 / float64(per*keys) // µs between two checks
-	now := float64(time.Now().UnixMicro())
+	// The clock starts at a whole minute: every run meets its windows (and
+	// sliding_counter's buckets) at the same offsets, so two runs under
+	// callgrind count the same work (from the wall clock's µs, the
+	// counter's varied by 1k instructions a check from run to run).
+	now := float64(time.Now().Truncate(time.Minute).UnixMicro())
 	rng := rand.New(rand.NewPCG(1, 2))
 	key := func() string { return "ratelimit:bench:log:{k" + strconv.Itoa(rng.IntN(keys)) + "}" }
 	// The baseline's sets are keys of their own (ours may be hashes), filled
@@ -139,12 +147,25 @@ func run(w io.Writer, addr string, keys, per, n, batch, kind int, limit int64, e
 	baseKey := func() string { return "ratelimit:bench:base:{k" + strconv.Itoa(rng.IntN(keys)) + "}" }
 	ours := func(checks int) error {
 		for done := 0; done < checks; done += batch {
-			ks, av := make([]any, 0, batch), []any{batch}
+			// The call's bases (decide.lua's header): one below the
+			// earliest deadline and now, its first check's; its nows go
+			// whole (base 0) for the log in format 3 (kind 11), whose fast
+			// path writes their digits.
+			base := math.Round(now+step+deadlineAfter) - 1
+			nbase := math.Round(now+step) - 1
+			if kind == 11 {
+				nbase = 0
+			}
+			ks, av := make([]any, 0, batch), []any{batch, strconv.FormatFloat(base, 'f', 0, 64), strconv.FormatFloat(nbase, 'f', 0, 64)}
 			for range batch {
 				now += step
 				ks = append(ks, key())
-				// One check as the store encodes it (see decide.lua's header).
-				av = append(av, shape, strconv.FormatFloat(now, 'f', 0, 64), "9007199254740991")
+				// One check as the store encodes it (see decide.lua's header):
+				// its deadline its time and an hour, a number of its own as
+				// each request's is (its time and timeout), never passed in
+				// a run under valgrind; it and its now sent relative to the
+				// call's bases.
+				av = append(av, shape, strconv.FormatFloat(math.Round(now)-nbase, 'f', 0, 64), strconv.FormatFloat(math.Round(now+deadlineAfter)-base, 'f', 0, 64))
 			}
 			args := append(append(append(append([]any{}, call...), len(ks)), ks...), av...)
 			if err := c.Do(ctx, args...).Err(); err != nil {
