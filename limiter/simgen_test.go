@@ -1054,6 +1054,22 @@ var simReplays = []simCase{
 			{Op: "tick", Dt: 1500000},
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 		}},
+	// Found by a fresh seed on 2026-12-06 (it fails on 470d399 too): the
+	// deny cache's shape held the calendar period's bounds, so past the
+	// day's end node 0's denial by the 10 s window (3.6 s left) was of
+	// another shape; Redis stalled, the request followed fail open. Fixed:
+	// the bounds are the time's, left out of the shape (denycache.go).
+	{Name: "a denial by a duration window cached before a calendar period's end is served after it through an outage (fresh seed 1796550484710633111, shrunk from 24 steps)", Stack: "redis", Start: time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"2s", "10s", "day"}, Limits: []int64{2, 2, 11}, Zone: "UTC", BanAfter: 2, BanWithin: "3s", BanFor: "10s", Fail: "open"},
+		Steps: []simStep{
+			{Op: "tick", Dt: 4264857},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "stall"},
+			{Op: "tick", Dt: 6354574},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
