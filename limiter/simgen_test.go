@@ -1070,6 +1070,25 @@ var simReplays = []simCase{
 			{Op: "tick", Dt: 6354574},
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 		}},
+	// Found by a fresh seed on 2026-12-06 with SIM_FOCUS=outage-ban (it
+	// fails on 470d399 too): the first check went into a stall before the
+	// store knew Redis's clock; its TIME call, read by the simulation's
+	// client past its deadline (no ContextTimeoutEnabled), came back when
+	// Redis resumed and taught an offset 150 ms too lenient, so the next
+	// check, sent into the next stall, ran when Redis resumed and took a
+	// lease though fail open had answered it. Fixed: a TIME reply after the
+	// deadline of the checks waiting for it teaches nothing (askTime;
+	// TestLateTimeReplyTeachesNoOffset).
+	{Name: "a TIME reply that comes back after its check gave up teaches no clock offset: the next check into a stall is not run late (fresh seed 1796551104107665449, outage-ban focus)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"10s"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "10s", BanFor: "10s", Conc: 2, Lease: "2s", CountOnly: true, Fail: "open"},
+		Steps: []simStep{
+			{Op: "fault", Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "heal"},
+			{Op: "fault", Node: 1, Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "heal"},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this
