@@ -331,12 +331,25 @@ func (e *simEnv) fault(r *simRun, kind string) error {
 
 // heal ends a stall or a kill (a killed Redis comes back with its data
 // gone too: it has no persistence); then, when wait, until every node
-// listens to notices again.
+// listens to notices again. After a stall too: a node whose subscription
+// broke during it (a new client's, whose tries failed) starts it again
+// after a backoff of up to 5 s, and the next step that waits for a notice
+// (a reset, an override, a reload, a node's death) would wait that long in
+// real time. The history's clock stands still meanwhile, but Redis's TTLs
+// run on the wall clock: a lease of 2 s, its key kept 1 s longer, taken
+// just before, was gone from Redis where the oracle held it (fresh seed
+// 1796551517083550127: 0 requests in flight, the oracle has 1, after an
+// override's notice waited 4.4 s). So the wait is here, before any state
+// is written after the stall.
 func (e *simEnv) heal(r *simRun, wait bool) {
 	switch r.down {
 	case "stall":
 		e.srv.Resume()
 		r.event("heal:stall")
+		r.down = ""
+		if wait {
+			_ = r.delivered(8 * time.Second) // (as after a kill: a later step's wait reports a node that never came back)
+		}
 	case "kill":
 		e.srv.Restart()
 		r.store = newOStore()
