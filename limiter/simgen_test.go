@@ -1089,6 +1089,28 @@ var simReplays = []simCase{
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 			{Op: "fault", Node: 1, Fault: "heal"},
 		}},
+	// Found by a fresh seed on 2026-12-06 with SIM_FOCUS=outage-ban (it
+	// fails on 470d399 too): node 0's five requests during the stall timed
+	// out and opened its circuit; after the heal, with the history's clock
+	// still inside the cool-down, its call was refused unsent and its deny
+	// cache served the denial it held, as documented (the circuit open is a
+	// store failure). The oracle took only a Redis down for one and said
+	// the store decides. Fixed in the oracle: storeFails.
+	{Name: "a node whose circuit is still open after a stall's heal serves the denial it holds under a ban rule (fresh seed 1796555705763496099, outage-ban focus)", Stack: "redis", Start: time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"10s"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "10s", BanFor: "10s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "heal"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this

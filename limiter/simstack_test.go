@@ -504,7 +504,7 @@ func (r *simRun) remember(n *simNode, q *oReq, d *oDecision, now time.Time) {
 // A cached limited denial is a client's denial like any other: it counts
 // toward the ban in the store.
 func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
-	c := n.servable(q, now, r.down != "")
+	c := n.servable(q, now, r.storeFails(n))
 	if c == nil {
 		return oDecision{}, false
 	}
@@ -527,6 +527,18 @@ func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
 	d.banned = d.outcome == limiter.OutcomeBanned
 	d.retry = d.retryOf()
 	return d, true
+}
+
+// storeFails reports whether node n's calls to the store fail: Redis is
+// down, or the node's circuit is open (after an outage, until its
+// cool-down ends on the history's clock, which a heal does not move), so a
+// call through it is refused unsent. Either way the deny cache serves the
+// denials it holds (docs/decision.md: an error, a timeout, the circuit
+// open). (Until 2026-12-06 only the first: a node whose circuit a stall
+// had opened served its held denial under a ban rule after the heal, and
+// the oracle said the store decides; fresh seed 1796555705763496099.)
+func (r *simRun) storeFails(n *simNode) bool {
+	return r.down != "" || n.stack != nil && limiter.BreakerRefuses(n.stack.breaker)
 }
 
 // servable is the cached denial node n answers q with at now, if any: a
