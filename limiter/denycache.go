@@ -266,6 +266,14 @@ func (c *DenyCache) forget(match func(tag string) bool) {
 // the concurrency bound (FNV-1a over whole words, each step folded: the
 // numbers, the strings 8 bytes at a time and their tails byte by byte, no
 // allocation). It is compared only with shapes of this process.
+//
+// A calendar period's bounds are the time's, and left out: a denial holds
+// into the next period until its retry time, which is the end of the
+// period for a period that denied, and a window's that still denies
+// otherwise (the store would refuse the request until then). With them in,
+// a key denied by a duration window across a period's end was not served
+// from the cache, and during an outage followed the fail mode instead
+// (fail open let it through).
 func opShape(op *Op) uint64 {
 	h := uint64(14695981039346656037)
 	num := func(v int64) {
@@ -296,7 +304,6 @@ func opShape(op *Op) uint64 {
 			str(w.Name)
 			num(w.Limit)
 			num(w.Burst)
-			num(w.Bounds[1])
 		}
 	}
 	if b := op.Ban; b != nil {

@@ -682,7 +682,9 @@ type timeAsk struct {
 // one TIME call (shared by the checks that wait for it), within d: a check
 // that cannot have its deadline on Redis's clock is not sent (its caller
 // applies the fail mode, and nothing runs late). The call runs on its own
-// goroutine so that d holds whatever the client's timeouts. Where Redis
+// goroutine so that d holds whatever the client's timeouts, and a reply it
+// reads after d teaches nothing (its round trip would make the offset as
+// lenient as it was long). Where Redis
 // refuses TIME itself though it answers (NOPERM: a Redis 6 ACL that lets
 // the script read TIME but not the caller), the check goes as it did
 // before, without a deadline, and its reply teaches the offset.
@@ -721,7 +723,15 @@ func (s *RedisStore) askTime(a *timeAsk, d time.Time) {
 	sent := time.Now()
 	cmd := redis.NewTimeCmd(ctx, "time")
 	var re redis.Error
-	if a.err = s.client.Process(ctx, cmd); a.err == nil {
+	if a.err = s.client.Process(ctx, cmd); a.err == nil && time.Now().After(d) {
+		// The reply came after d, the deadline of the checks waiting for
+		// it (a client whose timeouts outlast d reads it anyway): a round
+		// trip that long would put later checks' deadlines as much later
+		// on Redis's clock, and one sent into the next stall would run
+		// when Redis resumes though its caller applied the fail mode. No
+		// sample: the next check asks again.
+		a.err = context.DeadlineExceeded
+	} else if a.err == nil {
 		s.clock.sample(cmd.Val().UnixMicro(), sent)
 	} else if errors.As(a.err, &re) && !IsUnavailable(a.err) {
 		s.clock.noTime.Store(true)

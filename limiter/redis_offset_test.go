@@ -124,3 +124,68 @@ func TestChecksGoWhereTimeIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestLateTimeReplyTeachesNoOffset: a store whose client reads past a
+// call's context deadline (no ContextTimeoutEnabled, a long ReadTimeout)
+// sends a check before it knows Redis's clock, during a stall: its TIME
+// call outlives the check, which the fail mode answers, and its reply comes
+// when Redis resumes, a whole stall after it was sent. That round trip
+// teaches no offset: had it (the offset as lenient as the stall was long),
+// the next check, sent into the next stall, would carry a deadline that
+// late on Redis's clock and run when Redis resumes, charged though its
+// caller applied the fail mode (the Redis simulation's fresh seed
+// 1796551104107665449: a lease taken). Batched, as the simulation's nodes:
+// unbatched, such a client keeps the caller waiting until its ReadTimeout,
+// past the check's deadline on Redis's clock however lenient.
+func TestLateTimeReplyTeachesNoOffset(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
+	t.Cleanup(func() { _ = client.Close() })
+	store := limiter.NewRedisStore(client, limiter.WithBatching(2, 16))
+	t.Cleanup(func() { store.Close() })
+	newLimiter := func(prefix string, timeout time.Duration) *limiter.Limiter {
+		l, err := limiter.New(limiter.Policy{Name: "late", KeyPrefix: prefix, Windows: []limiter.Window{{Duration: time.Minute}},
+			AppClock: true, Timeout: timeout, Fail: limiter.FailOpen},
+			limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(l.Close)
+		return l
+	}
+	// As in TestFirstCheckIsNeverChargedLate: the store has called Redis,
+	// with checks that carry no deadline (nothing has taught it Redis's
+	// clock).
+	warm := newLimiter(randomID(t)+":", 0)
+	if d, err := warm.Decide(ctx, &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
+		t.Fatal(err, d.Err)
+	}
+	prefix := randomID(t) + ":"
+	l := newLimiter(prefix, 100*time.Millisecond)
+	for i := range 2 {
+		times := srv.CommandStats(t)["time"].Calls
+		srv.Pause()
+		d, err := l.Decide(ctx, &limiter.Input{Identity: "K", Limits: []int64{10}})
+		srv.Resume()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Err == nil || d.Source != limiter.SourceFailOpen || !d.Pass {
+			t.Fatalf("check %d during a stall: %s from %s (err %v), want admitted by fail open", i+1, d.Outcome, d.Source, d.Err)
+		}
+		// What was written during the stall runs now (the TIME call, or
+		// the check): wait until Redis has run it and the client has read
+		// its reply.
+		for deadline := time.Now().Add(3 * time.Second); i == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+			if srv.CommandStats(t)["time"].Calls > times {
+				break
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+		if keys := srv.CLI(t, "--scan", "--pattern", prefix+"*"); keys != "" {
+			t.Fatalf("after stall %d, Redis holds %q: a check the fail mode answered was charged when Redis resumed", i+1, keys)
+		}
+	}
+}

@@ -6,7 +6,9 @@ import (
 )
 
 // TestOpShapeSeesWhatChangesTheAnswer: ops that differ in anything that
-// changes a store's answer have different shapes; the time does not count.
+// changes a store's answer have different shapes; the time does not count,
+// nor a calendar period's bounds, which are the time's (a denial holds into
+// the next period until its retry time).
 func TestOpShapeSeesWhatChangesTheAnswer(t *testing.T) {
 	t.Parallel()
 	base := func() *Op {
@@ -18,8 +20,9 @@ func TestOpShapeSeesWhatChangesTheAnswer(t *testing.T) {
 	want := opShape(base())
 	same := base()
 	same.Now, same.Deadline, same.Lease.ID = 99, time.Now(), "y"
+	same.Parts[0].Windows[0].Bounds = [4]int64{1, 5, 9, 13}
 	if opShape(same) != want {
-		t.Error("the time, the deadline or the lease's id changed the shape")
+		t.Error("the time, the deadline, a calendar period's bounds or the lease's id changed the shape")
 	}
 	seen := map[uint64]string{want: "base"}
 	for name, change := range map[string]func(*Op){
@@ -27,7 +30,7 @@ func TestOpShapeSeesWhatChangesTheAnswer(t *testing.T) {
 		"key": func(o *Op) { o.Parts[0].Key = "rl:{b}:log" }, "key's tail": func(o *Op) { o.Parts[0].Key = "rl:{a}:lox" },
 		"key's length": func(o *Op) { o.Parts[0].Key = "rl:{a}:log\x00" }, "key's word": func(o *Op) { o.Parts[0].Key = "rl:{a}:Log" }, "kind": func(o *Op) { o.Parts[0].Kind = KindCounter },
 		"name": func(o *Op) { o.Parts[0].Windows[0].Name = "60000001" }, "limit": func(o *Op) { o.Parts[0].Windows[0].Limit = 11 },
-		"burst": func(o *Op) { o.Parts[0].Windows[0].Burst = 1 }, "bounds": func(o *Op) { o.Parts[0].Windows[0].Bounds[1] = 5 },
+		"burst":   func(o *Op) { o.Parts[0].Windows[0].Burst = 1 },
 		"ban key": func(o *Op) { o.Ban.Key = "rl:{b}:ban" }, "ban after": func(o *Op) { o.Ban.After = 4 },
 		"ban within": func(o *Op) { o.Ban.Within = 1 }, "ban for": func(o *Op) { o.Ban.For = 1 },
 		"no ban": func(o *Op) { o.Ban = nil }, "lease max": func(o *Op) { o.Lease.Max = 3 },

@@ -488,7 +488,7 @@ func (r *simRun) expect(n *simNode, q *oReq, got *limiter.Decision, no int, now 
 		// Decided before any store: no source.
 		return n.rule.Finish(oDecision{outcome: limiter.OutcomeTooLarge, wins: r.staticWins(n, q)}), false
 	}
-	if last && got.Source != limiter.SourceDenyCache && got.Err == nil && n.servable(q, now, r.down != "") != nil {
+	if last && got.Source != limiter.SourceDenyCache && got.Err == nil && n.servable(q, now, r.storeFails(n)) != nil {
 		// A node may forget a cached denial whenever the store answers (a
 		// notice, a subscription that starts again): the store then
 		// decides. It never remembers one it was not given.

@@ -1054,6 +1054,63 @@ var simReplays = []simCase{
 			{Op: "tick", Dt: 1500000},
 			{Op: "req", Key: "a", Region: "us", Cost: 1},
 		}},
+	// Found by a fresh seed on 2026-12-06 (it fails on 470d399 too): the
+	// deny cache's shape held the calendar period's bounds, so past the
+	// day's end node 0's denial by the 10 s window (3.6 s left) was of
+	// another shape; Redis stalled, the request followed fail open. Fixed:
+	// the bounds are the time's, left out of the shape (denycache.go).
+	{Name: "a denial by a duration window cached before a calendar period's end is served after it through an outage (fresh seed 1796550484710633111, shrunk from 24 steps)", Stack: "redis", Start: time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_log", Windows: []string{"2s", "10s", "day"}, Limits: []int64{2, 2, 11}, Zone: "UTC", BanAfter: 2, BanWithin: "3s", BanFor: "10s", Fail: "open"},
+		Steps: []simStep{
+			{Op: "tick", Dt: 4264857},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 2, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "stall"},
+			{Op: "tick", Dt: 6354574},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
+	// Found by a fresh seed on 2026-12-06 with SIM_FOCUS=outage-ban (it
+	// fails on 470d399 too): the first check went into a stall before the
+	// store knew Redis's clock; its TIME call, read by the simulation's
+	// client past its deadline (no ContextTimeoutEnabled), came back when
+	// Redis resumed and taught an offset 150 ms too lenient, so the next
+	// check, sent into the next stall, ran when Redis resumed and took a
+	// lease though fail open had answered it. Fixed: a TIME reply after the
+	// deadline of the checks waiting for it teaches nothing (askTime;
+	// TestLateTimeReplyTeachesNoOffset).
+	{Name: "a TIME reply that comes back after its check gave up teaches no clock offset: the next check into a stall is not run late (fresh seed 1796551104107665449, outage-ban focus)", Stack: "redis", Start: time.Date(2026, 4, 4, 14, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "token_bucket", Windows: []string{"10s"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "10s", BanFor: "10s", Conc: 2, Lease: "2s", CountOnly: true, Fail: "open"},
+		Steps: []simStep{
+			{Op: "fault", Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "heal"},
+			{Op: "fault", Node: 1, Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "heal"},
+		}},
+	// Found by a fresh seed on 2026-12-06 with SIM_FOCUS=outage-ban (it
+	// fails on 470d399 too): node 0's five requests during the stall timed
+	// out and opened its circuit; after the heal, with the history's clock
+	// still inside the cool-down, its call was refused unsent and its deny
+	// cache served the denial it held, as documented (the circuit open is a
+	// store failure). The oracle took only a Redis down for one and said
+	// the store decides. Fixed in the oracle: storeFails.
+	{Name: "a node whose circuit is still open after a stall's heal serves the denial it holds under a ban rule (fresh seed 1796555705763496099, outage-ban focus)", Stack: "redis", Start: time.Date(2026, 11, 30, 23, 59, 50, 0, time.UTC), Nodes: 3,
+		Cfg: simCfg{Alg: "sliding_counter", Windows: []string{"10s"}, Limits: []int64{2}, BanAfter: 4, BanWithin: "10s", BanFor: "10s", Fail: "closed"},
+		Steps: []simStep{
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Node: 1, Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Fault: "stall"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+			{Op: "fault", Node: 1, Fault: "heal"},
+			{Op: "req", Key: "a", Region: "us", Cost: 1},
+		}},
 }
 
 // simPending are histories of known bugs whose fix has not landed on this

@@ -331,12 +331,25 @@ func (e *simEnv) fault(r *simRun, kind string) error {
 
 // heal ends a stall or a kill (a killed Redis comes back with its data
 // gone too: it has no persistence); then, when wait, until every node
-// listens to notices again.
+// listens to notices again. After a stall too: a node whose subscription
+// broke during it (a new client's, whose tries failed) starts it again
+// after a backoff of up to 5 s, and the next step that waits for a notice
+// (a reset, an override, a reload, a node's death) would wait that long in
+// real time. The history's clock stands still meanwhile, but Redis's TTLs
+// run on the wall clock: a lease of 2 s, its key kept 1 s longer, taken
+// just before, was gone from Redis where the oracle held it (fresh seed
+// 1796551517083550127: 0 requests in flight, the oracle has 1, after an
+// override's notice waited 4.4 s). So the wait is here, before any state
+// is written after the stall.
 func (e *simEnv) heal(r *simRun, wait bool) {
 	switch r.down {
 	case "stall":
 		e.srv.Resume()
 		r.event("heal:stall")
+		r.down = ""
+		if wait {
+			_ = r.delivered(8 * time.Second) // (as after a kill: a later step's wait reports a node that never came back)
+		}
 	case "kill":
 		e.srv.Restart()
 		r.store = newOStore()
@@ -491,7 +504,7 @@ func (r *simRun) remember(n *simNode, q *oReq, d *oDecision, now time.Time) {
 // A cached limited denial is a client's denial like any other: it counts
 // toward the ban in the store.
 func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
-	c := n.servable(q, now, r.down != "")
+	c := n.servable(q, now, r.storeFails(n))
 	if c == nil {
 		return oDecision{}, false
 	}
@@ -514,6 +527,18 @@ func (r *simRun) cached(n *simNode, q *oReq, now time.Time) (oDecision, bool) {
 	d.banned = d.outcome == limiter.OutcomeBanned
 	d.retry = d.retryOf()
 	return d, true
+}
+
+// storeFails reports whether node n's calls to the store fail: Redis is
+// down, or the node's circuit is open (after an outage, until its
+// cool-down ends on the history's clock, which a heal does not move), so a
+// call through it is refused unsent. Either way the deny cache serves the
+// denials it holds (docs/decision.md: an error, a timeout, the circuit
+// open). (Until 2026-12-06 only the first: a node whose circuit a stall
+// had opened served its held denial under a ban rule after the heal, and
+// the oracle said the store decides; fresh seed 1796555705763496099.)
+func (r *simRun) storeFails(n *simNode) bool {
+	return r.down != "" || n.stack != nil && limiter.BreakerRefuses(n.stack.breaker)
 }
 
 // servable is the cached denial node n answers q with at now, if any: a
