@@ -59,12 +59,13 @@ func TestFiguresRLSRecord(t *testing.T) {
 }
 
 // fastPathSection is docs/bench.md's record of the callgrind counts after
-// the fast path (issue 29).
-const fastPathSection = "\n## Redis's side, 2026-12-02 (issue 29): a fast path for the common check"
+// the call's floor was cut (issue 29, 2026-12-06; the fast paths' record,
+// 2026-12-02, before it).
+const fastPathSection = "\n## Redis's side, 2026-12-06 (issue 29): the call's floor"
 
 // instructionsFigure is the README's row of instructions per check, FCALL
 // 16 a call, log / counter / fixed / token: for each kind, the figure of its
-// row in the last table that has one, from the fast path's section on (a
+// row in the last table that has one, from that section on (a
 // row's figure is the cell before its last, "change").
 func instructionsFigure(t *testing.T) string {
 	t.Helper()

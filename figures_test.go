@@ -181,7 +181,7 @@ func TestFiguresBench(t *testing.T) {
 		},
 		"p99 added by Redis `sliding_log` at half of its max load, pinned": func() string { return r.p99["pinned"] },
 		"Envoy RLS, 12-02: `cmd/rls` ÷ envoyproxy/ratelimit":               func() string { return rlsFigure(t) },
-		"Redis instructions per check, FCALL 16 a call (callgrind, 12-04)": func() string { return instructionsFigure(t) },
+		"Redis instructions per check, FCALL 16 a call (callgrind, 12-06)": func() string { return instructionsFigure(t) },
 	}
 	used := map[string]bool{}
 	for _, l := range strings.Split(sec, "\n") {
