@@ -158,8 +158,9 @@ end
 -- tb_record takes cost tokens from windows j0..j1 and queues their fields
 -- (p by its name kept as .p in the window's field names, made once per
 -- window name; its value, T and B as num writes them in one string, is
--- what tb_fast makes from its own). (Neither is a local of its own: the
--- body's main chunk is at Lua's limit of 200 locals.)
+-- what tb_fast makes from its own). (Neither is a local of its own, as
+-- when the body's main chunk stood at Lua's limit of 200 locals: since
+-- 922dd99 the log's and the counter's own locals live in a block each.)
 local function tb_record(j0, j1, now, cost)
   local ttl = 0
   for j = j0, j1 do
