@@ -447,11 +447,17 @@ func (l *Limiter) notice(msg string) {
 		return
 	}
 	tag, ov := strings.CutSuffix(rest, "\n"+overrideNotice)
-	if ov {
-		l.ov.add(tag)
-	}
+	// The cached denials go before the override is marked, so that whoever
+	// sees the identity as having an override (KnowsOverride) also sees
+	// its denials of before the notice gone. Either order answers alike: a
+	// request that knows of the override has another shape than the
+	// denials cached without it, and one that does not yet know is decided
+	// as before the notice.
 	if l.cache != nil {
 		l.cache.Forget(tag)
+	}
+	if ov {
+		l.ov.add(tag)
 	}
 }
 

@@ -262,8 +262,8 @@ func (c *DenyCache) forget(match func(tag string) bool) {
 }
 
 // opShape hashes everything of an Op that changes its answer, except the
-// time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule and
-// the concurrency bound (FNV-1a over whole words, each step folded: the
+// time: mode, cost, keys, kinds, windows, limits, bursts, the ban rule,
+// the concurrency bound and the overrides read (FNV-1a over whole words, each step folded: the
 // numbers, the strings 8 bytes at a time and their tails byte by byte, no
 // allocation). It is compared only with shapes of this process.
 //
@@ -315,6 +315,13 @@ func opShape(op *Op) uint64 {
 	if l := op.Lease; l != nil {
 		num(l.Max)
 		num(l.Timeout)
+	}
+	// A request that reads its identity's overrides is decided by them: a
+	// denial decided without them (before this node learnt of one) must
+	// not answer it, nor the other way round.
+	if o := op.Override; o != nil {
+		str(o.Key)
+		str(o.Scope)
 	}
 	return h
 }

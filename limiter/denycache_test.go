@@ -121,3 +121,46 @@ func (s *forgetDuringStore) Do(_ context.Context, op *limiter.Op) (limiter.Reply
 }
 
 func (s *forgetDuringStore) Reset(context.Context, ...string) error { return nil }
+
+// TestCachedDenialIsNotServedToARequestThatReadsOverrides: K's denial was
+// decided and cached before this node learnt that K has an override (a
+// higher limit, set through another node). Once it knows, K's requests
+// read the override: the store decides them (here it admits, as the higher
+// limit does), not the denial cached without it. The node marks an
+// identity as having an override and drops its cached denials in two
+// steps (the notice); in between, a request that read the override was
+// answered by the stale denial (TestOverrideAppliesOnEveryNode, once in
+// CI: 429 under a limit the override had raised).
+func TestCachedDenialIsNotServedToARequestThatReadsOverrides(t *testing.T) {
+	t.Parallel()
+	st := &overrideStore{}
+	c := limiter.NewDenyCache(st, 0, nil)
+	op := &limiter.Op{Mode: limiter.ModeCheck, Cost: 1,
+		Parts: []limiter.Part{{Key: "rl:log:{K}", Kind: limiter.KindLog, Windows: []limiter.Win{{Name: "60000000", Len: 60e6, Limit: 5}}}}}
+	ctx := context.Background()
+	if r, err := c.Do(ctx, op); err != nil || r.Status != limiter.StatusDenied || r.Cached {
+		t.Fatalf("K over its limit: %+v, %v; want the store's denial", r, err)
+	}
+	if r, err := c.Do(ctx, op); err != nil || r.Status != limiter.StatusDenied || !r.Cached || st.calls != 1 {
+		t.Fatalf("K again: %+v, %v, %d store calls; want the cached denial", r, err, st.calls)
+	}
+	withOverride := *op
+	withOverride.Override = &limiter.OverrideRef{Key: "rl:ov:{K}"}
+	if r, err := c.Do(ctx, &withOverride); err != nil || r.Status != limiter.StatusAllowed || r.Cached || st.calls != 2 {
+		t.Fatalf("K reading its override: %+v, %v, %d store calls; want the store's answer under the override (admitted)", r, err, st.calls)
+	}
+}
+
+// overrideStore denies a request that reads no override and admits one
+// that does (an override raised the limit).
+type overrideStore struct{ calls int }
+
+func (s *overrideStore) Do(_ context.Context, op *limiter.Op) (limiter.Reply, error) {
+	s.calls++
+	if op.Override == nil {
+		return limiter.Reply{Status: limiter.StatusDenied, InFlight: -1, Usage: []limiter.Usage{{Count: 5, Retry: 30e6}}}, nil
+	}
+	return limiter.Reply{Status: limiter.StatusAllowed, InFlight: -1, Usage: []limiter.Usage{{Count: 6}}}, nil
+}
+
+func (s *overrideStore) Reset(context.Context, ...string) error { return nil }

@@ -11,6 +11,21 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
+// lateLimiter is the limiter of the tests of a late check: a one-minute
+// window on the application's clock over store, fail open, with timeout
+// (0: none) and no deny cache.
+func lateLimiter(t *testing.T, store *limiter.RedisStore, prefix string, timeout time.Duration) *limiter.Limiter {
+	t.Helper()
+	l, err := limiter.New(limiter.Policy{Name: "late", KeyPrefix: prefix, Windows: []limiter.Window{{Duration: time.Minute}},
+		AppClock: true, Timeout: timeout, Fail: limiter.FailOpen},
+		limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	return l
+}
+
 // TestFirstCheckIsNeverChargedLate: a RedisStore that has not yet learnt
 // how far Redis's clock is from its own sends its very first check while
 // Redis is stalled. The caller gives up at its timeout and the fail mode
@@ -34,27 +49,17 @@ func TestFirstCheckIsNeverChargedLate(t *testing.T) {
 		t.Cleanup(func() { _ = client.Close() })
 		store := limiter.NewRedisStore(client, opts...)
 		t.Cleanup(func() { store.Close() })
-		newLimiter := func(prefix string, timeout time.Duration) *limiter.Limiter {
-			l, err := limiter.New(limiter.Policy{Name: "late", KeyPrefix: prefix, Windows: []limiter.Window{{Duration: time.Minute}},
-				AppClock: true, Timeout: timeout, Fail: limiter.FailOpen},
-				limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(l.Close)
-			return l
-		}
 		// The store has called Redis (its connection exists, it knows how
 		// to call the script, Redis has the script), but only with checks
 		// that carry no deadline and the application's clock: nothing has
 		// taught it Redis's clock yet (as a new limiter's first calls,
 		// which read the overrides' index, do not).
-		warm := newLimiter(randomID(t)+":", 0)
+		warm := lateLimiter(t, store, randomID(t)+":", 0)
 		if d, err := warm.Decide(ctx, &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
 			t.Fatal(err, d.Err)
 		}
 		prefix := randomID(t) + ":"
-		l := newLimiter(prefix, 100*time.Millisecond)
+		l := lateLimiter(t, store, prefix, 100*time.Millisecond)
 
 		times := srv.CommandStats(t)["time"].Calls
 		srv.Pause()
@@ -145,25 +150,15 @@ func TestLateTimeReplyTeachesNoOffset(t *testing.T) {
 	t.Cleanup(func() { _ = client.Close() })
 	store := limiter.NewRedisStore(client, limiter.WithBatching(2, 16))
 	t.Cleanup(func() { store.Close() })
-	newLimiter := func(prefix string, timeout time.Duration) *limiter.Limiter {
-		l, err := limiter.New(limiter.Policy{Name: "late", KeyPrefix: prefix, Windows: []limiter.Window{{Duration: time.Minute}},
-			AppClock: true, Timeout: timeout, Fail: limiter.FailOpen},
-			limiter.Backend{Store: store, Base: store, Source: limiter.SourceRedis, Remote: true, DenyCacheSize: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(l.Close)
-		return l
-	}
 	// As in TestFirstCheckIsNeverChargedLate: the store has called Redis,
 	// with checks that carry no deadline (nothing has taught it Redis's
 	// clock).
-	warm := newLimiter(randomID(t)+":", 0)
+	warm := lateLimiter(t, store, randomID(t)+":", 0)
 	if d, err := warm.Decide(ctx, &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
 		t.Fatal(err, d.Err)
 	}
 	prefix := randomID(t) + ":"
-	l := newLimiter(prefix, 100*time.Millisecond)
+	l := lateLimiter(t, store, prefix, 100*time.Millisecond)
 	for i := range 2 {
 		times := srv.CommandStats(t)["time"].Calls
 		srv.Pause()

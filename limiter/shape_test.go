@@ -35,7 +35,9 @@ func TestOpShapeSeesWhatChangesTheAnswer(t *testing.T) {
 		"ban within": func(o *Op) { o.Ban.Within = 1 }, "ban for": func(o *Op) { o.Ban.For = 1 },
 		"no ban": func(o *Op) { o.Ban = nil }, "lease max": func(o *Op) { o.Lease.Max = 3 },
 		"lease timeout": func(o *Op) { o.Lease.Timeout = 1 }, "no lease": func(o *Op) { o.Lease = nil },
-		"limit and cost": func(o *Op) { o.Parts[0].Windows[0].Limit, o.Cost = 1<<40, 1<<20 },
+		"limit and cost":          func(o *Op) { o.Parts[0].Windows[0].Limit, o.Cost = 1<<40, 1<<20 },
+		"an override read":        func(o *Op) { o.Override = &OverrideRef{Key: "rl:{a}:ov"} },
+		"an override of a region": func(o *Op) { o.Override = &OverrideRef{Key: "rl:{a}:ov", Scope: "eu"} },
 	} {
 		op := base()
 		change(op)
