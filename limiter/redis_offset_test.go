@@ -26,6 +26,19 @@ func lateLimiter(t *testing.T, store *limiter.RedisStore, prefix string, timeout
 	return l
 }
 
+// lateAfterWarm warms store with a check that carries no deadline (its
+// connection, the script; nothing that teaches it Redis's clock), then
+// returns a lateLimiter of a 100 ms timeout and its fresh key prefix.
+func lateAfterWarm(t *testing.T, store *limiter.RedisStore) (*limiter.Limiter, string) {
+	t.Helper()
+	warm := lateLimiter(t, store, randomID(t)+":", 0)
+	if d, err := warm.Decide(context.Background(), &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
+		t.Fatal(err, d.Err)
+	}
+	prefix := randomID(t) + ":"
+	return lateLimiter(t, store, prefix, 100*time.Millisecond), prefix
+}
+
 // TestFirstCheckIsNeverChargedLate: a RedisStore that has not yet learnt
 // how far Redis's clock is from its own sends its very first check while
 // Redis is stalled. The caller gives up at its timeout and the fail mode
@@ -54,12 +67,7 @@ func TestFirstCheckIsNeverChargedLate(t *testing.T) {
 		// that carry no deadline and the application's clock: nothing has
 		// taught it Redis's clock yet (as a new limiter's first calls,
 		// which read the overrides' index, do not).
-		warm := lateLimiter(t, store, randomID(t)+":", 0)
-		if d, err := warm.Decide(ctx, &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
-			t.Fatal(err, d.Err)
-		}
-		prefix := randomID(t) + ":"
-		l := lateLimiter(t, store, prefix, 100*time.Millisecond)
+		l, prefix := lateAfterWarm(t, store)
 
 		times := srv.CommandStats(t)["time"].Calls
 		srv.Pause()
@@ -153,12 +161,7 @@ func TestLateTimeReplyTeachesNoOffset(t *testing.T) {
 	// As in TestFirstCheckIsNeverChargedLate: the store has called Redis,
 	// with checks that carry no deadline (nothing has taught it Redis's
 	// clock).
-	warm := lateLimiter(t, store, randomID(t)+":", 0)
-	if d, err := warm.Decide(ctx, &limiter.Input{Identity: "warm", Limits: []int64{10}}); err != nil || d.Err != nil {
-		t.Fatal(err, d.Err)
-	}
-	prefix := randomID(t) + ":"
-	l := lateLimiter(t, store, prefix, 100*time.Millisecond)
+	l, prefix := lateAfterWarm(t, store)
 	for i := range 2 {
 		times := srv.CommandStats(t)["time"].Calls
 		srv.Pause()
