@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -39,6 +40,33 @@ func lateAfterWarm(t *testing.T, store *limiter.RedisStore) (*limiter.Limiter, s
 	return lateLimiter(t, store, prefix, 100*time.Millisecond), prefix
 }
 
+// failOpenDuringStall sends K's check while srv is paused: fail open must
+// admit it, at l's timeout. It returns Redis's count of TIME calls before.
+func failOpenDuringStall(t *testing.T, srv *redistest.Server, l *limiter.Limiter, what string) int64 {
+	t.Helper()
+	times := srv.CommandStats(t)["time"].Calls
+	srv.Pause()
+	d, err := l.Decide(context.Background(), &limiter.Input{Identity: "K", Limits: []int64{10}})
+	srv.Resume()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Err == nil || d.Source != limiter.SourceFailOpen || !d.Pass {
+		t.Fatalf("%s during a stall: %s from %s (err %v), want admitted by fail open", what, d.Outcome, d.Source, d.Err)
+	}
+	return times
+}
+
+// waitTimeRan waits until Redis has run more TIME calls than times, at
+// most 3 s (what was sent during a stall may also have been dropped unread).
+func waitTimeRan(t *testing.T, srv *redistest.Server, times int64) {
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if srv.CommandStats(t)["time"].Calls > times {
+			return
+		}
+	}
+}
+
 // TestFirstCheckIsNeverChargedLate: a RedisStore that has not yet learnt
 // how far Redis's clock is from its own sends its very first check while
 // Redis is stalled. The caller gives up at its timeout and the fail mode
@@ -48,7 +76,6 @@ func lateAfterWarm(t *testing.T, store *limiter.RedisStore) (*limiter.Limiter, s
 func TestFirstCheckIsNeverChargedLate(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	ctx := context.Background()
 	for _, batched := range []bool{false, true} {
 		name := "unbatched"
 		var opts []limiter.RedisOption
@@ -69,24 +96,11 @@ func TestFirstCheckIsNeverChargedLate(t *testing.T) {
 		// which read the overrides' index, do not).
 		l, prefix := lateAfterWarm(t, store)
 
-		times := srv.CommandStats(t)["time"].Calls
-		srv.Pause()
-		d, err := l.Decide(ctx, &limiter.Input{Identity: "K", Limits: []int64{10}})
-		srv.Resume()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Err == nil || d.Source != limiter.SourceFailOpen || !d.Pass {
-			t.Fatalf("%s: the first check during a stall: %s from %s (err %v), want admitted by fail open", name, d.Outcome, d.Source, d.Err)
-		}
 		// Whatever was written to Redis during the stall runs now: the
 		// old check (which reads TIME) or a TIME call. Wait until Redis
 		// has run it (at most 3 s: it may also have been dropped unread).
-		for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if srv.CommandStats(t)["time"].Calls > times {
-				break
-			}
-		}
+		times := failOpenDuringStall(t, srv, l, name+": the first check")
+		waitTimeRan(t, srv, times)
 		if keys := srv.CLI(t, "--scan", "--pattern", prefix+"*"); keys != "" {
 			t.Errorf("%s: after the stall, Redis holds %q: the check the fail mode answered was charged when Redis resumed", name, keys)
 		}
@@ -153,7 +167,6 @@ func TestChecksGoWhereTimeIsRefused(t *testing.T) {
 func TestLateTimeReplyTeachesNoOffset(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
-	ctx := context.Background()
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second})
 	t.Cleanup(func() { _ = client.Close() })
 	store := limiter.NewRedisStore(client, limiter.WithBatching(2, 16))
@@ -163,23 +176,12 @@ func TestLateTimeReplyTeachesNoOffset(t *testing.T) {
 	// clock).
 	l, prefix := lateAfterWarm(t, store)
 	for i := range 2 {
-		times := srv.CommandStats(t)["time"].Calls
-		srv.Pause()
-		d, err := l.Decide(ctx, &limiter.Input{Identity: "K", Limits: []int64{10}})
-		srv.Resume()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if d.Err == nil || d.Source != limiter.SourceFailOpen || !d.Pass {
-			t.Fatalf("check %d during a stall: %s from %s (err %v), want admitted by fail open", i+1, d.Outcome, d.Source, d.Err)
-		}
 		// What was written during the stall runs now (the TIME call, or
 		// the check): wait until Redis has run it and the client has read
 		// its reply.
-		for deadline := time.Now().Add(3 * time.Second); i == 0 && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-			if srv.CommandStats(t)["time"].Calls > times {
-				break
-			}
+		times := failOpenDuringStall(t, srv, l, fmt.Sprintf("check %d", i+1))
+		if i == 0 {
+			waitTimeRan(t, srv, times)
 		}
 		time.Sleep(100 * time.Millisecond)
 		if keys := srv.CLI(t, "--scan", "--pattern", prefix+"*"); keys != "" {
