@@ -72,25 +72,37 @@ func TestGlobalRedisCeilingAcrossDatacenters(t *testing.T) {
 	// Round after round, a burst from each data centre, until the
 	// ceiling's 20 are admitted (a share a data centre holds unused comes
 	// back when its grant ends, within a second) or long after they
-	// should have been.
+	// should have been. A request whose check or ledger call is not
+	// answered within its timeout (1 s; a starved machine) passes by the
+	// fail mode, open: it spends no unit of the ceiling, and is counted
+	// apart (as the metric does), never as one of the 20. (The test
+	// counted it as one before. Its one failure, under two busy loops and
+	// the whole suite, was a 200 from the share "after the ceiling": what
+	// a fail-open pass counted among the 20 gives, the 20th unit spent
+	// after them. Not reproduced since, in 105 runs under load.)
 	admitted := map[string]int{}
-	total := 0
+	total, open := 0, 0
+	serve := func(dc string, h *Handler) {
+		o := serveOutcome(h, map[string]string{"X-API-Key": "viral", "X-Region": dc})
+		if o.err != nil {
+			t.Fatalf("%s: %v", dc, o.err)
+		}
+		switch {
+		case o.code == http.StatusOK && o.source == "redis":
+			admitted[dc]++
+			total++
+		case o.code == http.StatusOK && o.source == "fail_open":
+			open++
+		case o.code == http.StatusTooManyRequests:
+		default:
+			t.Fatalf("%s: status %d (source %s)", dc, o.code, o.source)
+		}
+	}
 	deadline := time.Now().Add(20 * time.Second)
 	for total < 20 && time.Now().Before(deadline) {
 		for dc, h := range hs {
 			for range 10 {
-				o := serveOutcome(h, map[string]string{"X-API-Key": "viral", "X-Region": dc})
-				if o.err != nil {
-					t.Fatalf("%s: %v", dc, o.err)
-				}
-				switch o.code {
-				case http.StatusOK:
-					admitted[dc]++
-					total++
-				case http.StatusTooManyRequests:
-				default:
-					t.Fatalf("%s: status %d (source %s)", dc, o.code, o.source)
-				}
+				serve(dc, h)
 			}
 		}
 		if total > 20 {
@@ -104,12 +116,16 @@ func TestGlobalRedisCeilingAcrossDatacenters(t *testing.T) {
 	// Once the ceiling is reached, neither data centre admits one more.
 	for dc, h := range hs {
 		for range 20 {
-			if o := mustServe(t, h, map[string]string{"X-API-Key": "viral", "X-Region": dc}); o.code != http.StatusTooManyRequests {
-				t.Fatalf("%s after the ceiling: status %d (source %s), want 429", dc, o.code, o.source)
+			serve(dc, h)
+			if total > 20 {
+				t.Fatalf("%s after the ceiling: admitted from its share, %d (%v) in all", dc, total, admitted)
 			}
 		}
 	}
-	t.Logf("admitted %v", admitted)
+	t.Logf("admitted %v; passed by fail open %d", admitted, open)
+	if n := gatherLabel(t, "caddy_sliding_ratelimit_requests_total", name, "result", "fail_open"); n != float64(open) {
+		t.Errorf("requests_total{result=\"fail_open\"} %v, want the %d requests passed by fail open", n, open)
+	}
 
 	// Every unit admitted was granted by the ledger to the data centre
 	// that admitted it.
