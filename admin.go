@@ -333,26 +333,30 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 		u.countAdmitted(&d)
 		return writeJSON(w, u)
 	case http.MethodDelete:
+		ri := resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, RegionTemplate: h.Region,
+			Reset: true, Windows: windowInfos(h), Ban: h.Ban != nil}
+		if h.rt.ledger != nil {
+			// The ledger once, first: every data centre's grants of the key.
+			// Then this data centre's share, below: a renewal in flight
+			// that asked the ledger before its reset deposits into no share
+			// reset after it (a deposit into another incarnation than its
+			// renewal read changes nothing), and one that reads the share
+			// after its reset asks the ledger after the ledger's.
+			if err := h.rt.ledger.Reset(ctx, h.rt.lim.Keys().Namespace(), limiter.Tag(key)); err != nil {
+				ri.LedgerError = err.Error()
+			} else {
+				ri.Ledger = true
+			}
+		}
 		// Every live instance of the limiter on this node; the store once;
 		// the other nodes through the store's notices.
-		var notified bool
 		for i, x := range hs {
 			n, err := x.rt.lim.Reset(ctx, key, region)
 			if err != nil {
 				return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 			}
 			if i == len(hs)-1 {
-				notified = n
-			}
-		}
-		ri := resetInfo{Limiter: name, Key: key, KeyHash: keyHash(key), Region: region, RegionTemplate: h.Region,
-			Reset: true, Windows: windowInfos(h), Ban: h.Ban != nil, OtherNodesNotified: notified}
-		if h.rt.ledger != nil {
-			// The ledger once: every data centre's grants of the key.
-			if err := h.rt.ledger.Reset(ctx, h.rt.lim.Keys().Namespace(), limiter.Tag(key)); err != nil {
-				ri.LedgerError = err.Error()
-			} else {
-				ri.Ledger = true
+				ri.OtherNodesNotified = n
 			}
 		}
 		return writeJSON(w, ri)

@@ -41,6 +41,7 @@ type MemoryStore struct {
 	shards      [memoryShards]memShard
 	perShard    int
 	evictions   atomic.Int64
+	incs        atomic.Int64 // the shares' incarnations (ShareBegin)
 	bus         listeners
 	stop        chan struct{}
 	stopOnce    sync.Once

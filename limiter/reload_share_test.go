@@ -123,7 +123,7 @@ func TestShareBeginUnderOtherLimits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 8, Length: time.Minute.Microseconds(), ID: "g1", Sig: "10"}); err != nil {
+		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 8, Length: time.Minute.Microseconds(), ID: "g1", Sig: "10", Inc: view.Inc}); err != nil {
 			t.Fatal(err)
 		}
 		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 1 || v.Grants[0].Units != 8 {
@@ -134,17 +134,78 @@ func TestShareBeginUnderOtherLimits(t *testing.T) {
 		}
 		// A deposit Only under other limits (a closed limiter's renewal)
 		// changes nothing; one of the share's own limits lands.
-		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 3, Length: time.Minute.Microseconds(), ID: "g2", Sig: "1", Only: true}); err != nil {
+		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 3, Length: time.Minute.Microseconds(), ID: "g2", Sig: "1", Only: true, Inc: view.Inc}); err != nil {
 			t.Fatal(err)
 		}
 		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 1 || v.Grants[0].ID != "g1" {
 			t.Errorf("%s: after a closed limiter's deposit under other limits: %+v, want the grant g1 of 8 still", name, v.Grants)
 		}
-		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 3, Length: time.Minute.Microseconds(), ID: "g3", Sig: "10", Only: true}); err != nil {
+		if _, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: view.Now, Units: 3, Length: time.Minute.Microseconds(), ID: "g3", Sig: "10", Only: true, Inc: view.Inc}); err != nil {
 			t.Fatal(err)
 		}
 		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 2 {
 			t.Errorf("%s: after a closed limiter's deposit under the share's limits: %+v, want g1 and g3", name, v.Grants)
+		}
+	}
+}
+
+// TestDepositIntoAResetShareChangesNothing: a renewal that read a share
+// before a reset (each store deletes it) deposits into none after it: not
+// its grant (of a ledger the reset forgot, or counted by one that will
+// not know it is in use), not "the ledger is full", not the counts. A
+// renewal that reads the share after the reset lands. A share the check
+// path created (no incarnation yet) is given one by the first read.
+func TestDepositIntoAResetShareChangesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	rs := limiter.NewRedisStore(c)
+	t.Cleanup(func() { rs.Close() })
+	ms := limiter.NewMemoryStore()
+	t.Cleanup(func() { ms.Close() })
+	ctx := context.Background()
+	minute := time.Minute.Microseconds()
+	for name, s := range map[string]interface {
+		limiter.ShareStore
+		Reset(ctx context.Context, keys ...string) error
+	}{"redis": rs, "in-process": ms} {
+		first, err := s.ShareBegin(ctx, "share", "10", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if first.Inc == "" {
+			t.Fatalf("%s: a share's first read gives no incarnation", name)
+		}
+		if again, _ := s.ShareBegin(ctx, "share", "10", false); again.Inc != first.Inc {
+			t.Fatalf("%s: two reads of one share give incarnations %q and %q", name, first.Inc, again.Inc)
+		}
+		if slot, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: first.Now, Units: 8, Length: minute, ID: "g1", Sig: "10", Inc: first.Inc}); err != nil || slot != 1 {
+			t.Fatalf("%s: deposit into the share read: slot %d, %v; want slot 1", name, slot, err)
+		}
+		// A renewal reads the share; a reset deletes it; the renewal lands.
+		before, _ := s.ShareBegin(ctx, "share", "10", false)
+		if err := s.Reset(ctx, "share"); err != nil {
+			t.Fatal(err)
+		}
+		slot, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: before.Now, Units: 5, Length: minute, ID: "g2", Sig: "10",
+			Retry: minute, Recheck: time.Second.Microseconds(), Counts: []int64{20}, Returned: []string{"g1"}, Inc: before.Inc})
+		if err != nil || slot != -1 {
+			t.Fatalf("%s: a deposit read before a reset, after it: slot %d, %v; want -1 (nothing changed)", name, slot, err)
+		}
+		after, _ := s.ShareBegin(ctx, "share", "10", false)
+		if len(after.Grants) != 0 || after.Inc == before.Inc {
+			t.Fatalf("%s: after the reset and the old renewal's deposit: grants %+v, incarnation %q (was %q); want none, a new one",
+				name, after.Grants, after.Inc, before.Inc)
+		}
+		// The renewal that read the reset share lands.
+		if slot, err := s.ShareDeposit(ctx, "share", limiter.Deposit{T0: after.Now, Units: 3, Length: minute, ID: "g3", Sig: "10", Inc: after.Inc}); err != nil || slot != 1 {
+			t.Fatalf("%s: deposit of a renewal that read the reset share: slot %d, %v; want slot 1", name, slot, err)
+		}
+		if v, _ := s.ShareBegin(ctx, "share", "10", false); len(v.Grants) != 1 || v.Grants[0].ID != "g3" {
+			t.Errorf("%s: the share after the new renewal: %+v, want g3 alone", name, v.Grants)
+		}
+		if err := s.Reset(ctx, "share"); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
@@ -263,4 +324,89 @@ func unspent(t *testing.T, c *redis.Client, key string) int64 {
 		rem += max(units-used, 0)
 	}
 	return rem
+}
+
+// TestResetDuringARenewal: an operator's reset (the ledger, then the data
+// centre's share, as the admin API does) while a renewal is between the
+// ledger's grant and its deposit. The renewal asked the ledger the reset
+// forgot: its grant is counted nowhere now, so it must not land in the
+// reset share. After the reset the identity is admitted the ceiling's
+// limit in the window, not the limit and the old grant's units (before the
+// fix the deposit landed, and the request the renewal was for was admitted
+// from it, uncounted).
+func TestResetDuringARenewal(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	// 10 a minute: the ledger grants one data centre a burst of 10 at once
+	// (then its fair rate, one every 6 s).
+	const limit = 10
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes = 1, 1
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second // the grants outlive the test: no clock matters
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	w := newMDCWorld(t, o)
+	x, dc := w.dcs[0].nodes[0], w.dcs[0]
+	ctx := context.Background()
+	in := &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
+	// The identity's first request asks the ledger; its renewal is held
+	// once the ledger granted.
+	reached, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	limiter.SetGlobalHook(x, func(stage string) {
+		if stage == "granted" && held.CompareAndSwap(false, true) {
+			close(reached)
+			<-release
+		}
+	})
+	first := make(chan limiter.Decision, 1)
+	go func() {
+		d, err := x.Decide(ctx, in)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- d
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first request's renewal did not reach the ledger within 10 s")
+	}
+	if err := dc.lg.Reset(ctx, x.Keys().Namespace(), limiter.Tag("k")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := x.Reset(ctx, "k", "dc0"); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	admitted := 0
+	if d := <-first; d.Pass {
+		admitted++
+	}
+	// Round after round until the ceiling's limit is admitted (a share
+	// held unused comes back within a second), or long after it should
+	// have been; then no more.
+	for deadline := time.Now().Add(20 * time.Second); admitted < limit && time.Now().Before(deadline); {
+		for range 10 {
+			d, err := x.Decide(ctx, in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Pass {
+				admitted++
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // let a grant end, not to cross a window
+	}
+	for range 2 * limit {
+		d, err := x.Decide(ctx, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Pass {
+			admitted++
+		}
+	}
+	if admitted != limit {
+		t.Fatalf("admitted %d in the minute after the reset, want the ceiling's %d (over it: a grant of the ledger the reset forgot was used)", admitted, limit)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 
 	"github.com/redis/go-redis/v9"
 
@@ -28,6 +29,7 @@ type shareState struct {
 	dw, dc, dp int64 // the demand, per second
 	sig        string
 	counts     []int64 // G
+	inc        string  // r: the incarnation (ShareView.Inc), set by ShareBegin
 }
 
 // under is the share as checks under the limits of signature sig see it:
@@ -191,19 +193,33 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string, recall bool
 	defer sh.mu.Unlock()
 	t := s.now().UnixMicro()
 	v := ShareView{Now: t}
-	if k := sh.get(key, s.wallNow()); k != nil && k.share != nil {
-		if recall && k.share.sig != sig {
-			v.Stale = true
-			return v, nil
+	wall := s.wallNow()
+	k := sh.get(key, wall)
+	if k == nil || k.share == nil || k.share.inc == "" {
+		// The share's incarnation (lua/dcshare.lua's "r"): a deposit into a
+		// share reset after this read changes nothing.
+		if k == nil {
+			k = &memKey{}
+			expire(k, 60000, wall)
 		}
-		v.Rate, _, _, _ = k.share.rate(t)
-		for i := range k.share.g {
-			if k.share.has[i] && k.share.sig == sig {
-				if recall && !k.share.g[i].Closed(t) {
-					k.share.g[i].Deadline = t
-				}
-				v.Grants = append(v.Grants, k.share.g[i])
+		if k.share == nil {
+			k.share = &shareState{}
+		}
+		k.share.inc = strconv.FormatInt(s.incs.Add(1), 10)
+		s.put(sh, key, k)
+	}
+	v.Inc = k.share.inc
+	if recall && k.share.sig != sig {
+		v.Stale = true
+		return v, nil
+	}
+	v.Rate, _, _, _ = k.share.rate(t)
+	for i := range k.share.g {
+		if k.share.has[i] && k.share.sig == sig {
+			if recall && !k.share.g[i].Closed(t) {
+				k.share.g[i].Deadline = t
 			}
+			v.Grants = append(v.Grants, k.share.g[i])
 		}
 	}
 	return v, nil
@@ -213,8 +229,8 @@ func (s *MemoryStore) ShareBegin(_ context.Context, key, sig string, recall bool
 func (s *MemoryStore) ShareDeposit(_ context.Context, key string, d Deposit) (int, error) {
 	sh, k, t, wall := s.lockKey(key)
 	defer sh.mu.Unlock()
-	if k.share == nil {
-		k.share = &shareState{}
+	if k.share == nil || k.share.inc != d.Inc {
+		return -1, nil // reset since its renewal read it
 	}
 	st := k.share
 	if d.Only && st.sig != "" && st.sig != d.Sig {
@@ -337,10 +353,11 @@ func (s *RedisStore) ShareBegin(ctx context.Context, key, sig string, recall boo
 	if len(raw) == 2 && n(1) == -1 {
 		return ShareView{Now: n(0), Stale: true}, nil
 	}
-	if len(raw) != 2+6*dc.Slots {
+	if len(raw) != 3+6*dc.Slots {
 		return ShareView{}, fmt.Errorf("%w: share of %d values", ErrBadReply, len(raw))
 	}
 	v := ShareView{Now: n(0), Rate: n(1)}
+	v.Inc, _ = raw[2+6*dc.Slots].(string)
 	for i := range dc.Slots {
 		o := 2 + 6*i
 		if n(o) == 0 {
@@ -362,9 +379,7 @@ func (s *RedisStore) ShareDeposit(ctx context.Context, key string, d Deposit) (i
 	for _, c := range d.Counts {
 		args = append(args, c)
 	}
-	if d.Only {
-		args = append(args, 1)
-	}
+	args = append(args, b01(d.Only), d.Inc)
 	slot, err := dcshareScript.Run(ctx, s.client, []string{key}, args...).Int()
 	return slot, err
 }

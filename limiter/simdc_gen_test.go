@@ -24,7 +24,7 @@ var dcFixed = []struct {
 	must []string
 	dcs  [2]int
 }{
-	{"closed", []string{"reload", "stall", "dcdown"}, [2]int{2, 3}},
+	{"closed", []string{"reload", "stall", "dcdown", "reset"}, [2]int{2, 3}},
 	{"local", []string{"cut:static", "kill", "stall"}, [2]int{3, 3}},
 	{"open", []string{"restart", "cut", "dcdown"}, [2]int{2, 4}},
 	{"local", []string{"failover", "dcdown", "kill", "reload"}, [2]int{6, 8}},
@@ -176,7 +176,7 @@ func genDCPhases(rng *rand.Rand, c *dcCase) {
 	// share, a reload) breaks the ceiling, if at all, when it is full: the
 	// phase of the first fault is every data centre over-demanding.
 	ledgerState := slices.ContainsFunc(c.Faults, func(f dcFault) bool {
-		return f.Kind == "restart" || f.Kind == "failover" || f.Kind == "reload" || f.Kind == "cut" && f.For >= c.staticWait()
+		return f.Kind == "restart" || f.Kind == "failover" || f.Kind == "reload" || f.Kind == "reset" || f.Kind == "cut" && f.For >= c.staticWait()
 	})
 	calm := dcCalm(c)
 	cuts := []int64{0, calm, calm + (c.Run-calm)/2, c.Run}
@@ -458,10 +458,13 @@ func dcCounts(n map[string]int) string {
 }
 
 // admittedWithin is the oracle's count of identity id's admissions under
-// the ceiling in (t-W, t].
+// the ceiling in (t-W, t], since the last reset of id that ended by t.
 func (w *dcWorld) admittedWithin(id string, t time.Time) int64 {
 	var n int64
 	from := t.Add(-w.ms(w.c.Win))
+	if e, _ := w.epoch(id, t, t); e.After(from) {
+		from = e
+	}
 	for _, r := range w.recs {
 		if r.id == id && r.pass && !r.open && r.at.After(from) && !r.at.After(t) {
 			n++

@@ -340,7 +340,10 @@ func (h dcCheckHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		if key := h.deposit(cmd); key != "" {
 			sent := time.Now()
 			err := next(ctx, cmd)
-			if err == nil {
+			// A deposit into a share reset since its renewal read it (-1)
+			// changes nothing, and releases no claim: one there is the
+			// new share's.
+			if c, ok := cmd.(*redis.Cmd); err == nil && !(ok && c.Val() == int64(-1)) {
 				h.g.mu.Lock()
 				m := h.g.deposited[h.dc]
 				if m == nil {
@@ -437,7 +440,8 @@ func (g *dcGrantLog) demandOver(redisDC map[string]bool) string {
 }
 
 // deposit is the share key of a renewal's deposit (dcshare.lua's
-// "deposit", which releases the claim), or "".
+// "deposit", which releases the claim unless the share was reset since
+// the renewal read it), or "".
 func (h dcCheckHook) deposit(cmd redis.Cmder) string {
 	args := cmd.Args()
 	if len(args) < 5 || fmt.Sprint(args[0]) != "evalsha" && fmt.Sprint(args[0]) != "eval" || argInt(args[2]) != 1 {

@@ -8,7 +8,9 @@ package limiter_test
 // drawn on top: the ledger stalled, a data centre cut off, the ledger
 // restarted empty, a failover that loses writes, a data centre's own Redis
 // down, a node killed holding the renewal claim, a reload that changes the
-// global limit; clocks apart within skew, and every fail mode.
+// global limit, an operator's reset of the identity (the ledger, then each
+// data centre's store) amid renewals; clocks apart within skew, and every
+// fail mode.
 //
 // The ledger works on real clocks (the data centres' and the ledger's
 // TIME), so a history runs in real time: seconds, not steps. Every
@@ -71,14 +73,14 @@ type dcPhase struct {
 
 // dcFault is a fault from At for For ms (Limit: a reload's new limit).
 type dcFault struct {
-	Kind    string // stall, cut, restart, failover, dcdown, kill, reload
+	Kind    string // stall, cut, restart, failover, dcdown, kill, reload, reset
 	DC      int
 	At, For int64
 	Limit   int64
 }
 
 // The fault kinds, and the events a history can reach (required events).
-var dcFaultKinds = []string{"stall", "cut", "restart", "failover", "dcdown", "kill", "reload"}
+var dcFaultKinds = []string{"stall", "cut", "restart", "failover", "dcdown", "kill", "reload", "reset"}
 
 // dcRec is one decision.
 type dcRec struct {
@@ -95,6 +97,13 @@ type dcRec struct {
 	retry time.Duration
 	limit int64
 	err   bool
+}
+
+// dcReset is an operator's reset of identity id, from its start to when
+// the last data centre's store was reset (the wall clock).
+type dcReset struct {
+	id       string
+	from, to time.Time
 }
 
 // dcGrant is a grant a node of a data centre was given (EventGrant), on
@@ -148,6 +157,7 @@ type dcWorld struct {
 	modes  [][]dcMode    // per data centre: its nodes going to their static share and back
 	static []int
 	glog   *dcGrantLog // what the ledger calls said of each grant's use
+	resets []dcReset   // the operator's resets, as they ran
 	wg     sync.WaitGroup
 	closed []*limiter.Limiter
 }
@@ -435,8 +445,55 @@ func (w *dcWorld) fault(ctx context.Context, f dcFault) {
 		if f.For > 0 && wait(f.At+f.For) {
 			w.limit.Store(w.c.Limit)
 		}
+	case "reset":
+		w.reset("a")
 	}
 	w.event("fault:" + f.Kind)
+}
+
+// reset is an operator's reset of identity id in every data centre, as the
+// admin API's DELETE does it through a node of each: the ledger once,
+// first, then each data centre's store (node 0's limiter: its deny cache
+// too; the other nodes drop theirs by the store's notice). Renewals run
+// on meanwhile.
+func (w *dcWorld) reset(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	from := time.Now()
+	c := redis.NewClient(&redis.Options{Addr: w.primary().Addr(), MaxRetries: -1})
+	defer c.Close()
+	l0 := w.sites[0].nodes[0].l.Load()
+	if err := limiter.NewLedger(c).Reset(ctx, l0.Keys().Namespace(), limiter.Tag(id)); err != nil {
+		w.t.Errorf("reset of the ledger: %v", err)
+	}
+	for _, s := range w.sites {
+		if _, err := s.nodes[0].l.Load().Reset(ctx, id, s.name); err != nil {
+			w.t.Errorf("reset of dc%d's store: %v", s.i, err)
+		}
+	}
+	w.mu.Lock()
+	w.resets = append(w.resets, dcReset{id: id, from: from, to: time.Now()})
+	w.mu.Unlock()
+}
+
+// epoch is when the reset of id that r was decided after ended (zero: no
+// reset before it), and whether r straddles a reset (answered after one
+// began, decided before it ended): the oracle holds it to no window, as
+// the ledger's count before and after a reset are two.
+func (w *dcWorld) epoch(id string, at, done time.Time) (time.Time, bool) {
+	var e time.Time
+	for _, rs := range w.resets {
+		if rs.id != id {
+			continue
+		}
+		if done.After(rs.from) && !at.After(rs.to) {
+			return e, true
+		}
+		if at.After(rs.to) && rs.to.After(e) {
+			e = rs.to
+		}
+	}
+	return e, false
 }
 
 // restart starts srv again, empty (off the test's goroutine: an error, not
@@ -512,6 +569,9 @@ func (w *dcWorld) close() {
 // overAdmission is the oracle's check of the global ceiling: every
 // admission (fail open's passes aside) goes into its ledger (oLedger), and
 // each is held to its limit over the window that ends with it. An
+// operator's reset of the identity forgets what was admitted before it:
+// an admission decided after the reset ended is held with those decided
+// after it alone, and one that straddles it to no window. An
 // admission took effect at some time between its decision's time (at: the
 // store's, or the node's when it started) and its answer (done), so the
 // window that ends with admission i holds for certain the admissions
@@ -538,11 +598,19 @@ func (w *dcWorld) overAdmission() (int64, dcRec) {
 			g.Admit(id, r.done.UnixMicro(), 1)
 		}
 		for _, r := range adm {
+			e, straddles := w.epoch(id, r.at, r.done)
+			if straddles {
+				continue
+			}
 			from := r.done.UnixMicro() - W
+			cut := from
+			if !e.IsZero() {
+				cut = max(cut, e.UnixMicro())
+			}
 			n := g.AdmittedWithin(id, from, r.at.UnixMicro())
 			for _, s := range adm {
-				if s.done.UnixMicro() > from && s.done.UnixMicro() <= r.at.UnixMicro() && s.at.UnixMicro() <= from {
-					n-- // answered within the window, but decided before it began
+				if s.done.UnixMicro() > from && s.done.UnixMicro() <= r.at.UnixMicro() && s.at.UnixMicro() <= cut {
+					n-- // answered within the window, but decided before it began (or before the reset ended)
 				}
 			}
 			if r.done.After(r.at) {

@@ -11,11 +11,17 @@
 --            under other limits than the share's is stale: reply {now, -1}
 --            and nothing changes, as its grants were dropped). Reply
 --            {now, rate, then per slot 1..4: n, u, d, s, l, g} (0 and ""
---            for an empty slot, and for a grant under other limits): now
---            is read before the ledger is asked, so a grant's deadline here
---            (now + its length) falls before the ledger's end of it.
+--            for an empty slot, and for a grant under other limits), then
+--            the share's incarnation "r": now is read before the ledger is
+--            asked, so a grant's deadline here (now + its length) falls
+--            before the ledger's end of it. A share without "r" (new, or
+--            deleted by a reset) is given one: this Redis's TIME.
 --   deposit  KEYS[1] the share; ARGV t0 n len id retry sig recheck nret
---            ids... [ncount counts... [only]]: with only 1 (a renewal of a
+--            ids... ncount counts... only inc: when the share's
+--            incarnation is not inc, the one its renewal's begin read (a
+--            reset deleted the share since: what the renewal learnt, its
+--            grant and "the ledger is full", is of the state the reset
+--            forgot), nothing changes, reply -1. With only 1 (a renewal of a
 --            limiter closed since, by a reload), nothing changes when the
 --            share is under other limits than sig (the new limits': their
 --            grants stay), reply 0. Otherwise the counts (the ledger's, of each
@@ -49,7 +55,7 @@ end
 local fields = {
   "1n", "1u", "1d", "1s", "1l", "1g", "2n", "2u", "2d", "2s", "2l", "2g",
   "3n", "3u", "3d", "3s", "3l", "3g", "4n", "4u", "4d", "4s", "4l", "4g",
-  "f", "c", "dw", "dc", "dp", "L", "G", "k",
+  "f", "c", "dw", "dc", "dp", "L", "G", "k", "r",
 }
 
 local function standing(key, t)
@@ -63,6 +69,21 @@ local t = now()
 
 if op == "begin" then
   local v = redis.call("HMGET", key, unpack(fields))
+  local inc = v[33]
+  if not inc then
+    -- The share's incarnation: a deposit into a share reset after this
+    -- read changes nothing. A new hash lives until its renewal's deposit
+    -- sets its TTL (a renewal that died: a minute).
+    inc = string.format("%.0f", t)
+    redis.call("HSET", key, "r", inc)
+    local new = true
+    for i = 1, 32 do
+      new = new and not v[i]
+    end
+    if new then
+      redis.call("PEXPIRE", key, 60000)
+    end
+  end
   -- Grants under other limits are not there: still usable under those
   -- until a deposit under these drops them, so never given back (the
   -- ledger counts them to their end; units used after a return would be
@@ -104,6 +125,7 @@ if op == "begin" then
     end
     out[#out + 1] = (not other and v[i * 6 + 6]) or ""
   end
+  out[#out + 1] = inc
   return out
 end
 
@@ -117,6 +139,9 @@ if op == "deposit" then
   end
   local v = redis.call("HMGET", key, unpack(fields))
   local nc = tonumber(ARGV[10 + nret]) or 0
+  if v[33] ~= ARGV[12 + nret + nc] then
+    return -1
+  end
   if ARGV[11 + nret + nc] == "1" and v[30] and v[30] ~= sig then
     return 0
   end

@@ -513,7 +513,7 @@ func (g *Ceiling) renew(ctx context.Context, tag, key, sig string, wins []Ledger
 	req.Ticket = g.ticket(tag, key, sig, wins)
 	rep, took, err := g.ask(ctx, req)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
-		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig, Only: g.stopped()})
+		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig, Only: g.stopped(), Inc: view.Inc})
 		return err
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
@@ -620,7 +620,7 @@ func (g *Ceiling) deposit(view *ShareView, req *LedgerRequest, rep *LedgerReply,
 			g.Event(GlobalEvent{Kind: EventReturn, Units: gr.Units - gr.Used})
 		}
 	}
-	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts), Recheck: shareRecheck.Microseconds()}
+	dep := Deposit{T0: view.Now, Retry: rep.Retry, Sig: sig, Counts: g.shareCounts(rep.Counts), Recheck: shareRecheck.Microseconds(), Inc: view.Inc}
 	for _, r := range req.Returns {
 		dep.Returned = append(dep.Returned, r.ID)
 	}

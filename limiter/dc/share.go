@@ -39,6 +39,10 @@ type ShareView struct {
 	// Stale: a recall under other limits than the share's (nothing was
 	// read or changed: its grants are in use under the others).
 	Stale bool
+	// Inc is the share's incarnation as read: a reset (which deletes the
+	// share) starts a new one, and a deposit into another one than its
+	// renewal read changes nothing (Deposit.Inc).
+	Inc string
 }
 
 // Standing is a data centre's standing with the ledger, kept in its store.
@@ -63,9 +67,11 @@ type ShareStore interface {
 	// grants) ends every live grant first: none is used after; a recall
 	// under other limits than the share's is stale (Stale, nothing ends).
 	ShareBegin(ctx context.Context, key, sig string, recall bool) (ShareView, error)
-	// ShareDeposit empties the slots of the grants returned, releases the
-	// claim, keeps a grant of units (when > 0) usable until t0 + length,
-	// and records until when the ledger has no room (now + retry; retry 0:
+	// ShareDeposit, when the share is still the incarnation its renewal
+	// read (d.Inc: not reset since; else it changes nothing and returns
+	// -1), empties the slots of the grants returned, releases the claim,
+	// keeps a grant of units (when > 0) usable until t0 + length, and
+	// records until when the ledger has no room (now + retry; retry 0:
 	// none) and when to ask it again anyway (now + the least of retry and
 	// recheck). It returns the grant's slot, 0 when none was free.
 	ShareDeposit(ctx context.Context, key string, d Deposit) (int, error)
@@ -88,6 +94,11 @@ type Deposit struct {
 	// the share's, and their grants must stay).
 	Sig  string
 	Only bool
+	// Inc is the share's incarnation its renewal read (ShareView.Inc): a
+	// share reset since is another, and the deposit changes nothing in it
+	// (what the renewal learnt of the ledger, its grant and whether the
+	// ledger is full, is of the state the reset forgot).
+	Inc string
 	// Counts are the ledger's counts of the share part's windows, in its
 	// order, after the grant (nil: the ledger did not answer; the share
 	// keeps the last ones): a window's count is them less what the share
