@@ -62,3 +62,52 @@ func TestLedgerShowsWhatWasAdmitted(t *testing.T) {
 	}
 	show("a grant returned unused", 4, 4)
 }
+
+// TestLedgerIdsDoNotRepeatAfterAReset: after a reset forgets an identity's
+// grants, the ledger's new grants have ids no earlier grant had, so a late
+// return of an earlier one (a share that held it across the reset) leaves
+// the new grants' count alone. Before, the ids started again at 1: the
+// old grant's return shrank the new grant of the same id to the old one's
+// use, and the units still held of it were counted nowhere.
+func TestLedgerIdsDoNotRepeatAfterAReset(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	lg := limiter.NewLedger(c)
+	ctx := context.Background()
+	req := func(want int64) *limiter.LedgerRequest {
+		return &limiter.LedgerRequest{Namespace: "lr:", Tag: "k", DC: "a", QWait: 62_000_000, Skew: 1_000_000, Beat: 2_000_000,
+			WMax: 60_000_000, Tail: 3_000_000, Want: want, Length: 1_000_000, Rate: 1,
+			Windows: []limiter.LedgerWindow{{Name: "1m", Len: 60_000_000, Limit: 20}}}
+	}
+	old, err := lg.Do(ctx, "grant", req(5))
+	if err != nil || old.Units != 5 {
+		t.Fatalf("grant: %+v, %v", old, err)
+	}
+	if err := lg.Reset(ctx, "lr:", "k"); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{old.ID: true}
+	var last limiter.LedgerReply
+	for range 3 {
+		g, err := lg.Do(ctx, "grant", req(2))
+		if err != nil || g.Units != 2 {
+			t.Fatalf("grant after the reset: %+v, %v", g, err)
+		}
+		if seen[g.ID] {
+			t.Fatalf("the ledger gave id %q again after the reset (ids %v)", g.ID, seen)
+		}
+		seen[g.ID], last = true, g
+	}
+	// The grant from before the reset comes back unused, late.
+	r := req(0)
+	r.Returns = []limiter.LedgerReturn{{ID: old.ID, Used: 0}}
+	g, err := lg.Do(ctx, "grant", r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Counts) != 1 || g.Counts[0] != 6 {
+		t.Fatalf("after the late return of %s: counted %v, want the 6 units granted since the reset (last %s)", old.ID, g.Counts, last.ID)
+	}
+}

@@ -21,7 +21,8 @@
 -- in it), "r<dc>" and "a<dc>" (a data centre's demand, units per second,
 -- and when it said so), "k<dc>" (its ticket: what its nodes need to renew
 -- the identity's share, opaque here), "q<dc>" (when it was last recalled),
--- "seq" (the ids). Recalls: per data centre a hash, the members key's name
+-- "seq" (the ids: "<dc>.<seq>", from the ledger's clock when the hash was
+-- new). Recalls: per data centre a hash, the members key's name
 -- with "recall:<dc>" for "members" (on the one slot): identity's grants
 -- key = the data centre's ticket, for each identity whose unspent grants it
 -- is asked to give back; KEYS[3] of the recalls operation is this data
@@ -530,7 +531,16 @@ elseif want > 0 then
     redis.call("HSET", h, "v" .. dc, fmt(math.max(tat, now) + units * 1000000 / fr))
   end
   if units > 0 then
-    local id = dc .. "." .. redis.call("HINCRBY", h, "seq", 1)
+    -- An identity's ids never repeat: a hash that is new (a reset, the
+    -- ledger restarted empty, its TTL) starts its sequence at this clock
+    -- (µs), past every id an earlier one gave (its own start and a count
+    -- of grants, one a call at most, fewer than the µs its calls took).
+    -- A late return of an earlier grant (a share that held it across the
+    -- reset) is then never taken for a new one's.
+    if redis.call("HEXISTS", h, "seq") == 0 then
+      redis.call("HSET", h, "seq", fmt(now))
+    end
+    local id = dc .. "." .. fmt(redis.call("HINCRBY", h, "seq", 1))
     redis.call("ZADD", z, now + glen, id)
     redis.call("HSET", h, "g" .. id, fmt(now) .. " " .. fmt(units))
     for j = 1, nwin do
