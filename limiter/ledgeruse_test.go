@@ -2,6 +2,8 @@ package limiter_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/redis/go-redis/v9"
@@ -97,6 +99,12 @@ func TestLedgerIdsDoNotRepeatAfterAReset(t *testing.T) {
 		}
 		if seen[g.ID] {
 			t.Fatalf("the ledger gave id %q again after the reset (ids %v)", g.ID, seen)
+		}
+		// The previous release writes an id's number with Lua's "%.14g"
+		// (during an upgrade it grants from the same hash): exact below
+		// 10^14 only, else ids a hundred grants apart print the same.
+		if n, err := strconv.ParseInt(strings.TrimPrefix(g.ID, "a."), 10, 64); err != nil || n >= 1e14 {
+			t.Fatalf("id %q: its number is not an integer below 10^14 (%v)", g.ID, err)
 		}
 		seen[g.ID], last = true, g
 	}

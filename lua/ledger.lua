@@ -21,8 +21,8 @@
 -- in it), "r<dc>" and "a<dc>" (a data centre's demand, units per second,
 -- and when it said so), "k<dc>" (its ticket: what its nodes need to renew
 -- the identity's share, opaque here), "q<dc>" (when it was last recalled),
--- "seq" (the ids: "<dc>.<seq>", from the ledger's clock when the hash was
--- new). Recalls: per data centre a hash, the members key's name
+-- "seq" (the ids: "<dc>.<seq>", from the ledger's clock in ms when the
+-- hash was new). Recalls: per data centre a hash, the members key's name
 -- with "recall:<dc>" for "members" (on the one slot): identity's grants
 -- key = the data centre's ticket, for each identity whose unspent grants it
 -- is asked to give back; KEYS[3] of the recalls operation is this data
@@ -533,12 +533,15 @@ elseif want > 0 then
   if units > 0 then
     -- An identity's ids never repeat: a hash that is new (a reset, the
     -- ledger restarted empty, its TTL) starts its sequence at this clock
-    -- (µs), past every id an earlier one gave (its own start and a count
-    -- of grants, one a call at most, fewer than the µs its calls took).
-    -- A late return of an earlier grant (a share that held it across the
-    -- reset) is then never taken for a new one's.
+    -- in ms, past every id an earlier one gave (its own start and a count
+    -- of grants) while an identity gets fewer than a thousand grants a
+    -- second on average (a data centre renews a share once a grant
+    -- length, 50 ms at least: 8 of them, 160 a second). A late return of
+    -- an earlier grant (a share that held it across the reset) is then
+    -- never taken for a new one's. In ms, not µs: the previous release
+    -- writes the id with Lua's "%.14g", exact below 10^14 only.
     if redis.call("HEXISTS", h, "seq") == 0 then
-      redis.call("HSET", h, "seq", fmt(now))
+      redis.call("HSET", h, "seq", fmt(math.floor(now / 1000)))
     end
     local id = dc .. "." .. fmt(redis.call("HINCRBY", h, "seq", 1))
     redis.call("ZADD", z, now + glen, id)
