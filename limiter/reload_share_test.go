@@ -333,7 +333,8 @@ func unspent(t *testing.T, c *redis.Client, key string) int64 {
 // reset share. After the reset the identity is admitted the ceiling's
 // limit in the window, not the limit and the old grant's units (before the
 // fix the deposit landed, and the request the renewal was for was admitted
-// from it, uncounted).
+// from it, uncounted). That request is admitted from what the renewal
+// asks again, on the reset share (not refused by a share left empty).
 func TestResetDuringARenewal(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	// 10 a minute: the ledger grants one data centre a burst of 10 at once
@@ -381,6 +382,10 @@ func TestResetDuringARenewal(t *testing.T) {
 	admitted := 0
 	if d := <-first; d.Pass {
 		admitted++
+	} else {
+		// Its renewal's deposit changed nothing, and it asked the ledger
+		// again on the reset share, which has room.
+		t.Errorf("the request whose renewal straddled the reset: %v from %s (Retry-After %v), want admitted", d.Outcome, d.Source, d.RetryAfter)
 	}
 	// Round after round until the ceiling's limit is admitted (a share
 	// held unused comes back within a second), or long after it should

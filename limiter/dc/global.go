@@ -498,23 +498,38 @@ func (g *Ceiling) renew(ctx context.Context, tag, key, sig string, wins []Ledger
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*g.cfg.Timeout)
 	defer cancel()
+	reset, err := g.renewOnce(ctx, tag, key, sig, wins, cost, recall, began)
+	if reset && !recall {
+		// The share was reset (an operator's) since this renewal read it,
+		// and nothing landed: once more, on the share as it is now, so
+		// that the requests waiting for this renewal find what the ledger
+		// grants after the reset. (A recall's is moot: the reset ended its
+		// grants.)
+		_, err = g.renewOnce(ctx, tag, key, sig, wins, cost, false, began)
+	}
+	return err
+}
+
+// renewOnce is one pass of a renewal; reset reports that its deposit found
+// the share reset since its read (nothing landed).
+func (g *Ceiling) renewOnce(ctx context.Context, tag, key, sig string, wins []LedgerWindow, cost int64, recall bool, began time.Time) (reset bool, err error) {
 	if _, ok, err := g.dc.StandingDo(ctx, g.standingKey(), "send", 0); err != nil {
-		return err
+		return false, err
 	} else if !ok {
 		g.static.Store(true)
 		g.polled.Store(time.Now().UnixMicro())
-		return ErrStatic
+		return false, ErrStatic
 	}
 	view, err := g.dc.ShareBegin(ctx, key, sig, recall)
 	if err != nil || view.Stale {
-		return err
+		return false, err
 	}
 	req := g.grantRequest(tag, wins, &view, cost)
 	req.Ticket = g.ticket(tag, key, sig, wins)
 	rep, took, err := g.ask(ctx, req)
 	if err != nil && !errors.Is(err, ErrLedgerNotDurable) {
 		_, _ = g.dc.ShareDeposit(ctx, key, Deposit{T0: view.Now, Sig: sig, Only: g.stopped(), Inc: view.Inc})
-		return err
+		return false, err
 	}
 	dep := g.deposit(&view, req, &rep, sig, err == nil)
 	g.Event(GlobalEvent{Kind: EventGrant, Units: dep.Units, Length: time.Duration(dep.Length) * time.Microsecond,
@@ -523,20 +538,24 @@ func (g *Ceiling) renew(ctx context.Context, tag, key, sig string, wins []Ledger
 		(*h)("granted")
 	}
 	dep.Only = g.stopped()
-	if _, derr := g.dc.ShareDeposit(ctx, key, dep); derr != nil {
-		return derr
+	slot, derr := g.dc.ShareDeposit(ctx, key, dep)
+	if derr != nil {
+		return false, derr
 	}
 	if h := g.hook.Load(); h != nil {
 		(*h)("deposited")
 	}
+	if slot < 0 {
+		return true, err
+	}
 	if err != nil {
-		return err
+		return false, err
 	}
 	g.renewed(time.Since(began))
 	if dep.Units > 0 && g.h.Forget != nil {
 		g.h.Forget(tag)
 	}
-	return nil
+	return false, nil
 }
 
 // grantRequest is the ledger call of a renewal: what the share's demand
