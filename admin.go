@@ -353,6 +353,9 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 		for i, x := range hs {
 			n, err := x.rt.lim.Reset(ctx, key, region)
 			if err != nil {
+				if ri.Ledger {
+					err = fmt.Errorf("%w (the ledger was reset: retry the reset)", err)
+				}
 				return caddy.APIError{HTTPStatus: http.StatusBadGateway, Err: fmt.Errorf("store: %w", err)}
 			}
 			if i == len(hs)-1 {

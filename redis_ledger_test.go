@@ -123,6 +123,11 @@ func TestGlobalRedisCeilingAcrossDatacenters(t *testing.T) {
 		}
 	}
 	t.Logf("admitted %v; passed by fail open %d", admitted, open)
+	if open > 3 {
+		// A few under a starved machine; more is a ledger or store that
+		// does not answer in time, not load.
+		t.Errorf("%d requests passed by fail open, want 3 at most", open)
+	}
 	if n := gatherLabel(t, "caddy_sliding_ratelimit_requests_total", name, "result", "fail_open"); n != float64(open) {
 		t.Errorf("requests_total{result=\"fail_open\"} %v, want the %d requests passed by fail open", n, open)
 	}
