@@ -12,6 +12,20 @@ import (
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
 
+// testLedger is a ledger on a redis-server of its own, and a grant call
+// of identity "k" from data centre "a" under namespace ns wanting want
+// units of a ceiling of 20 a minute.
+func testLedger(t *testing.T, ns string) (*limiter.Ledger, func(want int64) *limiter.LedgerRequest) {
+	srv := redistest.Start(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+	t.Cleanup(func() { c.Close() })
+	return limiter.NewLedger(c), func(want int64) *limiter.LedgerRequest {
+		return &limiter.LedgerRequest{Namespace: ns, Tag: "k", DC: "a", QWait: 62_000_000, Skew: 1_000_000, Beat: 2_000_000,
+			WMax: 60_000_000, Tail: 3_000_000, Want: want, Length: 1_000_000, Rate: 1,
+			Windows: []limiter.LedgerWindow{{Name: "1m", Len: 60_000_000, Limit: 20}}}
+	}
+}
+
 // TestLedgerShowsWhatWasAdmitted: the ledger's show says what each data
 // centre admitted of its grants as it last told the ledger: the use of a
 // grant not ended, reported at a renewal (3 of 5), then at its return (4,
@@ -19,16 +33,8 @@ import (
 // count it grants by is unchanged by the reports.
 func TestLedgerShowsWhatWasAdmitted(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
-	t.Cleanup(func() { c.Close() })
-	lg := limiter.NewLedger(c)
+	lg, req := testLedger(t, "lu:")
 	ctx := context.Background()
-	req := func(want int64) *limiter.LedgerRequest {
-		return &limiter.LedgerRequest{Namespace: "lu:", Tag: "k", DC: "a", QWait: 62_000_000, Skew: 1_000_000, Beat: 2_000_000,
-			WMax: 60_000_000, Tail: 3_000_000, Want: want, Length: 1_000_000, Rate: 1,
-			Windows: []limiter.LedgerWindow{{Name: "1m", Len: 60_000_000, Limit: 20}}}
-	}
 	show := func(what string, admitted, counted int64) {
 		t.Helper()
 		shares, err := lg.Show(ctx, req(0))
@@ -73,16 +79,8 @@ func TestLedgerShowsWhatWasAdmitted(t *testing.T) {
 // use, and the units still held of it were counted nowhere.
 func TestLedgerIdsDoNotRepeatAfterAReset(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, Protocol: 2, DisableIdentity: true})
-	t.Cleanup(func() { c.Close() })
-	lg := limiter.NewLedger(c)
+	lg, req := testLedger(t, "lr:")
 	ctx := context.Background()
-	req := func(want int64) *limiter.LedgerRequest {
-		return &limiter.LedgerRequest{Namespace: "lr:", Tag: "k", DC: "a", QWait: 62_000_000, Skew: 1_000_000, Beat: 2_000_000,
-			WMax: 60_000_000, Tail: 3_000_000, Want: want, Length: 1_000_000, Rate: 1,
-			Windows: []limiter.LedgerWindow{{Name: "1m", Len: 60_000_000, Limit: 20}}}
-	}
 	old, err := lg.Do(ctx, "grant", req(5))
 	if err != nil || old.Units != 5 {
 		t.Fatalf("grant: %+v, %v", old, err)

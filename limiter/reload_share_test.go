@@ -106,10 +106,15 @@ func staleRenewal(t *testing.T, x, y *limiter.Limiter) {
 	}
 }
 
-// TestShareBeginUnderOtherLimits: a renewal's read of a share under other
-// limits than the share's (each store) gives it none of the share's grants
-// to return: they are still usable under their own limits.
-func TestShareBeginUnderOtherLimits(t *testing.T) {
+// shareStore is a store that keeps shares, and resets keys.
+type shareStore interface {
+	limiter.ShareStore
+	Reset(ctx context.Context, keys ...string) error
+}
+
+// shareStores is each store that keeps shares, by name: the Redis store
+// on a redis-server of its own, and the in-process store.
+func shareStores(t *testing.T) map[string]shareStore {
 	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
 	t.Cleanup(func() { c.Close() })
@@ -117,8 +122,15 @@ func TestShareBeginUnderOtherLimits(t *testing.T) {
 	t.Cleanup(func() { rs.Close() })
 	ms := limiter.NewMemoryStore()
 	t.Cleanup(func() { ms.Close() })
+	return map[string]shareStore{"redis": rs, "in-process": ms}
+}
+
+// TestShareBeginUnderOtherLimits: a renewal's read of a share under other
+// limits than the share's (each store) gives it none of the share's grants
+// to return: they are still usable under their own limits.
+func TestShareBeginUnderOtherLimits(t *testing.T) {
 	ctx := context.Background()
-	for name, s := range map[string]limiter.ShareStore{"redis": rs, "in-process": ms} {
+	for name, s := range shareStores(t) {
 		view, err := s.ShareBegin(ctx, "share", "10", false)
 		if err != nil {
 			t.Fatal(err)
@@ -153,22 +165,11 @@ func TestShareBeginUnderOtherLimits(t *testing.T) {
 // before a reset (each store deletes it) deposits into none after it: not
 // its grant (of a ledger the reset forgot, or counted by one that will
 // not know it is in use), not "the ledger is full", not the counts. A
-// renewal that reads the share after the reset lands. A share the check
-// path created (no incarnation yet) is given one by the first read.
+// renewal that reads the share after the reset lands.
 func TestDepositIntoAResetShareChangesNothing(t *testing.T) {
-	srv := redistest.Start(t)
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
-	t.Cleanup(func() { c.Close() })
-	rs := limiter.NewRedisStore(c)
-	t.Cleanup(func() { rs.Close() })
-	ms := limiter.NewMemoryStore()
-	t.Cleanup(func() { ms.Close() })
 	ctx := context.Background()
 	minute := time.Minute.Microseconds()
-	for name, s := range map[string]interface {
-		limiter.ShareStore
-		Reset(ctx context.Context, keys ...string) error
-	}{"redis": rs, "in-process": ms} {
+	for name, s := range shareStores(t) {
 		first, err := s.ShareBegin(ctx, "share", "10", false)
 		if err != nil {
 			t.Fatal(err)
