@@ -55,28 +55,7 @@ func staleRenewal(t *testing.T, x, y *limiter.Limiter) {
 		t.Fatalf("X's first request: %+v", d)
 	}
 	// Y, under the stale limit, is held once the ledger answered it.
-	reached, release := make(chan struct{}), make(chan struct{})
-	held := false
-	limiter.SetGlobalHook(y, func(stage string) {
-		if stage == "granted" && !held {
-			held = true
-			close(reached)
-			<-release
-		}
-	})
-	ydone := make(chan limiter.Decision, 1)
-	go func() {
-		d, err := y.Decide(ctx, in(stale))
-		if err != nil {
-			t.Error(err)
-		}
-		ydone <- d
-	}()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Y's renewal never reached the ledger")
-	}
+	ydone, release := heldAtGrant(t, y, in(stale), "Y's request")
 	// X spends what its share holds while Y's renewal is between the
 	// ledger and the share.
 	for range 2 * limit {
@@ -84,7 +63,7 @@ func staleRenewal(t *testing.T, x, y *limiter.Limiter) {
 			break
 		}
 	}
-	close(release)
+	release()
 	if d := <-ydone; d.Pass {
 		t.Errorf("Y admitted under a limit of %d after X's admissions: %+v", stale, d)
 	}
@@ -352,34 +331,14 @@ func TestResetDuringARenewal(t *testing.T) {
 	in := &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
 	// The identity's first request asks the ledger; its renewal is held
 	// once the ledger granted.
-	reached, release := make(chan struct{}), make(chan struct{})
-	var held atomic.Bool
-	limiter.SetGlobalHook(x, func(stage string) {
-		if stage == "granted" && held.CompareAndSwap(false, true) {
-			close(reached)
-			<-release
-		}
-	})
-	first := make(chan limiter.Decision, 1)
-	go func() {
-		d, err := x.Decide(ctx, in)
-		if err != nil {
-			t.Error(err)
-		}
-		first <- d
-	}()
-	select {
-	case <-reached:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the first request's renewal did not reach the ledger within 10 s")
-	}
+	first, release := heldAtGrant(t, x, in, "the first request")
 	if err := dc.lg.Reset(ctx, x.Keys().Namespace(), limiter.Tag("k")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := x.Reset(ctx, "k", "dc0"); err != nil {
 		t.Fatal(err)
 	}
-	close(release)
+	release()
 	admitted := 0
 	if d := <-first; d.Pass {
 		admitted++
@@ -415,4 +374,33 @@ func TestResetDuringARenewal(t *testing.T) {
 	if admitted != limit {
 		t.Fatalf("admitted %d in the minute after the reset, want the ceiling's %d (over it: a grant of the ledger the reset forgot was used)", admitted, limit)
 	}
+}
+
+// heldAtGrant starts a request of l (in) whose renewal is held once the
+// ledger granted, until release; it waits for the hold. The request's
+// decision comes on the channel.
+func heldAtGrant(t *testing.T, l *limiter.Limiter, in *limiter.Input, who string) (<-chan limiter.Decision, func()) {
+	t.Helper()
+	reached, release := make(chan struct{}), make(chan struct{})
+	var held atomic.Bool
+	limiter.SetGlobalHook(l, func(stage string) {
+		if stage == "granted" && held.CompareAndSwap(false, true) {
+			close(reached)
+			<-release
+		}
+	})
+	decided := make(chan limiter.Decision, 1)
+	go func() {
+		d, err := l.Decide(context.Background(), in)
+		if err != nil {
+			t.Error(err)
+		}
+		decided <- d
+	}()
+	select {
+	case <-reached:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: its renewal did not reach the ledger within 10 s", who)
+	}
+	return decided, func() { close(release) }
 }
