@@ -333,3 +333,60 @@ func TestCallErrorsAreTheirChecks(t *testing.T) {
 		t.Errorf("a call with a shape Redis cannot read: %v, want its decoding error", err)
 	}
 }
+
+// indexHook is an in-process store whose override index runs before, just
+// ahead of each write of a member (SetOverride's).
+type indexHook struct {
+	*MemoryStore
+	before func()
+}
+
+func (h indexHook) overrideIndex(ctx context.Context, index, member string, now, until int64) (map[string]int64, int64, error) {
+	if member != "" && until > 0 && h.before != nil {
+		h.before()
+	}
+	return h.MemoryStore.overrideIndex(ctx, index, member, now, until)
+}
+
+// TestSetOverrideSurvivesAnIndexReadAmidIt: a read of the index of live
+// overrides begins after SetOverride marked the identity as having one and
+// reads the index before SetOverride wrote it there (the node's watcher,
+// its first read late under a busy machine). The node must still know of
+// the override when SetOverride returns: its requests read it, and are
+// held to it. Before, the read dropped the identity (learnt before the
+// read began, gone from the index), and its third request under an
+// override of 2 was admitted under the limit of 100 (seen once in
+// TestOverrideEndBoundsWhatWasDecidedUnderIt under two busy loops).
+func TestSetOverrideSurvivesAnIndexReadAmidIt(t *testing.T) {
+	t.Parallel()
+	ms := NewMemoryStore()
+	t.Cleanup(func() { ms.Close() })
+	h := &indexHook{MemoryStore: ms}
+	l, err := New(Policy{Name: "ovrace", Windows: []Window{{Duration: time.Hour}}},
+		Backend{Store: h, Source: SourceMemory, Remote: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(l.Close)
+	h.before = func() {
+		time.Sleep(time.Millisecond) // the read begins after the mark, on a clock with ns steps
+		l.readIndex()
+	}
+	ctx := context.Background()
+	if _, err := l.SetOverride(ctx, "K", Override{Limits: []int64{2}, TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if !l.KnowsOverride("K") {
+		t.Fatal("after SetOverride the node does not know K has an override")
+	}
+	in := Input{Identity: "K", Limits: []int64{100}}
+	admitted := 0
+	for range 3 {
+		if d, _ := l.Decide(ctx, &in); d.Pass {
+			admitted++
+		}
+	}
+	if admitted != 2 {
+		t.Fatalf("K admitted %d of 3 under its override of 2", admitted)
+	}
+}
