@@ -240,9 +240,12 @@ type resetInfo struct {
 	OtherNodesNotified bool         `json:"other_nodes_notified"`
 	// Ledger: with global_redis, the key's grants in the ledger were
 	// forgotten too (its count in the global ceiling, for every data
-	// centre); LedgerError why not.
-	Ledger      bool   `json:"ledger,omitempty"`
-	LedgerError string `json:"ledger_error,omitempty"`
+	// centre); LedgerError why not. OtherDatacentersTold: the other data
+	// centres that held a share of the key, told by the ledger to drop it
+	// (each does within a recall's round, 250 ms, and a round trip).
+	Ledger               bool   `json:"ledger,omitempty"`
+	LedgerError          string `json:"ledger_error,omitempty"`
+	OtherDatacentersTold int64  `json:"other_datacenters_told,omitempty"`
 }
 
 type windowUsage struct {
@@ -342,10 +345,10 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 			// reset after it (a deposit into another incarnation than its
 			// renewal read changes nothing), and one that reads the share
 			// after its reset asks the ledger after the ledger's.
-			if err := h.rt.ledger.Reset(ctx, h.rt.lim.Keys().Namespace(), limiter.Tag(key)); err != nil {
+			if n, _, err := h.rt.lim.ResetGlobal(ctx, key); err != nil {
 				ri.LedgerError = err.Error()
 			} else {
-				ri.Ledger = true
+				ri.Ledger, ri.OtherDatacentersTold = true, n
 			}
 		}
 		// Every live instance of the limiter on this node; the store once;

@@ -399,7 +399,11 @@ func writeReset(out io.Writer, r *resetInfo) error {
 		cleared = append(cleared, "ban")
 	}
 	if r.Ledger {
-		cleared = append(cleared, "the ledger's grants (every data centre's share)")
+		s := "the ledger's grants (every data centre's share)"
+		if r.OtherDatacentersTold > 0 {
+			s += fmt.Sprintf("; %d other data centres told to drop theirs", r.OtherDatacentersTold)
+		}
+		cleared = append(cleared, s)
 	}
 	others := "no (the notice could not be published: other nodes may deny the key from their deny caches until its retry time)"
 	if r.OtherNodesNotified {

@@ -159,8 +159,8 @@ func TestGlobalRedisCeilingAcrossDatacenters(t *testing.T) {
 	// admits the key again.
 	var ri resetInfo
 	adminAnswer(t, http.MethodDelete, "/sliding_ratelimit/"+name+"?key=viral&region="+newest.Datacenter, &ri)
-	if !ri.Ledger || ri.LedgerError != "" {
-		t.Fatalf("reset %+v: want the ledger reset", ri)
+	if !ri.Ledger || ri.LedgerError != "" || ri.OtherDatacentersTold != 1 {
+		t.Fatalf("reset %+v: want the ledger reset, and the other data centre told to drop its share", ri)
 	}
 	if o := mustServe(t, newest, map[string]string{"X-API-Key": "viral", "X-Region": newest.Datacenter}); o.code != http.StatusOK {
 		t.Fatalf("%s after the reset: status %d (source %s), want 200", newest.Datacenter, o.code, o.source)

@@ -35,6 +35,7 @@ const (
 	EventNormal      = dc.EventNormal
 	EventBeat        = dc.EventBeat
 	EventWait        = dc.EventWait
+	EventDropped     = dc.EventDropped
 )
 
 // The ledger's client and its calls (dc's).
@@ -106,6 +107,9 @@ type ceiling interface {
 	Unspent(ctx context.Context, req dc.Request) (int64, error)
 	Datacenter() string
 	State() GlobalState
+	// Reset: an operator's reset of an identity in the ledger, and the
+	// other data centres' shares of it dropped.
+	Reset(ctx context.Context, identity string) (int64, error)
 }
 
 var _ ceiling = (*dc.Ceiling)(nil)
@@ -134,7 +138,21 @@ func (l *Limiter) host() dc.Host {
 				l.cache.Forget(tag)
 			}
 		},
-		Unavailable: IsUnavailable}
+		Unavailable: IsUnavailable,
+		Drop: func(ctx context.Context, tag, key string) error {
+			if err := l.b.Base.Reset(ctx, key); err != nil {
+				return err
+			}
+			if l.cache != nil {
+				l.cache.Forget(tag)
+			}
+			if l.b.Notifier != nil {
+				// The data centre's other nodes drop their cached denials
+				// too (as a reset's notice).
+				_ = l.b.Notifier.Publish(ctx, l.channel, l.keys.Namespace()+"\n"+tag)
+			}
+			return nil
+		}}
 	nb, loc := len(l.p.Windows), l.p.Location
 	for i, w := range l.p.GlobalWindows {
 		dw := dc.Window{Name: l.wnames[nb+i], Len: w.Duration, Longest: w.Duration}

@@ -60,6 +60,18 @@ func (l *Limiter) Shares(ctx context.Context, identity string) ([]LedgerShare, e
 	return l.g.Shares(ctx, identity)
 }
 
+// ResetGlobal forgets identity's grants in the ledger (an operator's
+// reset through this node; false without global_redis) and has every other
+// data centre that held a share of it drop that share; this data centre's
+// is Reset's. It returns how many data centres were told.
+func (l *Limiter) ResetGlobal(ctx context.Context, identity string) (int64, bool, error) {
+	if l.g == nil {
+		return 0, false, nil
+	}
+	n, err := l.g.Reset(ctx, identity)
+	return n, true, err
+}
+
 // GlobalState returns the node's view (ok false without global_redis).
 func (l *Limiter) GlobalState() (GlobalState, bool) {
 	if l.g == nil {

@@ -85,7 +85,7 @@ func TestLedgerIdsDoNotRepeatAfterAReset(t *testing.T) {
 	if err != nil || old.Units != 5 {
 		t.Fatalf("grant: %+v, %v", old, err)
 	}
-	if err := lg.Reset(ctx, "lr:", "k"); err != nil {
+	if _, err := lg.Reset(ctx, req(0)); err != nil {
 		t.Fatal(err)
 	}
 	seen := map[string]bool{old.ID: true}

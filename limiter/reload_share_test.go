@@ -326,13 +326,13 @@ func TestResetDuringARenewal(t *testing.T) {
 	o.length = 2 * time.Second // the grants outlive the test: no clock matters
 	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
 	w := newMDCWorld(t, o)
-	x, dc := w.dcs[0].nodes[0], w.dcs[0]
+	x := w.dcs[0].nodes[0]
 	ctx := context.Background()
 	in := &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
 	// The identity's first request asks the ledger; its renewal is held
 	// once the ledger granted.
 	first, release := heldAtGrant(t, x, in, "the first request")
-	if err := dc.lg.Reset(ctx, x.Keys().Namespace(), limiter.Tag("k")); err != nil {
+	if _, _, err := x.ResetGlobal(ctx, "k"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := x.Reset(ctx, "k", "dc0"); err != nil {
@@ -403,4 +403,77 @@ func heldAtGrant(t *testing.T, l *limiter.Limiter, in *limiter.Input, who string
 		t.Fatalf("%s: its renewal did not reach the ledger within 10 s", who)
 	}
 	return decided, func() { close(release) }
+}
+
+// TestResetReachesEveryDatacentre: an operator's reset through data centre
+// A while B holds unspent units of the identity's grants. The ledger forgets
+// those grants, so B must not spend them after: the ledger tells B (a
+// recall marked reset) and B drops its share within a recall's round. From
+// then on the two admit the ceiling's limit in the window, not the limit
+// and what B held (before, B kept spending it, uncounted, until its grants
+// ended).
+func TestResetReachesEveryDatacentre(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	const limit = 10 // one data centre is granted 10 at once (the ledger's burst)
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes = 2, 1
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second // the grants outlive the test: no clock matters
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	w := newMDCWorld(t, o)
+	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
+	ctx := context.Background()
+	in := func(dc string) *limiter.Input {
+		return &limiter.Input{Identity: "k", Region: dc, Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
+	}
+	c := redis.NewClient(&redis.Options{Addr: w.dcs[1].srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	skey := b.Keys().Global("share", "k")
+	for deadline := time.Now().Add(10 * time.Second); unspent(t, c, skey) < 3; {
+		if _, err := b.Decide(ctx, in("dc1")); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B holds no share of 3 units after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond) // for B's renewals to land, not crossing a window
+	}
+	held := unspent(t, c, skey)
+	told, ok, err := a.ResetGlobal(ctx, "k")
+	if err != nil || !ok || told != 1 {
+		t.Fatalf("the reset through A: %d data centres told (%v, %v), want B", told, ok, err)
+	}
+	if _, err := a.Reset(ctx, "k", "dc0"); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); unspent(t, c, skey) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("B still holds %d units of the grants the reset forgot (%d before it) 5 s after it", unspent(t, c, skey), held)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for B's drop
+	}
+	admitted := 0
+	decide := func(l *limiter.Limiter, dc string) {
+		d, err := l.Decide(ctx, in(dc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Pass {
+			admitted++
+		}
+	}
+	for deadline := time.Now().Add(20 * time.Second); admitted < limit && time.Now().Before(deadline); {
+		for range 10 {
+			decide(a, "dc0")
+			decide(b, "dc1")
+		}
+		time.Sleep(50 * time.Millisecond) // let a grant end, not to cross a window
+	}
+	for range 2 * limit {
+		decide(a, "dc0")
+		decide(b, "dc1")
+	}
+	if admitted != limit {
+		t.Fatalf("A and B admitted %d in the minute after the reset, want the ceiling's %d (B held %d of the forgotten grants)", admitted, limit, held)
+	}
 }

@@ -158,6 +158,7 @@ type dcWorld struct {
 	static []int
 	glog   *dcGrantLog // what the ledger calls said of each grant's use
 	resets []dcReset   // the operator's resets, as they ran
+	drops  []time.Time // when a node dropped its data centre's share, as a reset asked
 	wg     sync.WaitGroup
 	closed []*limiter.Limiter
 }
@@ -295,6 +296,10 @@ func (w *dcWorld) globalEvent(s *dcSite, ev limiter.GlobalEvent) {
 			// before it asked: at the latest the ledger call's start.
 			now := time.Now()
 			w.grants[s.i] = append(w.grants[s.i], dcGrant{at: now, until: now.Add(-ev.Took + ev.Length), units: ev.Units})
+		}
+	case limiter.EventDropped:
+		if ev.Err == nil {
+			w.drops = append(w.drops, time.Now())
 		}
 	case limiter.EventStatic:
 		w.static[s.i]++
@@ -446,30 +451,25 @@ func (w *dcWorld) fault(ctx context.Context, f dcFault) {
 			w.limit.Store(w.c.Limit)
 		}
 	case "reset":
-		w.reset("a")
+		w.reset(s, "a")
 	}
 	w.event("fault:" + f.Kind)
 }
 
-// reset is an operator's reset of identity id in every data centre, as the
-// admin API's DELETE does it through a node of each: the ledger once,
-// first, then each data centre's store (node 0's limiter: its deny cache
-// too; the other nodes drop theirs by the store's notice). Renewals run
-// on meanwhile.
-func (w *dcWorld) reset(id string) {
+// reset is an operator's reset of identity id through node 0 of data
+// centre s, as the admin API's DELETE does it: the ledger first (which
+// tells every other data centre that held a share of id to drop it), then
+// s's store. Renewals run on meanwhile.
+func (w *dcWorld) reset(s *dcSite, id string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	from := time.Now()
-	c := redis.NewClient(&redis.Options{Addr: w.primary().Addr(), MaxRetries: -1})
-	defer c.Close()
-	l0 := w.sites[0].nodes[0].l.Load()
-	if err := limiter.NewLedger(c).Reset(ctx, l0.Keys().Namespace(), limiter.Tag(id)); err != nil {
-		w.t.Errorf("reset of the ledger: %v", err)
+	l := s.nodes[0].l.Load()
+	if _, _, err := l.ResetGlobal(ctx, id); err != nil {
+		w.t.Errorf("reset of the ledger through dc%d: %v", s.i, err)
 	}
-	for _, s := range w.sites {
-		if _, err := s.nodes[0].l.Load().Reset(ctx, id, s.name); err != nil {
-			w.t.Errorf("reset of dc%d's store: %v", s.i, err)
-		}
+	if _, err := l.Reset(ctx, id, s.name); err != nil {
+		w.t.Errorf("reset of dc%d's store: %v", s.i, err)
 	}
 	w.mu.Lock()
 	w.resets = append(w.resets, dcReset{id: id, from: from, to: time.Now()})
@@ -479,18 +479,27 @@ func (w *dcWorld) reset(id string) {
 // epoch is when the reset of id that r was decided after ended (zero: no
 // reset before it), and whether r straddles a reset (answered after one
 // began, decided before it ended): the oracle holds it to no window, as
-// the ledger's count before and after a reset are two.
+// the ledger's count before and after a reset are two. A reset ends when
+// the last data centre it told dropped its share (within 5 s of its
+// start; one that never does keeps spending what the ledger forgot, and
+// the oracle sees it).
 func (w *dcWorld) epoch(id string, at, done time.Time) (time.Time, bool) {
 	var e time.Time
 	for _, rs := range w.resets {
 		if rs.id != id {
 			continue
 		}
-		if done.After(rs.from) && !at.After(rs.to) {
+		to := rs.to
+		for _, d := range w.drops {
+			if d.After(to) && d.Before(rs.from.Add(5*time.Second)) {
+				to = d
+			}
+		}
+		if done.After(rs.from) && !at.After(to) {
 			return e, true
 		}
-		if at.After(rs.to) && rs.to.After(e) {
-			e = rs.to
+		if at.After(to) && to.After(e) {
+			e = to
 		}
 	}
 	return e, false

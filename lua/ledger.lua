@@ -25,14 +25,13 @@
 -- hash was new). Recalls: per data centre a hash, the members key's name
 -- with "recall:<dc>" for "members" (on the one slot): identity's grants
 -- key = the data centre's ticket, for each identity whose unspent grants it
--- is asked to give back; KEYS[3] of the recalls operation is this data
--- centre's.
+-- is asked to give back ("reset <ticket>": to drop, after an operator's
+-- reset); KEYS[3] of the recalls operation is this data centre's.
 --
 -- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
 -- wmax tail heard; then for grant: want len rate least ticket nret [id used
--- last]... nwin [name kind len limit b0 b1 b2 b3]... nuse [id used]...; show
--- and recalls take
--- nothing more.
+-- last]... nwin [name kind len limit b0 b1 b2 b3]... nuse [id used]...; show,
+-- recalls and reset take nothing more.
 --   deadline  ledger TIME (µs) after which nothing runs (0: none): the
 --             caller gave up by then
 --   seen      the epoch the caller last saw here ("" never)
@@ -86,6 +85,9 @@
 -- rate's bucket of a data centre asking more than that rate), 0 waiting (a
 -- new epoch or a failover: retry until it ends), 3 late (nothing ran).
 -- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
+-- Reply (reset): {5, now, n}: the identity's grants forgotten, and the n
+-- other data centres that held a share of it recalled with "reset <ticket>"
+-- (they drop the share).
 -- Reply (recalls): {4, now, ticket...}: the identities this data centre is
 -- asked to give back its unspent grants of (each once: they are removed).
 -- Reply (show): {now, then per data centre: name, units held (grants not
@@ -151,8 +153,9 @@ if now > most then
 end
 redis.call("PEXPIRE", ekey, 30 * 86400000)
 
--- The data centre's membership (an operator's show changes nothing).
-if op ~= "show" then
+-- The data centre's membership (an operator's show or reset changes
+-- nothing).
+if op ~= "show" and op ~= "reset" then
   local mv = redis.call("HMGET", mkey, "l" .. dc, "e" .. dc)
   if static then
     local ends = tonumber(mv[2]) or 0
@@ -181,7 +184,7 @@ for i = 1, #all, 2 do
   end
   mem[name][kind] = tonumber(v)
 end
-if op ~= "show" then
+if op ~= "show" and op ~= "reset" then
   redis.call("HSET", mkey, "n" .. dc, ndc)
   redis.call("PEXPIRE", mkey, 30 * 86400000)
 end
@@ -197,6 +200,30 @@ if op == "beat" then
 end
 
 local z, h = KEYS[3], KEYS[4]
+
+if op == "reset" then
+  -- An operator's reset of the identity, through a node of data centre
+  -- dc (which drops its own share): every other data centre that asked
+  -- for a share of it (its ticket) is recalled with the ticket marked
+  -- "reset ": its nodes drop the share (what it holds was granted by the
+  -- state forgotten here: spent after, it would be counted nowhere), then
+  -- the grants are forgotten. Reply {5, now, data centres told}.
+  local all = redis.call("HGETALL", h)
+  local rk = string.gsub(mkey, "members$", "recall:")
+  local ttl = math.ceil(3 * wmax / 1000) + 60000
+  local told = 0
+  for i = 1, #all, 2 do
+    local f, v = all[i], all[i + 1]
+    local name = string.sub(f, 2)
+    if string.sub(f, 1, 1) == "k" and string.sub(v, 1, 1) == "{" and name ~= dc then
+      redis.call("HSET", rk .. name, z, "reset " .. v)
+      redis.call("PEXPIRE", rk .. name, ttl)
+      told = told + 1
+    end
+  end
+  redis.call("DEL", z, h)
+  return {5, now, told}
+end
 
 if op == "show" then
   local ids = redis.call("ZRANGEBYSCORE", z, "(" .. fmt(now - wmax), "+inf", "WITHSCORES")
@@ -599,7 +626,9 @@ elseif want > 0 then
         local rv = redis.call("HMGET", h, "q" .. name, "k" .. name)
         if rv[2] then
           retry = math.min(retry, 1000000)
-          if (tonumber(rv[1]) or 0) < now - len then
+          local pending = redis.call("HGET", rk .. name, z)
+          if (tonumber(rv[1]) or 0) < now - len and not (pending and string.sub(pending, 1, 6) == "reset ") then
+            -- (A reset's recall not yet taken stays one.)
             redis.call("HSET", rk .. name, z, rv[2])
             redis.call("PEXPIRE", rk .. name, ttl)
             redis.call("HSET", h, "q" .. name, now)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,10 @@ const (
 	// fail mode after). An identity's first request in a data centre,
 	// which waits for its first grant, is not one.
 	EventWait
+	// EventDropped: this node dropped its data centre's share of an
+	// identity, as an operator's reset through another data centre asked
+	// (Err: the drop failed).
+	EventDropped
 )
 
 // Host is what the data-centre code needs of the engine, handed to it at
@@ -103,6 +108,10 @@ type Host struct {
 	ShareKey    func(identity string) string
 	Forget      func(tag string)
 	Unavailable func(err error) bool
+	// Drop deletes an identity's share (key) in the data centre's store,
+	// and drops its cached denials on every node of the data centre (an
+	// operator's reset through another data centre).
+	Drop func(ctx context.Context, tag, key string) error
 }
 
 // Window is one of the policy's global windows, as the ledger counts it.
@@ -746,8 +755,29 @@ func (g *Ceiling) recallOnce() {
 		return // the ledger's renewals and beats see it too
 	}
 	for _, s := range tickets {
+		drop := strings.HasPrefix(s, ResetMark)
 		var tk ticket
-		if json.Unmarshal([]byte(s), &tk) != nil || tk.Tag == "" || tk.Key == "" {
+		if json.Unmarshal([]byte(strings.TrimPrefix(s, ResetMark)), &tk) != nil || tk.Tag == "" || tk.Key == "" {
+			continue
+		}
+		if drop {
+			// Not queued behind renewals: at once (the share may be
+			// spending grants the ledger forgot), after the identity's
+			// renewal in flight here, if any (its deposit then finds the
+			// share dropped).
+			g.wg.Add(1)
+			go func() {
+				defer g.wg.Done()
+				c := g.take(tk.Tag)
+				if c == nil {
+					return
+				}
+				c.err = g.drop(tk.Tag, tk.Key)
+				g.mu.Lock()
+				delete(g.renewing, tk.Tag)
+				g.mu.Unlock()
+				close(c.done)
+			}()
 			continue
 		}
 		select {
@@ -755,6 +785,27 @@ func (g *Ceiling) recallOnce() {
 		default: // a full queue: its grants come back when they end
 		}
 	}
+}
+
+// drop deletes the identity's share here, as an operator's reset through
+// another data centre asked (its grants were of the state the ledger
+// forgot).
+func (g *Ceiling) drop(tag, key string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+	defer cancel()
+	err := g.h.Drop(ctx, tag, key)
+	g.Event(GlobalEvent{Kind: EventDropped, Err: err})
+	return err
+}
+
+// Reset forgets identity's grants in the ledger (an operator's reset
+// through this node), and has every other data centre that held a share of
+// it drop that share (within a recall's round, recallEvery, and a round
+// trip, while it asks for the identity); this data centre's share is the
+// caller's to reset. It returns how many data centres were told.
+func (g *Ceiling) Reset(ctx context.Context, identity string) (int64, error) {
+	req := g.request(g.h.Tag(identity))
+	return g.cfg.Ledger.Reset(ctx, req)
 }
 
 // take makes this goroutine the identity's renewal in flight, once the

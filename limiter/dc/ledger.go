@@ -36,13 +36,12 @@ func NewLedger(client Client) *Ledger {
 }
 
 // Client is what the ledger needs of a go-redis client (every one has it:
-// limiter.Scripter is more): scripts, pipelines (a grant and its WAIT on
-// one connection) and DEL (an operator's reset). The ledger's clock is
-// read with TIME where the client has it.
+// limiter.Scripter is more): scripts and pipelines (a grant and its WAIT on
+// one connection). The ledger's clock is read with TIME where the client
+// has it.
 type Client interface {
 	redis.Scripter
 	Pipeline() redis.Pipeliner
-	Del(ctx context.Context, keys ...string) *redis.IntCmd
 }
 
 // Every go-redis client is a Client.
@@ -378,7 +377,24 @@ func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, 
 	return out, nil
 }
 
-// Reset forgets an identity's grants (an operator's reset).
-func (lg *Ledger) Reset(ctx context.Context, namespace, tag string) error {
-	return lg.client.Del(ctx, namespace+"{ledger}:g:"+tag, namespace+"{ledger}:h:"+tag).Err()
+// Reset forgets the grants of an identity (req.Tag; an operator's reset
+// through a node of req.DC), and recalls the share of every other data
+// centre that held one, marked "reset ": its nodes drop it (Recalls). It
+// returns how many data centres were told.
+func (lg *Ledger) Reset(ctx context.Context, req *LedgerRequest) (int64, error) {
+	raw, err := eval(ctx, lg.client, lg.keys(req, "reset"), lg.args(req, "reset"))
+	if err != nil {
+		return 0, err
+	}
+	if st, _ := raw[0].(int64); st == 3 {
+		return 0, rediskit.ErrLate
+	} else if st != 5 || len(raw) < 3 {
+		return 0, fmt.Errorf("%w: reset reply %v", rediskit.ErrBadReply, raw)
+	}
+	n, _ := raw[2].(int64)
+	return n, nil
 }
+
+// ResetMark begins a recall's ticket that is a reset's (Recalls): the
+// share is dropped, not given back.
+const ResetMark = "reset "
