@@ -300,6 +300,7 @@ func (w *dcWorld) globalEvent(s *dcSite, ev limiter.GlobalEvent) {
 	case limiter.EventDropped:
 		if ev.Err == nil {
 			w.drops = append(w.drops, time.Now())
+			w.seen["dropped"]++
 		}
 	case limiter.EventStatic:
 		w.static[s.i]++
@@ -465,7 +466,8 @@ func (w *dcWorld) reset(s *dcSite, id string) {
 	defer cancel()
 	from := time.Now()
 	l := s.nodes[0].l.Load()
-	if _, _, err := l.ResetGlobal(ctx, id); err != nil {
+	told, _, err := l.ResetGlobal(ctx, id)
+	if err != nil {
 		w.t.Errorf("reset of the ledger through dc%d: %v", s.i, err)
 	}
 	if _, err := l.Reset(ctx, id, s.name); err != nil {
@@ -473,6 +475,7 @@ func (w *dcWorld) reset(s *dcSite, id string) {
 	}
 	w.mu.Lock()
 	w.resets = append(w.resets, dcReset{id: id, from: from, to: time.Now()})
+	w.seen["reset_told"] += int(told)
 	w.mu.Unlock()
 }
 
