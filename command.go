@@ -401,7 +401,7 @@ func writeReset(out io.Writer, r *resetInfo) error {
 	if r.Ledger {
 		s := "the ledger's grants (every data centre's share)"
 		if r.OtherDatacentersTold > 0 {
-			s += fmt.Sprintf("; %d other data centres told to drop theirs", r.OtherDatacentersTold)
+			s += fmt.Sprintf("; other data centres told to drop theirs: %d", r.OtherDatacentersTold)
 		}
 		cleared = append(cleared, s)
 	}

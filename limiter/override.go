@@ -86,10 +86,15 @@ const overrideNotice = "override"
 // not exist (on a Redis Cluster slot being migrated, a script whose keys
 // are partly missing fails with TRYAGAIN).
 type overrideTags struct {
-	n  atomic.Int64 // len(m), read without the lock on every request
-	mu sync.RWMutex
-	m  map[string]int64 // tag → when it was learnt (ns)
+	n     atomic.Int64 // len(m), read without the lock on every request
+	clock atomic.Int64 // the order of marks and index reads (tick)
+	mu    sync.RWMutex
+	m     map[string]int64 // tag → when it was learnt (tick)
 }
+
+// tick is a point in the order of marks and index reads: strictly after
+// every earlier one (the wall clock may step back).
+func (o *overrideTags) tick() int64 { return o.clock.Add(1) }
 
 func (o *overrideTags) has(tag string) bool {
 	o.mu.RLock()
@@ -104,7 +109,7 @@ func (o *overrideTags) add(tag string) {
 	if o.m == nil {
 		o.m = map[string]int64{}
 	}
-	o.m[tag] = time.Now().UnixNano()
+	o.m[tag] = o.tick()
 	o.n.Store(int64(len(o.m)))
 }
 
@@ -152,7 +157,7 @@ func (l *Limiter) watchOverrides() {
 // were decided under other limits (the notice that drops them may never
 // have come).
 func (l *Limiter) readIndex() {
-	since := time.Now().UnixNano()
+	since := l.ov.tick()
 	ctx, cancel := context.WithTimeout(context.Background(), OverrideRefresh)
 	defer cancel()
 	prev := l.ovView.Load()

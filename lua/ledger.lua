@@ -25,8 +25,9 @@
 -- hash was new). Recalls: per data centre a hash, the members key's name
 -- with "recall:<dc>" for "members" (on the one slot): identity's grants
 -- key = the data centre's ticket, for each identity whose unspent grants it
--- is asked to give back ("reset <ticket>": to drop, after an operator's
--- reset); KEYS[3] of the recalls operation is this data centre's.
+-- is asked to give back (a ticket that begins '{"x":1,': to drop, after an
+-- operator's reset); KEYS[3] of the recalls operation is this data
+-- centre's.
 --
 -- ARGV, every operation: op dc deadline seen qwait skew beat static wasstatic
 -- wmax tail heard; then for grant: want len rate least ticket nret [id used
@@ -86,8 +87,8 @@
 -- new epoch or a failover: retry until it ends), 3 late (nothing ran).
 -- Reply (beat): {status, now, 0, 0, retry, n, replicas, epoch}.
 -- Reply (reset): {5, now, n}: the identity's grants forgotten, and the n
--- other data centres that held a share of it recalled with "reset <ticket>"
--- (they drop the share).
+-- other data centres that held a share of it recalled with their ticket
+-- marked as a reset's (they drop the share).
 -- Reply (recalls): {4, now, ticket...}: the identities this data centre is
 -- asked to give back its unspent grants of (each once: they are removed).
 -- Reply (show): {now, then per data centre: name, units held (grants not
@@ -204,8 +205,8 @@ local z, h = KEYS[3], KEYS[4]
 if op == "reset" then
   -- An operator's reset of the identity, through a node of data centre
   -- dc (which drops its own share): every other data centre that asked
-  -- for a share of it (its ticket) is recalled with the ticket marked
-  -- "reset ": its nodes drop the share (what it holds was granted by the
+  -- for a share of it (its ticket) is recalled with the ticket marked as a
+  -- reset's ('{"x":1,' first): its nodes drop the share (what it holds was granted by the
   -- state forgotten here: spent after, it would be counted nowhere), then
   -- the grants are forgotten. Reply {5, now, data centres told}.
   local all = redis.call("HGETALL", h)
@@ -216,7 +217,7 @@ if op == "reset" then
     local f, v = all[i], all[i + 1]
     local name = string.sub(f, 2)
     if string.sub(f, 1, 1) == "k" and string.sub(v, 1, 1) == "{" and name ~= dc then
-      redis.call("HSET", rk .. name, z, "reset " .. v)
+      redis.call("HSET", rk .. name, z, '{"x":1,' .. string.sub(v, 2))
       redis.call("PEXPIRE", rk .. name, ttl)
       told = told + 1
     end
@@ -627,7 +628,7 @@ elseif want > 0 then
         if rv[2] then
           retry = math.min(retry, 1000000)
           local pending = redis.call("HGET", rk .. name, z)
-          if (tonumber(rv[1]) or 0) < now - len and not (pending and string.sub(pending, 1, 6) == "reset ") then
+          if (tonumber(rv[1]) or 0) < now - len and not (pending and string.sub(pending, 1, 7) == '{"x":1,') then
             -- (A reset's recall not yet taken stays one.)
             redis.call("HSET", rk .. name, z, rv[2])
             redis.call("PEXPIRE", rk .. name, ttl)

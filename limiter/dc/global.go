@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -202,11 +201,15 @@ type renewal struct {
 }
 
 // ticket is what a renewal needs, as the ledger keeps it for a recall.
+// Reset is 1 in a reset's recall (ledger.lua writes it first, "{\"x\":1,"):
+// the share is dropped, not given back; a node of a release before it
+// reads that ticket as a recall's, which ends the share's live grants.
 type ticket struct {
-	Tag string         `json:"t"`
-	Key string         `json:"k"`
-	Sig string         `json:"s"`
-	Win []LedgerWindow `json:"w"`
+	Reset int            `json:"x,omitempty"`
+	Tag   string         `json:"t"`
+	Key   string         `json:"k"`
+	Sig   string         `json:"s"`
+	Win   []LedgerWindow `json:"w"`
 }
 
 // shareRecheck is how long a share the ledger had no room for waits at
@@ -755,28 +758,19 @@ func (g *Ceiling) recallOnce() {
 		return // the ledger's renewals and beats see it too
 	}
 	for _, s := range tickets {
-		drop := strings.HasPrefix(s, ResetMark)
 		var tk ticket
-		if json.Unmarshal([]byte(strings.TrimPrefix(s, ResetMark)), &tk) != nil || tk.Tag == "" || tk.Key == "" {
+		if json.Unmarshal([]byte(s), &tk) != nil || tk.Tag == "" || tk.Key == "" {
 			continue
 		}
-		if drop {
-			// Not queued behind renewals: at once (the share may be
-			// spending grants the ledger forgot), after the identity's
-			// renewal in flight here, if any (its deposit then finds the
-			// share dropped).
+		if tk.Reset != 0 {
+			// An operator's reset through another data centre: the share
+			// goes at once, not queued behind renewals (it may be spending
+			// grants the ledger forgot). A renewal in flight here finds it
+			// gone at its deposit (another incarnation) and asks again.
 			g.wg.Add(1)
 			go func() {
 				defer g.wg.Done()
-				c := g.take(tk.Tag)
-				if c == nil {
-					return
-				}
-				c.err = g.drop(tk.Tag, tk.Key)
-				g.mu.Lock()
-				delete(g.renewing, tk.Tag)
-				g.mu.Unlock()
-				close(c.done)
+				_ = g.drop(tk.Tag, tk.Key)
 			}()
 			continue
 		}
@@ -789,11 +783,18 @@ func (g *Ceiling) recallOnce() {
 
 // drop deletes the identity's share here, as an operator's reset through
 // another data centre asked (its grants were of the state the ledger
-// forgot).
+// forgot): twice at most, each within the timeout (the ledger took the
+// recall back as it told it: a drop that fails is not told again).
 func (g *Ceiling) drop(tag, key string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
-	defer cancel()
-	err := g.h.Drop(ctx, tag, key)
+	var err error
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), g.cfg.Timeout)
+		err = g.h.Drop(ctx, tag, key)
+		cancel()
+		if err == nil {
+			break
+		}
+	}
 	g.Event(GlobalEvent{Kind: EventDropped, Err: err})
 	return err
 }

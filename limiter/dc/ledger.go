@@ -379,7 +379,8 @@ func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, 
 
 // Reset forgets the grants of an identity (req.Tag; an operator's reset
 // through a node of req.DC), and recalls the share of every other data
-// centre that held one, marked "reset ": its nodes drop it (Recalls). It
+// centre that held one, marked as a reset's (ticket.Reset): its nodes drop
+// it (Recalls). It
 // returns how many data centres were told.
 func (lg *Ledger) Reset(ctx context.Context, req *LedgerRequest) (int64, error) {
 	raw, err := eval(ctx, lg.client, lg.keys(req, "reset"), lg.args(req, "reset"))
@@ -394,7 +395,3 @@ func (lg *Ledger) Reset(ctx context.Context, req *LedgerRequest) (int64, error) 
 	n, _ := raw[2].(int64)
 	return n, nil
 }
-
-// ResetMark begins a recall's ticket that is a reset's (Recalls): the
-// share is dropped, not given back.
-const ResetMark = "reset "
