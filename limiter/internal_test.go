@@ -6,6 +6,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -338,12 +339,12 @@ func TestCallErrorsAreTheirChecks(t *testing.T) {
 // ahead of each write of a member (SetOverride's).
 type indexHook struct {
 	*MemoryStore
-	before func()
+	before atomic.Pointer[func()] // set once the limiter is built: its watcher reads the index meanwhile
 }
 
-func (h indexHook) overrideIndex(ctx context.Context, index, member string, now, until int64) (map[string]int64, int64, error) {
-	if member != "" && until > 0 && h.before != nil {
-		h.before()
+func (h *indexHook) overrideIndex(ctx context.Context, index, member string, now, until int64) (map[string]int64, int64, error) {
+	if f := h.before.Load(); member != "" && until > 0 && f != nil {
+		(*f)()
 	}
 	return h.MemoryStore.overrideIndex(ctx, index, member, now, until)
 }
@@ -368,7 +369,8 @@ func TestSetOverrideSurvivesAnIndexReadAmidIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(l.Close)
-	h.before = l.readIndex
+	read := l.readIndex
+	h.before.Store(&read)
 	ctx := context.Background()
 	if _, err := l.SetOverride(ctx, "K", Override{Limits: []int64{2}, TTL: time.Minute}); err != nil {
 		t.Fatal(err)
