@@ -24,12 +24,7 @@ import (
 // the ledger counted one unit of it and granted X the limit again.
 func TestStaleRenewalDoesNotReturnALiveGrant(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
-	o := mdcOptions(limiter.FailClosed)
-	o.dcs, o.nodes = 1, 2
-	o.delay = func(int) time.Duration { return 0 }
-	o.length = 2 * time.Second // the grants outlive the test: no clock matters
-	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
-	w := newMDCWorld(t, o)
+	w := minuteWorld(t, 1, 2)
 	staleRenewal(t, w.dcs[0].nodes[0], w.dcs[0].nodes[1])
 }
 
@@ -202,12 +197,7 @@ func TestDepositIntoAResetShareChangesNothing(t *testing.T) {
 func TestRenewalAcrossAReloadKeepsTheNewGrants(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	const old, now = 100, 50
-	o := mdcOptions(limiter.FailClosed)
-	o.dcs, o.nodes = 1, 2
-	o.delay = func(int) time.Duration { return 0 }
-	o.length = 2 * time.Second // the grants outlive the test: no clock matters
-	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
-	w := newMDCWorld(t, o)
+	w := minuteWorld(t, 1, 2)
 	x, y := w.dcs[0].nodes[0], w.dcs[0].nodes[1]
 	ctx := context.Background()
 	in := func(l int64) *limiter.Input {
@@ -320,12 +310,7 @@ func TestResetDuringARenewal(t *testing.T) {
 	// 10 a minute: the ledger grants one data centre a burst of 10 at once
 	// (then its fair rate, one every 6 s).
 	const limit = 10
-	o := mdcOptions(limiter.FailClosed)
-	o.dcs, o.nodes = 1, 1
-	o.delay = func(int) time.Duration { return 0 }
-	o.length = 2 * time.Second // the grants outlive the test: no clock matters
-	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
-	w := newMDCWorld(t, o)
+	w := minuteWorld(t, 1, 1)
 	x := w.dcs[0].nodes[0]
 	ctx := context.Background()
 	in := &limiter.Input{Identity: "k", Region: "dc0", Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
@@ -415,12 +400,7 @@ func heldAtGrant(t *testing.T, l *limiter.Limiter, in *limiter.Input, who string
 func TestResetReachesEveryDatacentre(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
 	const limit = 10 // one data centre is granted 10 at once (the ledger's burst)
-	o := mdcOptions(limiter.FailClosed)
-	o.dcs, o.nodes = 2, 1
-	o.delay = func(int) time.Duration { return 0 }
-	o.length = 2 * time.Second // the grants outlive the test: no clock matters
-	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
-	w := newMDCWorld(t, o)
+	w := minuteWorld(t, 2, 1)
 	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
 	ctx := context.Background()
 	in := func(dc string) *limiter.Input {
@@ -476,4 +456,16 @@ func TestResetReachesEveryDatacentre(t *testing.T) {
 	if admitted != limit {
 		t.Fatalf("A and B admitted %d in the minute after the reset, want the ceiling's %d (B held %d of the forgotten grants)", admitted, limit, held)
 	}
+}
+
+// minuteWorld is dcs data centres of nodes nodes each, fail closed, no
+// delay to the ledger, one global window of a minute, and grants that
+// outlive the test (2 s long): no clock matters.
+func minuteWorld(t *testing.T, dcs, nodes int) *mdcWorld {
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes = dcs, nodes
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	return newMDCWorld(t, o)
 }
