@@ -143,14 +143,7 @@ func (l *Limiter) host() dc.Host {
 			if err := l.b.Base.Reset(ctx, key); err != nil {
 				return err
 			}
-			if l.cache != nil {
-				l.cache.Forget(tag)
-			}
-			if l.b.Notifier != nil {
-				// The data centre's other nodes drop their cached denials
-				// too (as a reset's notice).
-				_ = l.b.Notifier.Publish(ctx, l.channel, l.keys.Namespace()+"\n"+tag)
-			}
+			l.forgetDenials(ctx, tag) // and the data centre's other nodes, as a reset's notice
 			return nil
 		}}
 	nb, loc := len(l.p.Windows), l.p.Location

@@ -1197,13 +1197,19 @@ func (l *Limiter) Reset(ctx context.Context, identity, region string) (notified 
 	}
 	// A denial decided before the reset and cached after it is dropped by
 	// the notice, on this process too.
+	return l.forgetDenials(ctx, Tag(identity)), nil
+}
+
+// forgetDenials drops the denials of tag cached here and, by a notice, on
+// every node sharing the store; it reports whether the notice went out.
+func (l *Limiter) forgetDenials(ctx context.Context, tag string) bool {
 	if l.cache != nil {
-		l.cache.Forget(Tag(identity))
+		l.cache.Forget(tag)
 	}
 	if l.b.Notifier == nil {
-		return false, nil
+		return false
 	}
-	return l.b.Notifier.Publish(ctx, l.channel, l.keys.Namespace()+"\n"+Tag(identity)) == nil, nil
+	return l.b.Notifier.Publish(ctx, l.channel, l.keys.Namespace()+"\n"+tag) == nil
 }
 
 // ceilSeconds rounds d up to whole seconds.
