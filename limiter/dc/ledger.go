@@ -380,8 +380,7 @@ func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, 
 // Reset forgets the grants of an identity (req.Tag; an operator's reset
 // through a node of req.DC), and recalls the share of every other data
 // centre that held one, marked as a reset's (ticket.Reset): its nodes drop
-// it (Recalls). It
-// returns how many data centres were told.
+// it (Recalls). It returns how many data centres were told.
 func (lg *Ledger) Reset(ctx context.Context, req *LedgerRequest) (int64, error) {
 	raw, err := eval(ctx, lg.client, lg.keys(req, "reset"), lg.args(req, "reset"))
 	if err != nil {
