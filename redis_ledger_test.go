@@ -469,6 +469,7 @@ func TestGlobalEventMetrics(t *testing.T) {
 		{Kind: limiter.EventStarved},
 		{Kind: limiter.EventFailOpen},
 		{Kind: limiter.EventBeat, Took: time.Millisecond},
+		{Kind: limiter.EventDropped}, {Kind: limiter.EventDropped}, {Kind: limiter.EventDropped, Err: context.DeadlineExceeded},
 	} {
 		m.GlobalEvent(ev)
 	}
@@ -480,6 +481,11 @@ func TestGlobalEventMetrics(t *testing.T) {
 	} {
 		if got := gatherLabel(t, metric, name, "datacenter", "eu-west"); got != want {
 			t.Errorf("%s = %v, want %v", metric, got, want)
+		}
+	}
+	for result, want := range map[string]float64{"dropped": 2, "failed": 1} {
+		if got := gatherLabel(t, "caddy_sliding_ratelimit_global_reset_drops_total", name, "result", result); got != want {
+			t.Errorf("global_reset_drops_total{result=%q} = %v, want %v", result, got, want)
 		}
 	}
 	for kind, want := range map[string]float64{"timeout": 1, "not_durable": 1, "connection": 0} {

@@ -62,6 +62,7 @@ type Set struct {
 	// The global ceiling across data centres (global_redis).
 	Grants, GrantedUnits, Returns, ReturnedUnits *prometheus.CounterVec
 	Renewals, Starved, FailOpenGlobal            *prometheus.CounterVec
+	ResetDrops                                   *prometheus.CounterVec
 	AdmittedGlobal                               *prometheus.CounterVec
 	LedgerErrs                                   *prometheus.CounterVec
 	LedgerTime                                   *prometheus.HistogramVec
@@ -103,7 +104,7 @@ func NewSet(ns string, sources func() []Source) *Set {
 	s.collectors = []prometheus.Collector{s.Requests, s.StoreErrs, s.CheckTime,
 		s.NearLimit, s.WindowDeny, s.Bans, s.Queued, s.QueueWait, s.EmptyKeys,
 		s.Grants, s.GrantedUnits, s.Returns, s.ReturnedUnits, s.Renewals, s.Starved,
-		s.FailOpenGlobal, s.AdmittedGlobal, s.LedgerErrs, s.LedgerTime, s.scrape}
+		s.FailOpenGlobal, s.AdmittedGlobal, s.ResetDrops, s.LedgerErrs, s.LedgerTime, s.scrape}
 	return s
 }
 
@@ -133,6 +134,8 @@ func (s *Set) initGlobal(ns string) {
 		"Requests refused here by the data centre's share while the ledger had room for them.")
 	s.FailOpenGlobal = counterVec(ns, "global_fail_open_total", dc,
 		"Requests passed by fail open because the ledger could not renew the share they needed.")
+	s.ResetDrops = counterVec(ns, "global_reset_drops_total", append(dc, "result"),
+		"Shares this node dropped because an operator reset their identity through another data centre, by result: dropped, or failed (the data centre may spend what that share held until its grants end).")
 	s.LedgerErrs = counterVec(ns, "ledger_errors_total", append(dc, "kind"),
 		"Ledger (global_redis) calls that failed, by kind: timeout, connection, auth, script, other, not_durable (a grant its replicas did not acknowledge).")
 	s.LedgerTime = prometheus.NewHistogramVec(prometheus.HistogramOpts{
@@ -276,6 +279,7 @@ var ledgerErrKinds = []string{string(limiter.ErrKindTimeout), string(limiter.Err
 type Global struct {
 	grants, grantedUnits, returns, returnedUnits prometheus.Counter
 	renewals, starved, failOpen                  prometheus.Counter
+	dropped, dropFailed                          prometheus.Counter
 	admitted                                     prometheus.Counter
 	roundTrip                                    prometheus.Observer
 	errs                                         map[string]prometheus.Counter
@@ -292,7 +296,8 @@ func (s *Set) Global(name, dc string, windows []limiter.Window) *Global {
 		renewals: s.Renewals.WithLabelValues(name, dc), starved: s.Starved.WithLabelValues(name, dc),
 		failOpen: s.FailOpenGlobal.WithLabelValues(name, dc), roundTrip: s.LedgerTime.WithLabelValues(name, dc),
 		admitted: s.AdmittedGlobal.WithLabelValues(name, dc),
-		errs:     make(map[string]prometheus.Counter, len(ledgerErrKinds)), Held: NewHeldShare(GrantLength(windows), time.Now),
+		dropped:  s.ResetDrops.WithLabelValues(name, dc, "dropped"), dropFailed: s.ResetDrops.WithLabelValues(name, dc, "failed"),
+		errs: make(map[string]prometheus.Counter, len(ledgerErrKinds)), Held: NewHeldShare(GrantLength(windows), time.Now),
 		Datacenter: dc,
 	}
 	for _, k := range ledgerErrKinds {
@@ -336,6 +341,12 @@ func (m *Limiter) GlobalEvent(ev limiter.GlobalEvent) {
 		g.starved.Inc()
 	case limiter.EventFailOpen:
 		g.failOpen.Inc()
+	case limiter.EventDropped:
+		if ev.Err != nil {
+			g.dropFailed.Inc()
+		} else {
+			g.dropped.Inc()
+		}
 	}
 }
 
