@@ -713,9 +713,17 @@ func (w *dcWorld) staticAt(dc int, r dcRec) bool {
 		return false
 	}
 	// Still open: the last event a node going to it, or more nodes went
-	// than came back (each comes back with an event).
-	return open || on > off || !r.at.After(last)
+	// than came back (each comes back with an event). A request sent
+	// before the last came back may have been built for the static share
+	// (the node reads its mode as the request starts) and decided by the
+	// store after the event (r.at, the store's time): its send counts, not
+	// r.at (seed 6 under load: the static share's 20th admission of a
+	// window sent a moment before the node's "normal", decided after it).
+	return open || on > off || !r.sent().After(last)
 }
+
+// sent is when the request was handed to the node (the wall clock).
+func (r dcRec) sent() time.Time { return r.done.Add(-r.took) }
 
 func (f dcFault) String() string {
 	s := fmt.Sprintf("%s dc%d at %dms for %dms", f.Kind, f.DC, f.At, f.For)
