@@ -46,12 +46,14 @@ type mdcWorld struct {
 	failOpen    int
 	staticAt    time.Time // the first node to go to its static share
 	events      map[limiter.GlobalEventKind]int
+	dropsFailed int // EventDropped with Err: a reset's drop given up
 }
 
 type mdcDC struct {
 	name  string
 	srv   *redistest.Server
 	proxy *netproxy.Proxy // to the ledger
+	store *netproxy.Proxy // to srv, for the nodes (mdcOpts.storeProxy)
 	lg    *limiter.Ledger
 	nodes []*limiter.Limiter
 }
@@ -66,6 +68,11 @@ type mdcOpts struct {
 	beat   time.Duration
 	skew   time.Duration
 	lto    time.Duration // the ledger's timeout (default 1 s)
+	// storeProxy puts the nodes' clients of their data centre's Redis
+	// behind a proxy (mdcDC.store, which can cut them off), and bounds
+	// their calls by the context, as the plugin's clients do
+	// (internal/redisconf; otherwise go-redis's read timeout, 3 s).
+	storeProxy bool
 	// vip puts one proxy in front of the ledger (its address for every
 	// data centre), and replica a replica behind a proxy of its own.
 	vip, replica bool
@@ -148,7 +155,14 @@ func waitReplicas(t *testing.T, srv *redistest.Server, n int) {
 }
 
 func (w *mdcWorld) node(dc *mdcDC, o mdcOpts) *limiter.Limiter {
-	c := redis.NewClient(&redis.Options{Addr: dc.srv.Addr()})
+	addr := dc.srv.Addr()
+	if o.storeProxy {
+		if dc.store == nil {
+			dc.store = w.proxy(addr)
+		}
+		addr = dc.store.Addr()
+	}
+	c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: o.storeProxy})
 	w.t.Cleanup(func() { c.Close() })
 	b := productionStack(w.t, c)
 	b.Global = &limiter.Global{Ledger: dc.lg, Datacenter: dc.name, Length: o.length, Timeout: cmp.Or(o.lto, time.Second),
@@ -162,6 +176,9 @@ func (w *mdcWorld) node(dc *mdcDC, o mdcOpts) *limiter.Limiter {
 				w.staticAt = time.Now()
 			}
 			w.events[ev.Kind]++
+			if ev.Kind == limiter.EventDropped && ev.Err != nil {
+				w.dropsFailed++
+			}
 			w.mu.Unlock()
 		}}
 	p := o.policy

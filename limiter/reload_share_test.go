@@ -406,18 +406,7 @@ func TestResetReachesEveryDatacentre(t *testing.T) {
 	in := func(dc string) *limiter.Input {
 		return &limiter.Input{Identity: "k", Region: dc, Limits: []int64{1 << 40}, GlobalLimits: []int64{limit}}
 	}
-	c := redis.NewClient(&redis.Options{Addr: w.dcs[1].srv.Addr()})
-	t.Cleanup(func() { c.Close() })
-	skey := b.Keys().Global("share", "k")
-	for deadline := time.Now().Add(10 * time.Second); unspent(t, c, skey) < 3; {
-		if _, err := b.Decide(ctx, in("dc1")); err != nil {
-			t.Fatal(err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("B holds no share of 3 units after 10 s")
-		}
-		time.Sleep(10 * time.Millisecond) // for B's renewals to land, not crossing a window
-	}
+	c, skey := holdShare(t, w, b, in("dc1"))
 	held := unspent(t, c, skey)
 	told, ok, err := a.ResetGlobal(ctx, "k")
 	if err != nil || !ok || told != 1 {
@@ -455,6 +444,117 @@ func TestResetReachesEveryDatacentre(t *testing.T) {
 	}
 	if admitted != limit {
 		t.Fatalf("A and B admitted %d in the minute after the reset, want the ceiling's %d (B held %d of the forgotten grants)", admitted, limit, held)
+	}
+}
+
+// holdShare sends node b of dc1 requests in until its data centre's share
+// of in's identity holds 3 units or more unspent; it returns a client of
+// dc1's Redis and the share's key.
+func holdShare(t *testing.T, w *mdcWorld, b *limiter.Limiter, in *limiter.Input) (*redis.Client, string) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: w.dcs[1].srv.Addr()})
+	t.Cleanup(func() { c.Close() })
+	skey := b.Keys().Global("share", in.Identity)
+	for deadline := time.Now().Add(10 * time.Second); unspent(t, c, skey) < 3; {
+		if _, err := b.Decide(context.Background(), in); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("B holds no share of 3 units after 10 s")
+		}
+		time.Sleep(10 * time.Millisecond) // for B's renewals to land, not crossing a window
+	}
+	return c, skey
+}
+
+// TestResetDropRetried: a reset's recall reaches a data centre whose node
+// is cut off from its Redis (longer than the drop's two tries take); the
+// ledger does not tell it again, so the node keeps the failed drop and
+// tries it every recall poll: once the Redis answers, the share the
+// reset forgot is dropped (before, it was left, and spent until its
+// grants ended).
+func TestResetDropRetried(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes, o.storeProxy = 2, 1, true
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	w := newMDCWorld(t, o)
+	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
+	ctx := context.Background()
+	c, skey := holdShare(t, w, b, &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}})
+	held := unspent(t, c, skey)
+	px := w.dcs[1].store
+	px.Cut()
+	defer px.Heal()
+	told, ok, err := a.ResetGlobal(ctx, "k")
+	if err != nil || !ok || told != 1 {
+		t.Fatalf("the reset through A: %d data centres told (%v, %v), want B", told, ok, err)
+	}
+	// B reads the recall within a poll (250 ms) and its drop's two tries
+	// take a timeout (1 s) each: cut off past that, the first drop failed
+	// (nothing sent during the cut reaches Redis after it).
+	time.Sleep(3500 * time.Millisecond)
+	px.Heal()
+	for deadline := time.Now().Add(5 * time.Second); unspent(t, c, skey) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatalf("B still holds %d units of the grants the reset forgot (%d before it) 5 s after its Redis answers again", unspent(t, c, skey), held)
+		}
+		time.Sleep(10 * time.Millisecond) // polling for B's drop
+	}
+	// The drop is told after it lands.
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		w.mu.Lock()
+		n, failed := w.events[limiter.EventDropped], w.dropsFailed
+		w.mu.Unlock()
+		if n > 0 || time.Now().After(deadline) {
+			if n != 1 || failed != 0 {
+				t.Fatalf("%d drops told (%d failed), want the one that succeeded: a try that fails and is kept is not a failed drop", n, failed)
+			}
+			return
+		}
+	}
+}
+
+// TestResetDropGivenUp: a node cut off from its data centre's Redis for
+// good tries a reset's drop until every grant the share may hold has ended
+// (the longest grant, 1 s here, and the skew), then gives it up, told as
+// a failed drop (global_reset_drops_total{result="failed"}) once.
+func TestResetDropGivenUp(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes, o.storeProxy = 2, 1, true
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 100 * time.Millisecond
+	o.policy.GlobalWindows = []limiter.Window{{Duration: 2 * time.Second}}
+	w := newMDCWorld(t, o)
+	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
+	ctx := context.Background()
+	if d, err := b.Decide(ctx, &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}}); err != nil || !d.Pass {
+		t.Fatalf("B's first request: %+v, %v", d, err)
+	}
+	px := w.dcs[1].store
+	px.Cut()
+	defer px.Heal()
+	told, ok, err := a.ResetGlobal(ctx, "k")
+	if err != nil || !ok || told != 1 {
+		t.Fatalf("the reset through A: %d data centres told (%v, %v), want B", told, ok, err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		w.mu.Lock()
+		n, failed := w.events[limiter.EventDropped], w.dropsFailed
+		w.mu.Unlock()
+		if failed > 0 {
+			if n != 1 || failed != 1 {
+				t.Fatalf("%d drops told, %d failed: want one, failed", n, failed)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no failed drop told 10 s after the reset (%d drops told)", n)
+		}
+		time.Sleep(20 * time.Millisecond) // polling for B's give-up
 	}
 }
 

@@ -81,7 +81,8 @@ const (
 	EventWait
 	// EventDropped: this node dropped its data centre's share of an
 	// identity, as an operator's reset through another data centre asked
-	// (Err: the drop failed).
+	// (Err: the drop failed, and was tried again every recall poll until
+	// every grant the share could hold had ended, or the node closed).
 	EventDropped
 )
 
@@ -167,12 +168,25 @@ type Ceiling struct {
 	mu       sync.Mutex
 	renewing map[string]*shareCall
 	closed   bool // close began: no renewal starts (mu)
+	// drops: the shares a reset asked this node to drop whose drop failed,
+	// by share key (mu). Each is tried again every recall poll until it
+	// is dropped, or until every grant it may hold has ended (then it is
+	// a failed drop, EventDropped with Err), or the node closes (so too).
+	drops map[string]*pendingDrop
 
 	queue chan renewal
 	stop  chan struct{}
 	wg    sync.WaitGroup
 
 	hook atomic.Pointer[func(stage string)] // a test's (SetHook): "granted", between the ledger's grant and its deposit, and "deposited"; set while renewals run
+}
+
+type pendingDrop struct {
+	tag   string
+	until int64 // UnixMicro: the share's grants have all ended by then
+	busy  bool  // a try is under way
+	err   error // the last try's
+	n     int   // failed drops kept in it: a try dropped them all if none came meanwhile
 }
 
 type shareCall struct {
@@ -246,7 +260,7 @@ func New(h Host, cfg Global) (*Ceiling, error) {
 	if h.CountOnly {
 		return nil, errors.New("count_only cannot keep a ceiling across data centres exactly (it records after the response): drop one of them")
 	}
-	g := &Ceiling{h: h, cfg: cfg, dc: h.Store, renewing: map[string]*shareCall{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
+	g := &Ceiling{h: h, cfg: cfg, dc: h.Store, renewing: map[string]*shareCall{}, drops: map[string]*pendingDrop{}, queue: make(chan renewal, 1024), stop: make(chan struct{})}
 	shortest, wmax := time.Duration(0), time.Duration(0)
 	for _, w := range h.Windows {
 		d := w.Longest
@@ -293,6 +307,14 @@ func (g *Ceiling) Close() {
 	close(g.stop)
 	g.mu.Unlock()
 	g.wg.Wait()
+	// The drops still failing are given up: counted as failed.
+	g.mu.Lock()
+	left := g.drops
+	g.drops = map[string]*pendingDrop{}
+	g.mu.Unlock()
+	for _, d := range left {
+		g.Event(GlobalEvent{Kind: EventDropped, Err: fmt.Errorf("limiter: closed before a reset's drop succeeded: %w", d.err)})
+	}
 }
 
 // stopped reports whether close began: a renewal that finds it so deposits
@@ -742,6 +764,7 @@ func (g *Ceiling) recaller() {
 		case <-g.stop:
 			return
 		case <-t.C:
+			g.retryDrops()
 			recent := time.Now().UnixMicro()-g.asked.Load() < g.wmax+2*g.glenMax
 			if (recent || i%8 == 0) && !g.suspect.Load() {
 				g.recallOnce()
@@ -767,10 +790,13 @@ func (g *Ceiling) recallOnce() {
 			// goes at once, not queued behind renewals (it may be spending
 			// grants the ledger forgot). A renewal in flight here finds it
 			// gone at its deposit (another incarnation) and asks again.
+			// Its grants were made before the reset, each within the
+			// longest grant's length (and the clocks' skew) of now.
+			until := time.Now().UnixMicro() + g.glenMax + g.skew
 			g.wg.Add(1)
 			go func() {
 				defer g.wg.Done()
-				_ = g.drop(tk.Tag, tk.Key)
+				g.dropOrKeep(tk.Tag, tk.Key, until)
 			}()
 			continue
 		}
@@ -781,10 +807,70 @@ func (g *Ceiling) recallOnce() {
 	}
 }
 
+// dropOrKeep drops the share at key (a reset's recall asked for it); a
+// drop that fails is kept, to be tried again by retryDrops until until
+// (the ledger took the recall back as it told it: it does not tell it
+// again).
+func (g *Ceiling) dropOrKeep(tag, key string, until int64) {
+	err := g.drop(tag, key)
+	g.mu.Lock()
+	if err == nil {
+		if d := g.drops[key]; d != nil && !d.busy {
+			delete(g.drops, key) // an earlier reset's, failing: this one dropped it
+		}
+		g.mu.Unlock()
+		g.Event(GlobalEvent{Kind: EventDropped})
+		return
+	}
+	d := g.drops[key]
+	if d == nil {
+		d = &pendingDrop{tag: tag}
+		g.drops[key] = d
+	}
+	d.until, d.err, d.n = max(d.until, until), err, d.n+1
+	g.mu.Unlock()
+}
+
+// retryDrops tries each failing drop once more (each at most once at a
+// time), and gives up those whose share's grants have all ended.
+func (g *Ceiling) retryDrops() {
+	now := time.Now().UnixMicro()
+	var failed []error
+	g.mu.Lock()
+	for key, d := range g.drops {
+		switch {
+		case d.busy:
+		case now >= d.until:
+			delete(g.drops, key)
+			failed = append(failed, d.err)
+		case !g.closed:
+			d.busy = true
+			n := d.n
+			g.wg.Add(1)
+			go func() {
+				defer g.wg.Done()
+				err := g.drop(d.tag, key)
+				g.mu.Lock()
+				d.busy, d.err = false, err
+				if err == nil && g.drops[key] == d && d.n == n {
+					delete(g.drops, key)
+				}
+				g.mu.Unlock()
+				if err == nil {
+					g.Event(GlobalEvent{Kind: EventDropped})
+				}
+			}()
+		}
+	}
+	g.mu.Unlock()
+	for _, err := range failed {
+		g.Event(GlobalEvent{Kind: EventDropped, Err: err})
+	}
+}
+
 // drop deletes the identity's share here, as an operator's reset through
 // another data centre asked (its grants were of the state the ledger
-// forgot): twice at most, each within the timeout (the ledger took the
-// recall back as it told it: a drop that fails is not told again).
+// forgot): twice at most, each within the timeout.
 func (g *Ceiling) drop(tag, key string) error {
 	var err error
 	for range 2 {
@@ -795,7 +881,6 @@ func (g *Ceiling) drop(tag, key string) error {
 			break
 		}
 	}
-	g.Event(GlobalEvent{Kind: EventDropped, Err: err})
 	return err
 }
 
