@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/sliding-ratelimit/sliding_ratelimit/internal/netproxy"
 	"github.com/sliding-ratelimit/sliding_ratelimit/internal/redistest"
 	"github.com/sliding-ratelimit/sliding_ratelimit/limiter"
 )
@@ -475,23 +476,10 @@ func holdShare(t *testing.T, w *mdcWorld, b *limiter.Limiter, in *limiter.Input)
 // grants ended).
 func TestResetDropRetried(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
-	o := mdcOptions(limiter.FailClosed)
-	o.dcs, o.nodes, o.storeProxy = 2, 1, true
-	o.delay = func(int) time.Duration { return 0 }
-	o.length = 2 * time.Second
-	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
-	w := newMDCWorld(t, o)
-	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
-	ctx := context.Background()
-	c, skey := holdShare(t, w, b, &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}})
+	w := cutWorld(t, 2*time.Second, time.Minute)
+	c, skey := holdShare(t, w, w.dcs[1].nodes[0], &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}})
 	held := unspent(t, c, skey)
-	px := w.dcs[1].store
-	px.Cut()
-	defer px.Heal()
-	told, ok, err := a.ResetGlobal(ctx, "k")
-	if err != nil || !ok || told != 1 {
-		t.Fatalf("the reset through A: %d data centres told (%v, %v), want B", told, ok, err)
-	}
+	px := cutAndReset(t, w)
 	// B reads the recall within a poll (250 ms) and its drop's two tries
 	// take a timeout (1 s) each: cut off past that, the first drop failed
 	// (nothing sent during the cut reaches Redis after it).
@@ -523,24 +511,12 @@ func TestResetDropRetried(t *testing.T) {
 // a failed drop (global_reset_drops_total{result="failed"}) once.
 func TestResetDropGivenUp(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
-	o := mdcOptions(limiter.FailClosed)
-	o.dcs, o.nodes, o.storeProxy = 2, 1, true
-	o.delay = func(int) time.Duration { return 0 }
-	o.length = 100 * time.Millisecond
-	o.policy.GlobalWindows = []limiter.Window{{Duration: 2 * time.Second}}
-	w := newMDCWorld(t, o)
-	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
-	ctx := context.Background()
-	if d, err := b.Decide(ctx, &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}}); err != nil || !d.Pass {
+	w := cutWorld(t, 100*time.Millisecond, 2*time.Second)
+	in := &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}}
+	if d, err := w.dcs[1].nodes[0].Decide(context.Background(), in); err != nil || !d.Pass {
 		t.Fatalf("B's first request: %+v, %v", d, err)
 	}
-	px := w.dcs[1].store
-	px.Cut()
-	defer px.Heal()
-	told, ok, err := a.ResetGlobal(ctx, "k")
-	if err != nil || !ok || told != 1 {
-		t.Fatalf("the reset through A: %d data centres told (%v, %v), want B", told, ok, err)
-	}
+	cutAndReset(t, w)
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		w.mu.Lock()
 		n, failed := w.events[limiter.EventDropped], w.dropsFailed
@@ -556,6 +532,33 @@ func TestResetDropGivenUp(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond) // polling for B's give-up
 	}
+}
+
+// cutWorld is two data centres of a node each, fail closed, no delay to
+// the ledger, grants of length, one global window of win, each node's
+// Redis behind a proxy (mdcOpts.storeProxy).
+func cutWorld(t *testing.T, length, win time.Duration) *mdcWorld {
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes, o.storeProxy = 2, 1, true
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = length
+	o.policy.GlobalWindows = []limiter.Window{{Duration: win}}
+	return newMDCWorld(t, o)
+}
+
+// cutAndReset cuts B (dc1's node) off from its Redis (healed at the
+// test's end, or by the caller) and resets identity k through A, which
+// must tell B's data centre.
+func cutAndReset(t *testing.T, w *mdcWorld) *netproxy.Proxy {
+	t.Helper()
+	px := w.dcs[1].store
+	px.Cut()
+	t.Cleanup(px.Heal)
+	told, ok, err := w.dcs[0].nodes[0].ResetGlobal(context.Background(), "k")
+	if err != nil || !ok || told != 1 {
+		t.Fatalf("the reset through A: %d data centres told (%v, %v), want B", told, ok, err)
+	}
+	return px
 }
 
 // minuteWorld is dcs data centres of nodes nodes each, fail closed, no
