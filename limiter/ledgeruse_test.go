@@ -116,4 +116,20 @@ func TestLedgerIdsDoNotRepeatAfterAReset(t *testing.T) {
 	if len(g.Counts) != 1 || g.Counts[0] != 6 {
 		t.Fatalf("after the late return of %s: counted %v, want the 6 units granted since the reset (last %s)", old.ID, g.Counts, last.ID)
 	}
+	// A grant and a reset, again and again, each a fraction of a ms: a
+	// sequence that started again at the ledger's clock in ms gave a grant
+	// of the same ms as the one before the reset its id (make test, once).
+	for range 50 {
+		if _, err := lg.Reset(ctx, req(0)); err != nil {
+			t.Fatal(err)
+		}
+		g, err := lg.Do(ctx, "grant", req(1))
+		if err != nil || g.Units != 1 {
+			t.Fatalf("grant after a reset: %+v, %v", g, err)
+		}
+		if seen[g.ID] {
+			t.Fatalf("the ledger gave id %q again after a reset (%d ids before)", g.ID, len(seen))
+		}
+		seen[g.ID] = true
+	}
 }

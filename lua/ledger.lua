@@ -22,7 +22,7 @@
 -- and when it said so), "k<dc>" (its ticket: what its nodes need to renew
 -- the identity's share, opaque here), "q<dc>" (when it was last recalled),
 -- "seq" (the ids: "<dc>.<seq>", from the ledger's clock in ms when the
--- hash was new). Recalls: per data centre a hash, the members key's name
+-- hash was new; a reset keeps it). Recalls: per data centre a hash, the members key's name
 -- with "recall:<dc>" for "members" (on the one slot): identity's grants
 -- key = the data centre's ticket, for each identity whose unspent grants it
 -- is asked to give back (a ticket that begins '{"x":1,': to drop, after an
@@ -222,7 +222,15 @@ if op == "reset" then
       told = told + 1
     end
   end
+  -- The ids go on from where they were: a grant asked the moment after
+  -- (the same ms) would start a new sequence at the same number, and a
+  -- late return of the grant it replaced would be taken for its.
+  local seq = redis.call("HGET", h, "seq")
   redis.call("DEL", z, h)
+  if seq then
+    redis.call("HSET", h, "seq", seq)
+    redis.call("PEXPIRE", h, ttl)
+  end
   return {5, now, told}
 end
 
@@ -559,8 +567,8 @@ elseif want > 0 then
     redis.call("HSET", h, "v" .. dc, fmt(math.max(tat, now) + units * 1000000 / fr))
   end
   if units > 0 then
-    -- An identity's ids never repeat: a hash that is new (a reset, the
-    -- ledger restarted empty, its TTL) starts its sequence at this clock
+    -- An identity's ids never repeat: a hash that is new (the ledger
+    -- restarted empty, its TTL; a reset keeps the sequence) starts it at this clock
     -- in ms, past every id an earlier one gave (its own start and a count
     -- of grants) while an identity gets fewer than a thousand grants a
     -- second on average (a data centre renews a share once a grant
