@@ -507,17 +507,20 @@ func TestResetDropRetried(t *testing.T) {
 
 // TestResetDropGivenUp: a node cut off from its data centre's Redis for
 // good tries a reset's drop until every grant the share may hold has ended
-// (the longest grant, 1 s here, and the skew), then gives it up, told as
-// a failed drop (global_reset_drops_total{result="failed"}) once.
+// (the longest grant, 3.2 s here: 16 grants of 200 ms, and the skew), then
+// gives it up, told as a failed drop (global_reset_drops_total{result=
+// "failed"}) once: not sooner (the first try's two calls fail 2 s after the
+// recall), and not again.
 func TestResetDropGivenUp(t *testing.T) {
 	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
-	w := cutWorld(t, 100*time.Millisecond, 2*time.Second)
+	w := cutWorld(t, 200*time.Millisecond, time.Minute)
 	in := &limiter.Input{Identity: "k", Region: "dc1", Limits: []int64{1 << 40}, GlobalLimits: []int64{10}}
 	if d, err := w.dcs[1].nodes[0].Decide(context.Background(), in); err != nil || !d.Pass {
 		t.Fatalf("B's first request: %+v, %v", d, err)
 	}
+	reset := time.Now()
 	cutAndReset(t, w)
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	for deadline := time.Now().Add(15 * time.Second); ; {
 		w.mu.Lock()
 		n, failed := w.events[limiter.EventDropped], w.dropsFailed
 		w.mu.Unlock()
@@ -525,12 +528,21 @@ func TestResetDropGivenUp(t *testing.T) {
 			if n != 1 || failed != 1 {
 				t.Fatalf("%d drops told, %d failed: want one, failed", n, failed)
 			}
-			return
+			if took := time.Since(reset); took < 3200*time.Millisecond {
+				t.Fatalf("the drop given up %v after the reset, before the share's grants could all have ended (3.2 s)", took)
+			}
+			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no failed drop told 10 s after the reset (%d drops told)", n)
+			t.Fatalf("no failed drop told 15 s after the reset (%d drops told)", n)
 		}
 		time.Sleep(20 * time.Millisecond) // polling for B's give-up
+	}
+	time.Sleep(500 * time.Millisecond) // two recall polls: not told again
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if n := w.events[limiter.EventDropped]; n != 1 {
+		t.Fatalf("%d drops told after the give-up, want 1", n)
 	}
 }
 

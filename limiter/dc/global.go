@@ -185,8 +185,10 @@ type pendingDrop struct {
 	tag   string
 	until int64 // UnixMicro: the share's grants have all ended by then
 	busy  bool  // a try is under way
-	err   error // the last try's
-	n     int   // failed drops kept in it: a try dropped them all if none came meanwhile
+	err   error // the last failed try's (never nil)
+	// n: the resets whose drop failed and that no drop since has covered
+	// (a drop covers those counted before it began).
+	n int
 }
 
 type shareCall struct {
@@ -812,23 +814,39 @@ func (g *Ceiling) recallOnce() {
 // (the ledger took the recall back as it told it: it does not tell it
 // again).
 func (g *Ceiling) dropOrKeep(tag, key string, until int64) {
+	g.mu.Lock()
+	n0 := 0 // earlier resets' failed drops, which this one covers if it lands
+	if d := g.drops[key]; d != nil {
+		n0 = d.n
+	}
+	g.mu.Unlock()
 	err := g.drop(tag, key)
 	g.mu.Lock()
+	d := g.drops[key]
 	if err == nil {
-		if d := g.drops[key]; d != nil && !d.busy {
-			delete(g.drops, key) // an earlier reset's, failing: this one dropped it
+		if d != nil {
+			g.covered(key, d, n0)
 		}
 		g.mu.Unlock()
 		g.Event(GlobalEvent{Kind: EventDropped})
 		return
 	}
-	d := g.drops[key]
 	if d == nil {
 		d = &pendingDrop{tag: tag}
 		g.drops[key] = d
 	}
 	d.until, d.err, d.n = max(d.until, until), err, d.n+1
 	g.mu.Unlock()
+}
+
+// covered counts n of d's resets as dropped (a drop that began after them
+// landed); d goes when none is left and no try of it is under way (that
+// try's end removes it then). Under g.mu.
+func (g *Ceiling) covered(key string, d *pendingDrop, n int) {
+	d.n -= n
+	if d.n <= 0 && !d.busy && g.drops[key] == d {
+		delete(g.drops, key)
+	}
 }
 
 // retryDrops tries each failing drop once more (each at most once at a
@@ -851,10 +869,12 @@ func (g *Ceiling) retryDrops() {
 				defer g.wg.Done()
 				err := g.drop(d.tag, key)
 				g.mu.Lock()
-				d.busy, d.err = false, err
-				if err == nil && g.drops[key] == d && d.n == n {
-					delete(g.drops, key)
+				d.busy = false
+				if err != nil {
+					d.err = err
+					n = 0 // covers none
 				}
+				g.covered(key, d, n)
 				g.mu.Unlock()
 				if err == nil {
 					g.Event(GlobalEvent{Kind: EventDropped})
