@@ -138,7 +138,10 @@ type Decision struct {
 	// At is the store's time of the decision (zero when no store decided).
 	At time.Time
 
-	done *pending
+	// static: the global ceiling was counted on the data centre's static
+	// share (fail local, the data centre cut off from the ledger).
+	static bool
+	done   *pending
 }
 
 // pending is what Done has to do after the response.
@@ -510,7 +513,7 @@ func (l *Limiter) op(in *Input, mode Mode, now time.Time) *Op {
 	keys = keys[:len(specs)]
 	l.keys.Keys(keys, specs, in.Identity, l.p.Regions, in.Region)
 	op := &b.op
-	op.Mode, op.Cost = mode, max(in.Cost, 1)
+	op.Mode, op.Cost, op.static = mode, max(in.Cost, 1), static
 	if l.p.AppClock || !l.b.Remote {
 		op.Now = now.UnixMicro()
 	}
@@ -689,6 +692,7 @@ func (l *Limiter) decided(in *Input, op *Op, d *Decision, reply *Reply, store St
 	}
 	d.Windows = l.windows(in, op, reply)
 	d.Overridden = reply.Limits != nil
+	d.static = op.static
 	if reply.Now > 0 {
 		d.At = time.UnixMicro(reply.Now)
 	}

@@ -20,6 +20,10 @@ func DeleteOverrideScope(ctx context.Context, s Store, key, scope string, now in
 // waiter.
 func QueueWaiters(l *Limiter) int64 { return l.waiters.Load() }
 
+// DecidedStatic reports whether the store decided d on the data centre's
+// static share (fail local) rather than on its share of the ceiling.
+func DecidedStatic(d Decision) bool { return d.static }
+
 // DenyCacheHolds reports whether c holds a live denial of an identity
 // (its tag), for the simulation.
 func DenyCacheHolds(c *DenyCache, tag string) bool {

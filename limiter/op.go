@@ -67,6 +67,9 @@ type Op struct {
 	// in-process store may take for its expiry instead of reading it
 	// again; it does so once (a later call on the Op reads the clock).
 	nowIsWall bool
+	// static: the Op counts the global ceiling on the data centre's static
+	// share (fail local, cut off from the ledger), not on its share.
+	static bool
 	// Now is the time of the request in µs since the Unix epoch; 0 asks the
 	// store for its own clock (Redis TIME for the Redis store).
 	Now int64

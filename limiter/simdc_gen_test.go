@@ -285,7 +285,11 @@ func (w *dcWorld) dumpDC(dc int) {
 	}
 	for _, r := range w.recs {
 		if r.dc == dc && r.pass {
-			w.t.Logf("dc%d admitted %s at %v (back %v) by %s", dc, r.id, r.at.Sub(w.start).Round(time.Millisecond), r.done.Sub(w.start).Round(time.Millisecond), r.src)
+			how := string(r.src)
+			if r.static {
+				how += ", static share"
+			}
+			w.t.Logf("dc%d admitted %s at %v (back %v) by %s", dc, r.id, r.at.Sub(w.start).Round(time.Millisecond), r.done.Sub(w.start).Round(time.Millisecond), how)
 		}
 	}
 }

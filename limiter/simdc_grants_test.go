@@ -281,36 +281,6 @@ func TestSimDCLedgerClock(t *testing.T) {
 	}
 }
 
-// TestSimDCStaticExcuseBySend: the oracle excuses from the grants check a
-// request sent before its data centre's node came back from the static
-// share, even when the store decided it after the node's "normal" (the
-// node built it for the static share): seed 6 failed so under load, an
-// admission decided 0 ms after the event. A request sent after it is not
-// excused.
-func TestSimDCStaticExcuseBySend(t *testing.T) {
-	t0 := time.Now()
-	back := t0.Add(time.Second)
-	w := &dcWorld{c: &dcCase{Fail: "local"}, modes: [][]dcMode{{{at: t0, static: true}, {at: back}}}}
-	ms := time.Millisecond
-	cases := []struct {
-		name     string
-		r        dcRec
-		excused  bool
-		failMode string
-	}{
-		{"sent before, decided after", dcRec{at: back.Add(ms), done: back.Add(2 * ms), took: 3 * ms}, true, "local"},
-		{"sent and decided within", dcRec{at: back.Add(-2 * ms), done: back.Add(-ms), took: ms}, true, "local"},
-		{"sent after", dcRec{at: back.Add(2 * ms), done: back.Add(3 * ms), took: 2 * ms}, false, "local"},
-		{"sent before, fail closed", dcRec{at: back.Add(ms), done: back.Add(2 * ms), took: 3 * ms}, false, "closed"},
-	}
-	for _, c := range cases {
-		w.c.Fail = c.failMode
-		if got := w.staticAt(0, c.r); got != c.excused {
-			t.Errorf("%s: excused %v, want %v", c.name, got, c.excused)
-		}
-	}
-}
-
 type dcSpan struct{ sent, back time.Time }
 
 type dcRate struct {

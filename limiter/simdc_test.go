@@ -84,19 +84,22 @@ var dcFaultKinds = []string{"stall", "cut", "restart", "failover", "dcdown", "ki
 
 // dcRec is one decision.
 type dcRec struct {
-	dc    int
-	node  int
-	id    string
-	at    time.Time // the store's time (the node's clock less its offset)
-	done  time.Time // when the decision came back (the wall clock)
-	took  time.Duration
-	pass  bool
-	open  bool // passed by fail open (not under the ceiling: counted apart)
-	out   limiter.Outcome
-	src   limiter.Source
-	retry time.Duration
-	limit int64
-	err   bool
+	dc   int
+	node int
+	id   string
+	at   time.Time // the store's time (the node's clock less its offset)
+	done time.Time // when the decision came back (the wall clock)
+	took time.Duration
+	pass bool
+	open bool // passed by fail open (not under the ceiling: counted apart)
+	// static: decided on the data centre's static share (fail local), not
+	// on a grant (limiter.DecidedStatic)
+	static bool
+	out    limiter.Outcome
+	src    limiter.Source
+	retry  time.Duration
+	limit  int64
+	err    bool
 }
 
 // dcReset is an operator's reset of identity id, from its start to when
@@ -401,7 +404,7 @@ func (w *dcWorld) decide(ctx context.Context, s *dcSite, ni int, id string) {
 		// Not decided by a store (its fail mode): now, on the node's clock.
 		at = time.Now().Add(s.off)
 	}
-	r := dcRec{dc: s.i, node: ni, id: id, at: at.Add(-s.off), pass: d.Pass, open: d.Pass && d.Source == limiter.SourceFailOpen,
+	r := dcRec{dc: s.i, node: ni, id: id, at: at.Add(-s.off), pass: d.Pass, open: d.Pass && d.Source == limiter.SourceFailOpen, static: limiter.DecidedStatic(d),
 		out: d.Outcome, src: d.Source, retry: d.RetryAfter, limit: max(limit, w.limit.Load()), err: d.Err != nil, done: time.Now()}
 	r.took = r.done.Sub(sent)
 	w.mu.Lock()
@@ -651,7 +654,7 @@ func (w *dcWorld) uncovered() (dcRec, string, bool) {
 	for dc := range w.sites {
 		var adm []dcRec
 		for _, r := range w.recs {
-			if r.dc == dc && r.pass && !r.open && !w.staticAt(dc, r) {
+			if r.dc == dc && r.pass && !r.open && !r.static {
 				adm = append(adm, r)
 			}
 		}
@@ -684,46 +687,6 @@ func (w *dcWorld) uncovered() (dcRec, string, bool) {
 // dcSlack: the wall clock against the Redis clocks that keep the deadline
 // (one machine's clock, read a moment apart).
 const dcSlack = 2 * time.Millisecond
-
-// staticAt reports whether a node of dc may have been on its static share
-// when r was decided (fail local: admitted by the static share, not a
-// grant): from the data centre's first node going to it (half a second
-// sooner: another node may find its standing static on its own, before the
-// first one's event is told) to its last node coming back. Not a node's
-// own events alone: a node whose renewal finds the standing static goes to
-// the static share without an event (limiter/dc/global.go's renew), and
-// back with one.
-func (w *dcWorld) staticAt(dc int, r dcRec) bool {
-	if w.c.Fail != "local" {
-		return false
-	}
-	var first, last time.Time
-	open, on, off := false, 0, 0
-	for _, m := range w.modes[dc] {
-		if m.static {
-			if first.IsZero() {
-				first = m.at
-			}
-			open, on = true, on+1
-		} else if !first.IsZero() {
-			last, open, off = m.at, false, off+1
-		}
-	}
-	if first.IsZero() || r.done.Before(first.Add(-500*time.Millisecond)) {
-		return false
-	}
-	// Still open: the last event a node going to it, or more nodes went
-	// than came back (each comes back with an event). A request sent
-	// before the last came back may have been built for the static share
-	// (the node reads its mode as the request starts) and decided by the
-	// store after the event (r.at, the store's time): its send counts, not
-	// r.at (seed 6 under load: the static share's 20th admission of a
-	// window sent a moment before the node's "normal", decided after it).
-	return open || on > off || !r.sent().After(last)
-}
-
-// sent is when the request was handed to the node (the wall clock).
-func (r dcRec) sent() time.Time { return r.done.Add(-r.took) }
 
 func (f dcFault) String() string {
 	s := fmt.Sprintf("%s dc%d at %dms for %dms", f.Kind, f.DC, f.At, f.For)
