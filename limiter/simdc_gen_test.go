@@ -83,7 +83,7 @@ func genDC(seed uint64) dcCase {
 		}
 		c.Offset = append(c.Offset, off)
 	}
-	genDCFaults(rng, &c, must)
+	genDCFaults(rng, &c, must, seed > uint64(len(dcFixed)))
 	genDCPhases(rng, &c)
 	busyFaulted(&c)
 	if hasFault(&c, "failover") {
@@ -109,8 +109,14 @@ func busyFaulted(c *dcCase) {
 // genDCFaults places the faults one after another after a calm first
 // phase (three windows, the room used is measured there), each followed by
 // a gap for its recovery (a second, the documented wait, half a window);
-// the run lasts until the last one has had time to recover.
-func genDCFaults(rng *rand.Rand, c *dcCase, must []string) {
+// the run lasts until the last one has had time to recover. In a fresh
+// history (not a fixed seed, whose draws stay as they were), an operator's
+// reset drawn after a fault of one data centre (cut off from the ledger,
+// its Redis down, a node killed in a renewal) falls, one time in two,
+// amid it, through another data centre: the data centre at fault drops
+// its share late (after the cut), or its drop fails and is tried again
+// until its Redis is back.
+func genDCFaults(rng *rand.Rand, c *dcCase, must []string, fresh bool) {
 	t := dcCalm(c)
 	redisDC := func() int {
 		var ok []int
@@ -145,6 +151,15 @@ func genDCFaults(rng *rand.Rand, c *dcCase, must []string) {
 				f.Limit = 2 * c.Limit
 			}
 			f.For = []int64{0, 1500}[rng.IntN(2)]
+		}
+		if n := len(c.Faults); k == "reset" && fresh && n > 0 && len(c.Stacks) > 1 {
+			prev := c.Faults[n-1]
+			if (prev.Kind == "cut" || prev.Kind == "dcdown" || prev.Kind == "kill") && rng.IntN(2) == 0 {
+				f.DC = (prev.DC + 1 + rng.IntN(len(c.Stacks)-1)) % len(c.Stacks)
+				f.At = prev.At + prev.For/2
+				c.Faults = append(c.Faults, f) // t is past prev's recovery already
+				continue
+			}
 		}
 		f.At = t
 		c.Faults = append(c.Faults, f)
