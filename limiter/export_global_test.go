@@ -11,3 +11,7 @@ func SetGlobalHook(l *Limiter, hook func(stage string)) { l.g.(*dc.Ceiling).SetH
 // GlobalClosing reports whether l's global ceiling began to close (its
 // renewals still landing).
 func GlobalClosing(l *Limiter) bool { return l.g.(*dc.Ceiling).Closing() }
+
+// PendingDrops is the shares l's global ceiling keeps to drop again (a
+// reset's drop that failed).
+func PendingDrops(l *Limiter) int { return l.g.(*dc.Ceiling).PendingDrops() }

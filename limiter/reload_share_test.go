@@ -481,9 +481,15 @@ func TestResetDropRetried(t *testing.T) {
 	held := unspent(t, c, skey)
 	px := cutAndReset(t, w)
 	// B reads the recall within a poll (250 ms) and its drop's two tries
-	// take a timeout (1 s) each: cut off past that, the first drop failed
-	// (nothing sent during the cut reaches Redis after it).
-	time.Sleep(3500 * time.Millisecond)
+	// take a timeout (1 s) each: the cut healed once the first drop failed
+	// and was kept (nothing sent during the cut reaches Redis after it).
+	b := w.dcs[1].nodes[0]
+	for deadline := time.Now().Add(10 * time.Second); limiter.PendingDrops(b) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("B kept no failed drop 10 s after the reset")
+		}
+		time.Sleep(20 * time.Millisecond) // polling for B's first drop to fail
+	}
 	px.Heal()
 	for deadline := time.Now().Add(5 * time.Second); unspent(t, c, skey) > 0; {
 		if time.Now().After(deadline) {
@@ -491,7 +497,7 @@ func TestResetDropRetried(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond) // polling for B's drop
 	}
-	// The drop is told after it lands.
+	// The drop is told after it lands, and nothing is kept after it.
 	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		w.mu.Lock()
 		n, failed := w.events[limiter.EventDropped], w.dropsFailed
@@ -500,8 +506,11 @@ func TestResetDropRetried(t *testing.T) {
 			if n != 1 || failed != 0 {
 				t.Fatalf("%d drops told (%d failed), want the one that succeeded: a try that fails and is kept is not a failed drop", n, failed)
 			}
-			return
+			break
 		}
+	}
+	if n := limiter.PendingDrops(b); n != 0 {
+		t.Fatalf("B still keeps %d drops after the share was dropped", n)
 	}
 }
 

@@ -1108,3 +1108,11 @@ func (g *Ceiling) SetHook(hook func(stage string)) { g.hook.Store(&hook) }
 // Closing is a test hook (limiter's export_global_test.go): whether Close
 // began (the renewals in flight still landing).
 func (g *Ceiling) Closing() bool { return g.stopped() }
+
+// PendingDrops is a test hook (limiter's export_global_test.go): the
+// shares whose reset's drop failed and is kept, to be tried again.
+func (g *Ceiling) PendingDrops() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.drops)
+}
