@@ -81,7 +81,7 @@ const (
 	EventWait
 	// EventDropped: this node dropped its data centre's share of an
 	// identity, as an operator's reset through another data centre asked
-	// (Err: the drop failed, and was tried again every recall poll until
+	// (Err: the drop failed, and was tried again every 250 ms until
 	// every grant the share could hold had ended, or the node closed).
 	EventDropped
 )
@@ -168,10 +168,11 @@ type Ceiling struct {
 	mu       sync.Mutex
 	renewing map[string]*shareCall
 	closed   bool // close began: no renewal starts (mu)
-	// drops: the shares a reset asked this node to drop whose drop failed,
-	// by share key (mu). Each is tried again every recall poll until it
-	// is dropped, or until every grant it may hold has ended (then it is
-	// a failed drop, EventDropped with Err), or the node closes (so too).
+	// drops: the shares a reset asked this node to drop, not dropped yet,
+	// by share key (mu). Each is tried at once, then every recall tick
+	// (250 ms) until it is dropped, or until every grant it may hold has
+	// ended (then it is a failed drop, EventDropped with Err), or the node
+	// closes (so too).
 	drops map[string]*pendingDrop
 
 	queue chan renewal
@@ -185,9 +186,9 @@ type pendingDrop struct {
 	tag   string
 	until int64 // UnixMicro: the share's grants have all ended by then
 	busy  bool  // a try is under way
-	err   error // the last failed try's (never nil)
-	// n: the resets whose drop failed and that no drop since has covered
-	// (a drop covers those counted before it began).
+	err   error // the last failed try's
+	// n: the resets whose drop has not landed (a try that lands covers
+	// those counted when it began).
 	n int
 }
 
@@ -315,7 +316,7 @@ func (g *Ceiling) Close() {
 	g.drops = map[string]*pendingDrop{}
 	g.mu.Unlock()
 	for _, d := range left {
-		g.Event(GlobalEvent{Kind: EventDropped, Err: fmt.Errorf("limiter: closed before a reset's drop succeeded: %w", d.err)})
+		g.Event(GlobalEvent{Kind: EventDropped, Err: fmt.Errorf("limiter: closed before a reset's drop succeeded: %w", d.failure())})
 	}
 }
 
@@ -794,12 +795,17 @@ func (g *Ceiling) recallOnce() {
 			// gone at its deposit (another incarnation) and asks again.
 			// Its grants were made before the reset, each within the
 			// longest grant's length (and the clocks' skew) of now.
-			until := time.Now().UnixMicro() + g.glenMax + g.skew
-			g.wg.Add(1)
-			go func() {
-				defer g.wg.Done()
-				g.dropOrKeep(tk.Tag, tk.Key, until)
-			}()
+			g.mu.Lock()
+			d := g.drops[tk.Key]
+			if d == nil {
+				d = &pendingDrop{tag: tk.Tag}
+				g.drops[tk.Key] = d
+			}
+			d.n, d.until = d.n+1, max(d.until, time.Now().UnixMicro()+g.glenMax+g.skew)
+			if !d.busy {
+				g.tryDrop(tk.Key, d)
+			}
+			g.mu.Unlock()
 			continue
 		}
 		select {
@@ -809,48 +815,8 @@ func (g *Ceiling) recallOnce() {
 	}
 }
 
-// dropOrKeep drops the share at key (a reset's recall asked for it); a
-// drop that fails is kept, to be tried again by retryDrops until until
-// (the ledger took the recall back as it told it: it does not tell it
-// again).
-func (g *Ceiling) dropOrKeep(tag, key string, until int64) {
-	g.mu.Lock()
-	n0 := 0 // earlier resets' failed drops, which this one covers if it lands
-	if d := g.drops[key]; d != nil {
-		n0 = d.n
-	}
-	g.mu.Unlock()
-	err := g.drop(tag, key)
-	g.mu.Lock()
-	d := g.drops[key]
-	if err == nil {
-		if d != nil {
-			g.covered(key, d, n0)
-		}
-		g.mu.Unlock()
-		g.Event(GlobalEvent{Kind: EventDropped})
-		return
-	}
-	if d == nil {
-		d = &pendingDrop{tag: tag}
-		g.drops[key] = d
-	}
-	d.until, d.err, d.n = max(d.until, until), err, d.n+1
-	g.mu.Unlock()
-}
-
-// covered counts n of d's resets as dropped (a drop that began after them
-// landed); d goes when none is left and no try of it is under way (that
-// try's end removes it then). Under g.mu.
-func (g *Ceiling) covered(key string, d *pendingDrop, n int) {
-	d.n -= n
-	if d.n <= 0 && !d.busy && g.drops[key] == d {
-		delete(g.drops, key)
-	}
-}
-
-// retryDrops tries each failing drop once more (each at most once at a
-// time), and gives up those whose share's grants have all ended.
+// retryDrops tries each share to drop whose try failed once more (each
+// at most once at a time), and gives up those whose grants have all ended.
 func (g *Ceiling) retryDrops() {
 	now := time.Now().UnixMicro()
 	var failed []error
@@ -860,32 +826,47 @@ func (g *Ceiling) retryDrops() {
 		case d.busy:
 		case now >= d.until:
 			delete(g.drops, key)
-			failed = append(failed, d.err)
+			failed = append(failed, d.failure())
 		case !g.closed:
-			d.busy = true
-			n := d.n
-			g.wg.Add(1)
-			go func() {
-				defer g.wg.Done()
-				err := g.drop(d.tag, key)
-				g.mu.Lock()
-				d.busy = false
-				if err != nil {
-					d.err = err
-					n = 0 // covers none
-				}
-				g.covered(key, d, n)
-				g.mu.Unlock()
-				if err == nil {
-					g.Event(GlobalEvent{Kind: EventDropped})
-				}
-			}()
+			g.tryDrop(key, d)
 		}
 	}
 	g.mu.Unlock()
 	for _, err := range failed {
 		g.Event(GlobalEvent{Kind: EventDropped, Err: err})
 	}
+}
+
+// tryDrop drops the share at key in the background (under g.mu; d not
+// busy): once it lands, the resets counted in d when it began are done
+// (EventDropped), and d goes with the last of them; a failed try stays
+// for retryDrops.
+func (g *Ceiling) tryDrop(key string, d *pendingDrop) {
+	d.busy = true
+	n := d.n
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		err := g.drop(d.tag, key)
+		g.mu.Lock()
+		d.busy = false
+		if err != nil {
+			d.err = err
+		} else if d.n -= n; d.n <= 0 {
+			delete(g.drops, key)
+		}
+		g.mu.Unlock()
+		if err == nil {
+			g.Event(GlobalEvent{Kind: EventDropped})
+		}
+	}()
+}
+
+func (d *pendingDrop) failure() error {
+	if d.err == nil {
+		return errors.New("limiter: a reset's drop not tried before its node closed")
+	}
+	return d.err
 }
 
 // drop deletes the identity's share here, as an operator's reset through
@@ -1110,9 +1091,15 @@ func (g *Ceiling) SetHook(hook func(stage string)) { g.hook.Store(&hook) }
 func (g *Ceiling) Closing() bool { return g.stopped() }
 
 // PendingDrops is a test hook (limiter's export_global_test.go): the
-// shares whose reset's drop failed and is kept, to be tried again.
+// shares a reset asked to drop whose try failed, kept to be tried again.
 func (g *Ceiling) PendingDrops() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.drops)
+	n := 0
+	for _, d := range g.drops {
+		if d.err != nil {
+			n++
+		}
+	}
+	return n
 }
