@@ -22,8 +22,8 @@
 -- and when it said so), "k<dc>" (its ticket: what its nodes need to renew
 -- the identity's share, opaque here), "q<dc>" (when it was last recalled),
 -- "seq" (the ids: "<dc>.<seq>", from the ledger's clock in ms when the
--- hash was new; a reset keeps it). Recalls: per data centre a hash, the members key's name
--- with "recall:<dc>" for "members" (on the one slot): identity's grants
+-- hash was new; a reset keeps it). Recalls: per data centre a hash, the
+-- members key's name with "recall:<dc>" for "members" (on the one slot): identity's grants
 -- key = the data centre's ticket, for each identity whose unspent grants it
 -- is asked to give back (a ticket that begins '{"x":1,': to drop, after an
 -- operator's reset); KEYS[3] of the recalls operation is this data
@@ -206,8 +206,9 @@ if op == "reset" then
   -- An operator's reset of the identity, through a node of data centre
   -- dc (which drops its own share): every other data centre that asked
   -- for a share of it (its ticket) is recalled with the ticket marked as a
-  -- reset's ('{"x":1,' first): its nodes drop the share (what it holds was granted by the
-  -- state forgotten here: spent after, it would be counted nowhere), then
+  -- reset's ('{"x":1,' first): its nodes drop the share (what it holds
+  -- was granted by the state forgotten here: spent after, it would be
+  -- counted nowhere), then
   -- the grants are forgotten. Reply {5, now, data centres told}.
   local all = redis.call("HGETALL", h)
   local rk = string.gsub(mkey, "members$", "recall:")
@@ -568,8 +569,8 @@ elseif want > 0 then
   end
   if units > 0 then
     -- An identity's ids never repeat: a hash that is new (the ledger
-    -- restarted empty, its TTL; a reset keeps the sequence) starts it at this clock
-    -- in ms, past every id an earlier one gave (its own start and a count
+    -- restarted empty, its TTL; a reset keeps the sequence) starts it at
+    -- this clock in ms, past every id an earlier one gave (its own start and a count
     -- of grants) while an identity gets fewer than a thousand grants a
     -- second on average (a data centre renews a share once a grant
     -- length, 50 ms at least: 8 of them, 160 a second). A late return of
