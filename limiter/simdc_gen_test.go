@@ -115,7 +115,11 @@ func busyFaulted(c *dcCase) {
 // its Redis down, a node killed in a renewal) falls, one time in two,
 // amid it, through another data centre: the data centre at fault drops
 // its share late (after the cut), or its drop fails and is tried again
-// until its Redis is back.
+// until its Redis is back. One drawn after a fault of the ledger (a
+// stall, a failover's cut replication) falls amid it one time in two as
+// well: the ledger's reset then answers late or fails (and may still be
+// carried out when the ledger wakes), or lands on a primary whose
+// replica, promoted, never had it.
 func genDCFaults(rng *rand.Rand, c *dcCase, must []string, fresh bool) {
 	t := dcCalm(c)
 	redisDC := func() int {
@@ -154,8 +158,11 @@ func genDCFaults(rng *rand.Rand, c *dcCase, must []string, fresh bool) {
 		}
 		if n := len(c.Faults); k == "reset" && fresh && n > 0 && len(c.Stacks) > 1 {
 			prev := c.Faults[n-1]
-			if (prev.Kind == "cut" || prev.Kind == "dcdown" || prev.Kind == "kill") && rng.IntN(2) == 0 {
-				f.DC = (prev.DC + 1 + rng.IntN(len(c.Stacks)-1)) % len(c.Stacks)
+			ofDC := prev.Kind == "cut" || prev.Kind == "dcdown" || prev.Kind == "kill"
+			if (ofDC || prev.Kind == "stall" || prev.Kind == "failover") && rng.IntN(2) == 0 {
+				if ofDC {
+					f.DC = (prev.DC + 1 + rng.IntN(len(c.Stacks)-1)) % len(c.Stacks)
+				}
 				f.At = prev.At + prev.For/2
 				c.Faults = append(c.Faults, f) // t is past prev's recovery already
 				continue
@@ -554,12 +561,12 @@ func (w *dcWorld) wait(f dcFault) time.Duration {
 // then) it is a finding.
 func (w *dcWorld) recovery(res *dcResult) {
 	for _, f := range w.c.Faults {
-		end := w.start.Add(w.ms(f.At + f.For))
 		var parts []string
 		for dc := range w.sites {
 			if !affects(f, dc) || f.Kind == "reload" {
 				continue
 			}
+			end, amid := w.recoveryFrom(f, dc)
 			asked, first := false, time.Time{}
 			for _, r := range w.recs {
 				if r.dc == dc && !r.at.Before(end) {
@@ -582,12 +589,34 @@ func (w *dcWorld) recovery(res *dcResult) {
 				took = first.Sub(end).Round(time.Millisecond).String()
 			}
 			parts = append(parts, fmt.Sprintf("dc%d %s", dc, took))
-			if first.IsZero() && left > bound || !first.IsZero() && first.Sub(end) > bound {
+			if !amid && (first.IsZero() && left > bound || !first.IsZero() && first.Sub(end) > bound) {
 				res.findings = append(res.findings, fmt.Sprintf("recovery: dc%d admitted again %s after %v ended (bound %v)", dc, took, f, bound.Round(time.Millisecond)))
 			}
 		}
 		res.figures = append(res.figures, fmt.Sprintf("recovery after %v: %s", f, strings.Join(parts, ", ")))
 	}
+}
+
+// recoveryFrom is when data centre dc's recovery from fault f is timed
+// from: f's end; for a reset that falls amid another fault of dc (a cut,
+// a stall of the ledger), that fault's end and its documented wait, when
+// later, and amid says so: that fault's recovery (judged from its end) is
+// the one a finding names.
+func (w *dcWorld) recoveryFrom(f dcFault, dc int) (end time.Time, amid bool) {
+	end = w.start.Add(w.ms(f.At + f.For))
+	if f.Kind != "reset" {
+		return end, false
+	}
+	for _, g := range w.c.Faults {
+		if g.Kind == "reset" || g.Kind == "reload" || !affects(g, dc) || f.At < g.At || f.At >= g.At+g.For {
+			continue
+		}
+		amid = true
+		if e := w.start.Add(w.ms(g.At+g.For) + w.wait(g)); e.After(end) {
+			end = e
+		}
+	}
+	return end, amid
 }
 
 // redisDCs names the data centres on Redis (their store's calls are seen).
