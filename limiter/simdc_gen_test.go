@@ -530,7 +530,7 @@ func (w *dcWorld) rtt(dc int) time.Duration { return 2 * w.ms(w.c.Delay[dc]) }
 // grace after its end (a reload: grace after it, and its end).
 func (w *dcWorld) inFault(dc int, t time.Time, grace time.Duration) bool {
 	for _, f := range w.c.Faults {
-		from, to := w.start.Add(w.ms(f.At)), w.start.Add(w.ms(f.At+f.For)+grace+w.wait(f))
+		from, to := w.start.Add(w.ms(f.At)), w.start.Add(w.ms(f.At+f.For)+grace+w.judgedWait(f))
 		if affects(f, dc) && !t.Before(from) && t.Before(to) {
 			return true
 		}
@@ -551,6 +551,24 @@ func (w *dcWorld) wait(f dcFault) time.Duration {
 		return skew
 	case w.c.Fail == "local" && (f.Kind == "cut" || f.Kind == "stall") && f.For >= w.c.staticWait():
 		return win + 200*time.Millisecond + 2*dcTimeout + skew
+	}
+	return 0
+}
+
+// judgedWait is the wait the judge allows after fault f: wait's, and under
+// fail local, after a data centre went unheard (a stall of the ledger, a
+// cut) longer than the ledger's heard (its static wait less 4 timeouts and
+// 2 skews, from its last call: a beat before the fault at most) but not
+// as long as the static wait, the reservation the ledger then keeps: a
+// window and the tail after it hears the data centre again, as after a
+// static share (docs/multidc.md, "heard again sooner"). genDCFaults spaces
+// the faults by wait alone, so the fixed seeds' histories stay as they were.
+func (w *dcWorld) judgedWait(f dcFault) time.Duration {
+	if d := w.wait(f); d > 0 || w.c.Fail != "local" || f.Kind != "cut" && f.Kind != "stall" {
+		return d
+	}
+	if f.For+400 >= w.c.staticWait()-4*dcTimeout.Milliseconds()-2*w.c.Skew {
+		return w.ms(w.c.Win) + 200*time.Millisecond + 2*dcTimeout + w.ms(w.c.Skew)
 	}
 	return 0
 }
@@ -579,7 +597,7 @@ func (w *dcWorld) recovery(res *dcResult) {
 			if !asked {
 				continue
 			}
-			bound := 2*w.rtt(dc) + time.Second + w.wait(f)
+			bound := 2*w.rtt(dc) + time.Second + w.judgedWait(f)
 			if w.admittedWithin("a", end) >= w.limit.Load()/2 {
 				bound += w.ms(w.c.Win)
 			}
@@ -612,7 +630,7 @@ func (w *dcWorld) recoveryFrom(f dcFault, dc int) (end time.Time, amid bool) {
 			continue
 		}
 		amid = true
-		if e := w.start.Add(w.ms(g.At+g.For) + w.wait(g)); e.After(end) {
+		if e := w.start.Add(w.ms(g.At+g.For) + w.judgedWait(g)); e.After(end) {
 			end = e
 		}
 	}

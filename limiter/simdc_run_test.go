@@ -95,7 +95,7 @@ func (w *dcWorld) admittedDC(id string, dc int, t time.Time) int64 {
 // (ms from the start).
 func (w *dcWorld) faultNear(from, to int64) bool {
 	for _, f := range w.c.Faults {
-		end := f.At + f.For + 1000 + 2*w.c.Delay[f.DC] + w.wait(f).Milliseconds()
+		end := f.At + f.For + 1000 + 2*w.c.Delay[f.DC] + w.judgedWait(f).Milliseconds()
 		if f.Kind == "reload" {
 			end += w.c.Win
 		}
