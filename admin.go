@@ -240,7 +240,8 @@ type resetInfo struct {
 	OtherNodesNotified bool         `json:"other_nodes_notified"`
 	// Ledger: with global_redis, the key's grants in the ledger were
 	// forgotten too (its count in the global ceiling, for every data
-	// centre); LedgerError why not. OtherDatacentersTold: the other data
+	// centre); LedgerError why not, or, beside Ledger, that its replicas
+	// did not acknowledge it (a failover may lose it). OtherDatacentersTold: the other data
 	// centres that held a share of the key, told by the ledger to drop it
 	// (each does within a recall's round, 250 ms, and a round trip).
 	Ledger               bool   `json:"ledger,omitempty"`
@@ -345,10 +346,14 @@ func serveKey(w http.ResponseWriter, r *http.Request, name string, hs []*Handler
 			// reset after it (a deposit into another incarnation than its
 			// renewal read changes nothing), and one that reads the share
 			// after its reset asks the ledger after the ledger's.
-			if n, _, err := h.rt.lim.ResetGlobal(ctx, key); err != nil {
-				ri.LedgerError = err.Error()
-			} else {
+			// A reset the ledger's replicas did not acknowledge was carried
+			// out: said as done, with the error.
+			n, _, err := h.rt.lim.ResetGlobal(ctx, key)
+			if err == nil || errors.Is(err, limiter.ErrResetNotDurable) {
 				ri.Ledger, ri.OtherDatacentersTold = true, n
+			}
+			if err != nil {
+				ri.LedgerError = err.Error()
 			}
 		}
 		// Every live instance of the limiter on this node; the store once;

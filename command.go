@@ -411,7 +411,11 @@ func writeReset(out io.Writer, r *resetInfo) error {
 	}
 	_, err := fmt.Fprintf(out, "reset: limiter %s, key %s (key_hash %s)%s\ncleared: %s\nother nodes notified: %s\n",
 		r.Limiter, r.Key, r.KeyHash, where, orDash(strings.Join(cleared, "; ")), others)
-	if err == nil && r.LedgerError != "" {
+	switch {
+	case err != nil || r.LedgerError == "":
+	case r.Ledger:
+		_, err = fmt.Fprintf(out, "ledger: reset on its primary, not acknowledged by its replicas (%s): a failover may lose it; reset again after one\n", r.LedgerError)
+	default:
 		_, err = fmt.Fprintf(out, "ledger: not reset, it did not answer (%s): the key's count in the global ceiling stays; reset again\n", r.LedgerError)
 	}
 	return err

@@ -181,6 +181,16 @@ other nodes notified: yes
 ledger: not reset, it did not answer (i/o timeout): the key's count in the global ceiling stays; reset again
 `,
 	}, {
+		name:  "reset, the ledger's replicas did not acknowledge it",
+		json:  `{"limiter":"api","key":"k","key_hash":"3f2a9c01b2d4","region":"eu","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":true,"ledger":true,"other_datacenters_told":2,"ledger_error":"limiter: a reset the ledger's replicas did not acknowledge: 0 of 1 replicas"}`,
+		write: reset,
+		want: `
+reset: limiter api, key k (key_hash 3f2a9c01b2d4) in region eu
+cleared: api 100/1m; the ledger's grants (every data centre's share); other data centres told to drop theirs: 2
+other nodes notified: yes
+ledger: reset on its primary, not acknowledged by its replicas (limiter: a reset the ledger's replicas did not acknowledge: 0 of 1 replicas): a failover may lose it; reset again after one
+`,
+	}, {
 		name:  "reset",
 		json:  `{"limiter":"api","key":"k_live_42","key_hash":"3f2a9c01b2d4","region":"","reset":true,"windows":[{"policy":"api","limit":100,"window":"1m"}],"other_nodes_notified":false}`,
 		write: reset,

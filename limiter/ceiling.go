@@ -66,6 +66,9 @@ var (
 	// ErrLedgerNotDurable: the ledger's replicas did not all acknowledge a
 	// grant within the deadline; it is not used (the ledger still counts it).
 	ErrLedgerNotDurable = dc.ErrLedgerNotDurable
+	// ErrResetNotDurable: a reset carried out on the ledger's primary that
+	// its replicas did not all acknowledge (a failover may lose it).
+	ErrResetNotDurable = dc.ErrResetNotDurable
 	// ErrLedgerUnreachable: a call of the ledger failed, and this node
 	// waits for it to answer a probe before it asks again.
 	ErrLedgerUnreachable = dc.ErrLedgerUnreachable

@@ -2,6 +2,7 @@ package limiter_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -592,4 +593,61 @@ func minuteWorld(t *testing.T, dcs, nodes int) *mdcWorld {
 	o.length = 2 * time.Second
 	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
 	return newMDCWorld(t, o)
+}
+
+// TestResetNotDurableIsSaid: with the ledger's replica cut off from it, an
+// operator's reset is carried out on the primary (B told to drop its share)
+// and said not acknowledged by the replicas (ErrResetNotDurable: a failover
+// now may lose it); with the replica back, a reset is acknowledged.
+func TestResetNotDurableIsSaid(t *testing.T) {
+	// Not parallel with the other tests (see TestGlobalCeilingAcrossDatacenters).
+	o := mdcOptions(limiter.FailClosed)
+	o.dcs, o.nodes, o.replica = 2, 1, true
+	o.delay = func(int) time.Duration { return 0 }
+	o.length = 2 * time.Second
+	o.policy.GlobalWindows = []limiter.Window{{Duration: time.Minute}}
+	w := newMDCWorld(t, o)
+	a, b := w.dcs[0].nodes[0], w.dcs[1].nodes[0]
+	ctx := context.Background()
+	in := func(dc string) *limiter.Input {
+		return &limiter.Input{Identity: "k", Region: dc, Limits: []int64{1 << 40}, GlobalLimits: []int64{1000}}
+	}
+	// A grant on both sides: each node's ledger learns the replica from its
+	// first reply (that first grant, not waited for, is not used).
+	for _, x := range []struct {
+		l  *limiter.Limiter
+		dc string
+	}{{a, "dc0"}, {b, "dc1"}} {
+		for i := 0; ; i++ {
+			d, err := x.l.Decide(ctx, in(x.dc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Pass {
+				break
+			}
+			if i == 20 {
+				t.Fatalf("%s: no grant in 20 tries: %+v", x.dc, d)
+			}
+			time.Sleep(min(d.RetryAfter, 200*time.Millisecond) + time.Millisecond) // the ledger's pace
+		}
+	}
+	w.replProxy.Cut()
+	told, ok, err := a.ResetGlobal(ctx, "k")
+	if !errors.Is(err, limiter.ErrResetNotDurable) || !ok || told != 1 {
+		t.Fatalf("the reset with the replica cut off: %d data centres told, %v; want B told and ErrResetNotDurable", told, err)
+	}
+	// Healed, and the replica's link reset (the cut dropped part of its
+	// stream): it connects again and resyncs.
+	w.replProxy.Heal()
+	w.replProxy.Reset()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, _, err = a.ResetGlobal(ctx, "k"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a reset 10 s after the replica's link healed: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // polling for the replica's resync
+	}
 }

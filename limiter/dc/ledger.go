@@ -119,6 +119,11 @@ type LedgerReply struct {
 // grant within the deadline; it is not used (the ledger still counts it).
 var ErrLedgerNotDurable = errors.New("limiter: a grant the ledger's replicas did not acknowledge")
 
+// ErrResetNotDurable: an operator's reset was carried out on the ledger's
+// primary (and the data centres told), but its replicas did not all
+// acknowledge it within the deadline: a failover now may lose it.
+var ErrResetNotDurable = errors.New("limiter: a reset the ledger's replicas did not acknowledge")
+
 func (lg *Ledger) keys(req *LedgerRequest, op string) []string {
 	k := []string{req.Namespace + "{ledger}:members", req.Namespace + "{ledger}:epoch"}
 	if op == "recalls" {
@@ -381,8 +386,19 @@ func (lg *Ledger) Show(ctx context.Context, req *LedgerRequest) ([]LedgerShare, 
 // through a node of req.DC), and recalls the share of every other data
 // centre that held one, marked as a reset's (ticket.Reset): its nodes drop
 // it (Recalls). It returns how many data centres were told.
+//
+// With replicas (as the ledger's last reply counted them), the reset waits
+// for them as a grant does: one they did not all acknowledge stands on the
+// primary and returns the data centres told with ErrResetNotDurable.
 func (lg *Ledger) Reset(ctx context.Context, req *LedgerRequest) (int64, error) {
-	raw, err := eval(ctx, lg.client, lg.keys(req, "reset"), lg.args(req, "reset"))
+	lg.mu.Lock()
+	wait := lg.replicas
+	lg.mu.Unlock()
+	node, err := lg.node(ctx, req.Namespace)
+	if err != nil {
+		return 0, err
+	}
+	raw, waited, err := lg.run(ctx, node, lg.keys(req, "reset"), lg.args(req, "reset"), wait > 0, wait, req.Deadline)
 	if err != nil {
 		return 0, err
 	}
@@ -392,5 +408,8 @@ func (lg *Ledger) Reset(ctx context.Context, req *LedgerRequest) (int64, error) 
 		return 0, fmt.Errorf("%w: reset reply %v", rediskit.ErrBadReply, raw)
 	}
 	n, _ := raw[2].(int64)
+	if waited < wait {
+		return n, fmt.Errorf("%w: %d of %d replicas", ErrResetNotDurable, waited, wait)
+	}
 	return n, nil
 }
