@@ -3,10 +3,11 @@
 # a time, from CPU profiles of one Caddy in make bench's pinned layout (Caddy
 # on CPU 0 with GOMAXPROCS=1; wrk -t1 -c64 and redis-server on CPU 1).
 #
-#   [PEER_SRC=<clone of mholt/caddy-ratelimit>] docs/profile-sites.sh [out-dir] [rounds]
+#   [PEER_SRC=<clone of mholt/caddy-ratelimit>] [CONNS=64] docs/profile-sites.sh [out-dir] [rounds]
 #
 # It builds and keeps make bench's Caddy and pinned Caddyfile (a -quick run of
-# cmd/bench), then, round after round, loads each site for 14 s with wrk and
+# cmd/bench), then, round after round, loads each site for 14 s with wrk (CONNS
+# connections, 64 by default, as make bench) and
 # takes a 10 s CPU profile from s 2 through the admin endpoint. The table
 # divides each profile's CPU (all of it, and the rows below) by the requests
 # wrk counted in those 10 s (its rate x 10), in µs a request. Not a record of
@@ -18,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-$(mktemp -d /tmp/profile-sites.XXXXXX)}
 rounds=${2:-2}
+conns=${CONNS:-64}
 mkdir -p "$out"
 for t in wrk taskset curl redis-server; do
 	command -v $t >/dev/null || { echo "profile-sites: $t is not on PATH" >&2; exit 1; }
@@ -48,7 +50,7 @@ for r in $(seq "$rounds"); do
 	for s in ${sites//,/ }; do
 		lua=$dir/wrk-keys.lua
 		[ "$s" = hot_denied ] && lua=$dir/wrk-hot-hot_denied.lua
-		taskset -c 1 wrk -t1 -c64 -d14s -s "$lua" "http://127.0.0.1:$(port "$s")/" >"$out/wrk-$s-$r.txt" 2>&1 &
+		taskset -c 1 wrk -t1 -c"$conns" -d14s -s "$lua" "http://127.0.0.1:$(port "$s")/" >"$out/wrk-$s-$r.txt" 2>&1 &
 		w=$!
 		sleep 2
 		curl -s -o "$out/$s-$r.pprof" "http://127.0.0.1:$admin/debug/pprof/profile?seconds=10"
@@ -59,7 +61,7 @@ stop
 trap - EXIT
 
 # µs a request: a function's cumulative CPU in the profile over wrk's requests in 10 s.
-echo "Caddy CPU µs a request (pinned, wrk -t1 -c64, 10,000 keys), $(date -u '+%Y-%m-%d %H:%M UTC'):"
+echo "Caddy CPU µs a request (pinned, wrk -t1 -c$conns, 10,000 keys), $(date -u '+%Y-%m-%d %H:%M UTC'):"
 echo
 echo "| site | round | req/s | all | the limiter's handler | the Redis worker | writing the response | reading the request | GC workers | mallocgc | header clone + sort |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
